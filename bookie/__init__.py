@@ -1,0 +1,1 @@
+"""The bookie: Magnetar's durable storage node, and the ledger client that writes to bookies."""

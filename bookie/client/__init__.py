@@ -1,0 +1,1 @@
+"""The ledger client: ensembles, write/ack quorums, LAC, ensemble changes, recovery."""

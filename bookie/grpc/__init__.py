@@ -1,0 +1,1 @@
+"""The bookie's gRPC adapter: protobuf <-> domain types, errors <-> status. Nothing else."""

@@ -1,0 +1,1 @@
+"""The broker: stateless partition owners in front of the bookie tier."""

@@ -1,0 +1,1 @@
+"""The broker's gRPC adapter: protobuf <-> domain types, errors <-> status. Nothing else."""

@@ -1,0 +1,1 @@
+"""The broker's service layer: topics, ownership, load reports, subscriptions, dispatch."""

@@ -1,0 +1,1 @@
+"""The asyncio client library (the core the sync `magnetar.Client` wraps)."""
