@@ -1,0 +1,652 @@
+"""The etcd metadata store: Magnetar's production backend (``etcd://h1:2379,h2:2379``).
+
+It speaks etcd's v3 API through aetcd's generated bindings (``aetcd.rpc``) over our own
+``grpc.aio`` channels rather than through ``aetcd.Client``, for three reasons:
+
+- endpoints: one channel per endpoint, rotating to the next when one fails (``aetcd.Client``
+  takes a single host);
+- watches: each watch is its own stream that we re-create from the last delivered revision after
+  any disconnect (etcd restart, leader loss), so a watch delivers every change in order, with no
+  gaps, or fails loudly with WatchCompactedError;
+- errors: every failure becomes one of our MetadataError classes naming the endpoint; etcd only
+  distinguishes some conditions by message text, so that matching is confined to
+  :func:`_map_rpc_error`.
+
+Reads are retried on other endpoints within the request deadline. A write is sent only on a
+channel that is connected. If the write's fate is then unknown (the connection broke mid-call), it
+fails with MetadataUnavailableError rather than being silently sent twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import weakref
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import grpc
+import grpc.aio
+import structlog
+from aetcd import rpc
+
+from magnetar.common.errors import (
+    InternalError,
+    InvalidMetadataUrlError,
+    LeaseNotFoundError,
+    MetadataError,
+    MetadataStoreClosedError,
+    MetadataUnavailableError,
+    TransactionTooLargeError,
+    ValueTooLargeError,
+    WatchCompactedError,
+)
+from metadata.api import (
+    ABSENT,
+    Compare,
+    DeleteOp,
+    EventType,
+    Lease,
+    Listing,
+    MetadataStore,
+    PutOp,
+    Record,
+    TxnOp,
+    TxnResult,
+    Watch,
+    WatchEvent,
+    compare_failed,
+)
+from metadata.config import MetadataStoreConfig
+
+log = structlog.get_logger("magnetar.metadata.etcd")
+
+T = TypeVar("T")
+
+_LIST_PAGE = 1000
+_CHANNEL_OPTIONS = [
+    # etcd restarts must be noticed in well under a session TTL: gRPC's default reconnect
+    # backoff grows to two minutes.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    # detect a silently dead peer (network cut) on active streams; etcd's server allows pings
+    # every 5 s, and refuses pings without active calls by default
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 0),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+]
+
+
+def parse_endpoints(text: str) -> list[str]:
+    """``"h1:2379,h2"`` -> ``["h1:2379", "h2:2379"]``; raises InvalidMetadataUrlError."""
+    endpoints = []
+    for raw in text.split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        host, sep, port = item.rpartition(":")
+        if not sep:
+            host, port = item, "2379"
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise InvalidMetadataUrlError(
+                f"invalid etcd endpoint {item!r}: expected host:port with a port from 1 to 65535",
+                context={"endpoint": item},
+            )
+        endpoints.append(f"{host}:{int(port)}" if ":" not in host else f"[{host}]:{int(port)}")
+    if not endpoints:
+        raise InvalidMetadataUrlError(
+            "an etcd metadata URL needs at least one endpoint: etcd://host:2379[,host2:2379]"
+        )
+    return endpoints
+
+
+def prefix_range_end(prefix: bytes) -> bytes:
+    """The smallest key greater than every key starting with ``prefix`` (etcd's range_end)."""
+    end = bytearray(prefix)
+    while end and end[-1] == 0xFF:
+        end.pop()
+    if not end:
+        return b"\0"  # every key
+    end[-1] += 1
+    return bytes(end)
+
+
+def _record(kv: Any) -> Record:
+    return Record(
+        key=kv.key.decode("utf-8"),
+        value=bytes(kv.value),
+        version=int(kv.mod_revision),
+        create_revision=int(kv.create_revision),
+        lease_id=int(kv.lease),
+    )
+
+
+def _map_rpc_error(error: grpc.aio.AioRpcError, endpoint: str, what: str) -> MetadataError:
+    code = error.code()
+    details = error.details() or ""
+    context = {"endpoint": endpoint, "grpc_status": code.name}
+    # etcd reports these conditions only through the message text of its rpctypes errors
+    if "request is too large" in details or (
+        code == grpc.StatusCode.RESOURCE_EXHAUSTED and ("message larger than max" in details)
+    ):
+        return ValueTooLargeError(
+            f"etcd at {endpoint} refused {what} as too large: {details}", context=context
+        )
+    if "too many operations in txn request" in details:
+        return TransactionTooLargeError(
+            f"etcd at {endpoint} refused {what}: {details}", context=context
+        )
+    if "requested lease not found" in details:
+        return LeaseNotFoundError(
+            f"etcd at {endpoint}: {what}: the lease is not known (expired or revoked)",
+            context=context,
+        )
+    if "required revision has been compacted" in details:
+        return WatchCompactedError(f"etcd at {endpoint}: {what}: {details}", context=context)
+    if "database space exceeded" in details:
+        return MetadataError(
+            f"etcd at {endpoint} is out of space (NOSPACE alarm): {what} refused;"
+            " compact and defragment etcd, then disarm the alarm",
+            context=context,
+        )
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        reason = "did not answer in time" if code == grpc.StatusCode.DEADLINE_EXCEEDED else details
+        return MetadataUnavailableError(
+            f"etcd at {endpoint} is unavailable for {what}: {reason}", context=context
+        )
+    return MetadataError(
+        f"etcd at {endpoint} failed {what}: {code.name}: {details}", context=context
+    )
+
+
+class _Endpoints:
+    """One gRPC channel per etcd endpoint; calls go to the current one and rotate on failure."""
+
+    def __init__(self, endpoints: list[str]) -> None:
+        self.endpoints = endpoints
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._current = 0
+
+    @property
+    def current(self) -> str:
+        return self.endpoints[self._current]
+
+    def channel(self, endpoint: str) -> grpc.aio.Channel:
+        channel = self._channels.get(endpoint)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(endpoint, options=_CHANNEL_OPTIONS)
+            self._channels[endpoint] = channel
+        return channel
+
+    def rotate(self, failed: str) -> None:
+        if self.current == failed:
+            self._current = (self._current + 1) % len(self.endpoints)
+
+    async def ready_channel(self, deadline: float) -> tuple[str, grpc.aio.Channel]:
+        """A connected channel, trying each endpoint in turn until ``deadline`` (loop time)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            endpoint = self.current
+            channel = self.channel(endpoint)
+            if channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY:
+                return endpoint, channel
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise MetadataUnavailableError(
+                    f"no etcd endpoint is reachable ({', '.join(self.endpoints)})",
+                    context={"endpoints": ",".join(self.endpoints)},
+                )
+            # give each endpoint a fair share of the time left before moving on
+            share = max(0.05, min(remaining, remaining / len(self.endpoints), 1.0))
+            try:
+                await asyncio.wait_for(channel.channel_ready(), share)
+            except TimeoutError:
+                self.rotate(endpoint)
+                continue
+            return endpoint, channel
+
+    async def close(self) -> None:
+        channels = list(self._channels.values())
+        self._channels.clear()
+        for channel in channels:
+            with contextlib.suppress(Exception):
+                await channel.close()
+
+
+class EtcdMetadataStore(MetadataStore):
+    """The metadata store on an etcd cluster."""
+
+    def __init__(self, config: MetadataStoreConfig, endpoints: list[str]) -> None:
+        super().__init__(config)
+        self._endpoints = _Endpoints(endpoints)
+        self._watches: weakref.WeakSet[_EtcdWatch] = weakref.WeakSet()
+
+    @classmethod
+    async def open(cls, endpoints: list[str], config: MetadataStoreConfig) -> EtcdMetadataStore:
+        """Connect, and fail clearly (naming every endpoint and why) if none answers."""
+        store = cls(config, endpoints)
+        try:
+            await store._check_reachable()
+        except BaseException:
+            await store.close()
+            raise
+        return store
+
+    @property
+    def description(self) -> str:
+        return "etcd://" + ",".join(self._endpoints.endpoints)
+
+    @property
+    def endpoints(self) -> list[str]:
+        return list(self._endpoints.endpoints)
+
+    @property
+    def current_endpoint(self) -> str:
+        """The endpoint requests go to now (it changes when that endpoint fails)."""
+        return self._endpoints.current
+
+    async def _check_reachable(self) -> None:
+        timeout_s = self.config.connect_timeout_ms / 1000
+        loop = asyncio.get_running_loop()
+        problems: list[str] = []
+        for endpoint in self._endpoints.endpoints:
+            host = endpoint.rsplit(":", 1)[0].strip("[]")
+            try:
+                await asyncio.wait_for(loop.getaddrinfo(host, None), timeout_s)
+            except (OSError, TimeoutError) as e:
+                problems.append(f"{endpoint}: host name {host!r} does not resolve ({e})")
+                continue
+            channel = self._endpoints.channel(endpoint)
+            try:
+                await rpc.MaintenanceStub(channel).Status(rpc.StatusRequest(), timeout=timeout_s)
+            except grpc.aio.AioRpcError as e:
+                reason = (
+                    f"no answer within {timeout_s:g} s"
+                    if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                    else (e.details() or e.code().name)
+                )
+                problems.append(f"{endpoint}: {reason}")
+                continue
+            # start with an endpoint that answers
+            while self._endpoints.current != endpoint:
+                self._endpoints.rotate(self._endpoints.current)
+            return
+        raise MetadataUnavailableError(
+            "cannot reach etcd at any endpoint of " + self.description + ": " + "; ".join(problems),
+            context={"endpoints": ",".join(self._endpoints.endpoints)},
+        )
+
+    # --- the call path ------------------------------------------------------------------------
+
+    async def _call(
+        self,
+        what: str,
+        fn: Callable[[grpc.aio.Channel, float], Awaitable[T]],
+        *,
+        idempotent: bool,
+    ) -> T:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.request_timeout_ms / 1000
+        last_error: MetadataError | None = None
+        while True:
+            self._check_open()
+            endpoint, channel = await self._endpoints.ready_channel(deadline)
+            remaining = max(0.01, deadline - loop.time())
+            try:
+                return await fn(channel, remaining)
+            except grpc.aio.AioRpcError as e:
+                error = _map_rpc_error(e, endpoint, what)
+                if self.closed:
+                    raise MetadataStoreClosedError(
+                        f"the metadata store {self.description} was closed during {what}"
+                    ) from None
+                if not isinstance(error, MetadataUnavailableError):
+                    raise error from None
+                self._endpoints.rotate(endpoint)
+                last_error = error
+                if not idempotent or loop.time() >= deadline:
+                    raise last_error from None
+                await asyncio.sleep(0.05)
+
+    # --- reads --------------------------------------------------------------------------------
+
+    async def _do_get(self, key: str) -> Record | None:
+        request = rpc.RangeRequest(key=key.encode())
+
+        async def call(channel: grpc.aio.Channel, time_left: float) -> Record | None:
+            response = await rpc.KVStub(channel).Range(request, timeout=time_left)
+            return _record(response.kvs[0]) if response.kvs else None
+
+        return await self._call(f"get {key!r}", call, idempotent=True)
+
+    async def _do_list(self, prefix: str) -> Listing:
+        start = prefix.encode()
+        end = prefix_range_end(start)
+        for _attempt in range(3):
+            try:
+                return await self._list_pages(prefix, start, end)
+            except WatchCompactedError:
+                # the revision we pinned the pages to was compacted mid-listing: start over
+                continue
+        return await self._list_pages(prefix, start, end)
+
+    async def _list_pages(self, prefix: str, start: bytes, end: bytes) -> Listing:
+        records: list[Record] = []
+        revision = 0
+        key = start
+        while True:
+            request = rpc.RangeRequest(key=key, range_end=end, limit=_LIST_PAGE, revision=revision)
+
+            async def call(channel: grpc.aio.Channel, time_left: float, req: Any = request) -> Any:
+                return await rpc.KVStub(channel).Range(req, timeout=time_left)
+
+            response = await self._call(f"list {prefix!r}", call, idempotent=True)
+            if revision == 0:
+                revision = int(response.header.revision)
+            records.extend(_record(kv) for kv in response.kvs)
+            if not response.more or not response.kvs:
+                return Listing(tuple(records), revision)
+            key = bytes(response.kvs[-1].key) + b"\0"
+
+    # --- writes -------------------------------------------------------------------------------
+
+    async def _do_txn(self, compares: Sequence[Compare], ops: Sequence[TxnOp]) -> TxnResult:
+        request = rpc.TxnRequest()
+        for cmp in compares:
+            if cmp.version == ABSENT:
+                request.compare.add(
+                    key=cmp.key.encode(),
+                    target=rpc.Compare.CompareTarget.CREATE,
+                    result=rpc.Compare.CompareResult.EQUAL,
+                    create_revision=0,
+                )
+            else:
+                request.compare.add(
+                    key=cmp.key.encode(),
+                    target=rpc.Compare.CompareTarget.MOD,
+                    result=rpc.Compare.CompareResult.EQUAL,
+                    mod_revision=cmp.version,
+                )
+            # on failure, read the compared keys back to say which comparison failed
+            request.failure.add(request_range=rpc.RangeRequest(key=cmp.key.encode()))
+        for op in ops:
+            if isinstance(op, PutOp):
+                request.success.add(
+                    request_put=rpc.PutRequest(
+                        key=op.key.encode(), value=bytes(op.value), lease=op.lease_id
+                    )
+                )
+            else:
+                assert isinstance(op, DeleteOp)
+                request.success.add(
+                    request_delete_range=rpc.DeleteRangeRequest(key=op.key.encode())
+                )
+
+        async def call(channel: grpc.aio.Channel, time_left: float) -> Any:
+            return await rpc.KVStub(channel).Txn(request, timeout=time_left)
+
+        what = f"a transaction on {', '.join(repr(o.key) for o in ops) or 'no keys'}"
+        response = await self._call(what, call, idempotent=False)
+        if not response.succeeded:
+            for cmp, op_response in zip(compares, response.responses, strict=True):
+                kvs = op_response.response_range.kvs
+                actual = int(kvs[0].mod_revision) if kvs else ABSENT
+                if actual != cmp.version:
+                    raise compare_failed(cmp.key, cmp.version, actual)
+            # the failure reads run in the same transaction as the comparisons, so one must differ
+            raise InternalError(f"etcd failed {what} but every comparison held")
+        revision = int(response.header.revision)
+        versions: dict[str, int] = {}
+        deleted: set[str] = set()
+        for op, op_response in zip(ops, response.responses, strict=True):
+            if isinstance(op, PutOp):
+                versions[op.key] = revision
+            elif op_response.response_delete_range.deleted > 0:
+                deleted.add(op.key)
+        return TxnResult(revision, versions, frozenset(deleted))
+
+    # --- leases ---------------------------------------------------------------------------------
+
+    async def _do_grant_lease(self, ttl_s: int) -> Lease:
+        async def call(channel: grpc.aio.Channel, time_left: float) -> Any:
+            return await rpc.LeaseStub(channel).LeaseGrant(
+                rpc.LeaseGrantRequest(TTL=ttl_s, ID=0), timeout=time_left
+            )
+
+        response = await self._call(f"grant a {ttl_s} s lease", call, idempotent=False)
+        if response.error:
+            raise MetadataError(f"etcd refused a {ttl_s} s lease: {response.error}")
+        return Lease(int(response.ID), int(response.TTL))
+
+    async def _do_keepalive(self, lease_id: int) -> int:
+        async def call(channel: grpc.aio.Channel, time_left: float) -> Any:
+            stream = rpc.LeaseStub(channel).LeaseKeepAlive(timeout=time_left)
+            try:
+                await stream.write(rpc.LeaseKeepAliveRequest(ID=lease_id))
+                return await stream.read()
+            finally:
+                stream.cancel()
+
+        # refreshing a lease twice is harmless, so a keepalive retries like a read
+        response = await self._call(f"keep lease {lease_id} alive", call, idempotent=True)
+        if response is grpc.aio.EOF or int(response.TTL) <= 0:
+            raise LeaseNotFoundError(
+                f"lease {lease_id} is not known to etcd (expired or revoked)",
+                context={"lease": lease_id},
+            )
+        return int(response.TTL)
+
+    async def _do_revoke_lease(self, lease_id: int) -> None:
+        async def call(channel: grpc.aio.Channel, time_left: float) -> None:
+            await rpc.LeaseStub(channel).LeaseRevoke(
+                rpc.LeaseRevokeRequest(ID=lease_id), timeout=time_left
+            )
+
+        with contextlib.suppress(LeaseNotFoundError):
+            await self._call(f"revoke lease {lease_id}", call, idempotent=True)
+
+    # --- watches ---------------------------------------------------------------------------------
+
+    async def current_revision(self) -> int:
+        """The store's revision now."""
+
+        async def call(channel: grpc.aio.Channel, time_left: float) -> int:
+            response = await rpc.KVStub(channel).Range(
+                rpc.RangeRequest(key=b"\0", count_only=True), timeout=time_left
+            )
+            return int(response.header.revision)
+
+        return await self._call("read the current revision", call, idempotent=True)
+
+    async def compact(self, revision: int) -> None:
+        """Drop etcd's history before ``revision`` (operators run this to bound etcd's size;
+        watches that still need older revisions then fail with WatchCompactedError)."""
+        self._check_open()
+
+        async def call(channel: grpc.aio.Channel, time_left: float) -> None:
+            await rpc.KVStub(channel).Compact(
+                rpc.CompactionRequest(revision=revision, physical=True), timeout=time_left
+            )
+
+        await self._call(f"compact history before revision {revision}", call, idempotent=True)
+
+    async def _check_history(self, prefix: str, start_revision: int) -> None:
+        """Fail now if ``start_revision`` is compacted: etcd itself would first confirm the watch
+        and cancel it only afterwards."""
+        request = rpc.RangeRequest(
+            key=prefix.encode(),
+            range_end=prefix_range_end(prefix.encode()),
+            count_only=True,
+            revision=start_revision - 1,
+        )
+
+        async def call(channel: grpc.aio.Channel, time_left: float) -> None:
+            await rpc.KVStub(channel).Range(request, timeout=time_left)
+
+        try:
+            await self._call(f"check history of {prefix!r}", call, idempotent=True)
+        except WatchCompactedError:
+            raise WatchCompactedError(
+                f"cannot watch {prefix!r} from revision {start_revision}: etcd compacted that"
+                " history; list again and watch from the listing's revision",
+                context={"revision": start_revision},
+            ) from None
+        except MetadataError as e:
+            if "future revision" not in str(e):  # a start in the future is fine for a watch
+                raise
+
+    async def _do_watch(self, prefix: str, start_revision: int | None) -> Watch:
+        if start_revision is not None and start_revision > 1:
+            await self._check_history(prefix, start_revision)
+        start = start_revision if start_revision is not None else await self.current_revision() + 1
+        watch = _EtcdWatch(self, prefix, start)
+        await watch.open_stream()
+        self._watches.add(watch)
+        return watch
+
+    async def _do_close(self) -> None:
+        for watch in list(self._watches):
+            await watch.close()
+        await self._endpoints.close()
+
+
+class _EtcdWatch(Watch):
+    def __init__(self, store: EtcdMetadataStore, prefix: str, start_revision: int) -> None:
+        self._store = store
+        self.prefix = prefix
+        self.start_revision = start_revision
+        self._next = start_revision
+        self._key = prefix.encode()
+        self._range_end = prefix_range_end(self._key)
+        self._stream: Any = None
+        self._buffer: deque[WatchEvent] = deque()
+        self._closed = False
+
+    async def open_stream(self) -> None:
+        """Create the etcd watch from ``self._next``; raises if that history is compacted."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._store.config.request_timeout_ms / 1000
+        endpoint, channel = await self._store._endpoints.ready_channel(deadline)
+        stream = rpc.WatchStub(channel).Watch()
+        create = rpc.WatchCreateRequest(
+            key=self._key,
+            range_end=self._range_end,
+            start_revision=self._next,
+            progress_notify=True,
+        )
+        try:
+            await stream.write(rpc.WatchRequest(create_request=create))
+            response = await asyncio.wait_for(stream.read(), max(0.1, deadline - loop.time()))
+        except grpc.aio.AioRpcError as e:
+            stream.cancel()
+            self._store._endpoints.rotate(endpoint)
+            raise _map_rpc_error(e, endpoint, f"watch {self.prefix!r}") from None
+        except TimeoutError:
+            stream.cancel()
+            self._store._endpoints.rotate(endpoint)
+            raise MetadataUnavailableError(
+                f"etcd at {endpoint} did not confirm the watch on {self.prefix!r} in time",
+                context={"endpoint": endpoint},
+            ) from None
+        if response is grpc.aio.EOF:
+            stream.cancel()
+            raise MetadataUnavailableError(f"etcd at {endpoint} ended the watch stream at once")
+        if response.compact_revision:
+            stream.cancel()
+            raise WatchCompactedError(
+                f"cannot watch {self.prefix!r} from revision {self._next}: etcd compacted its"
+                f" history up to revision {response.compact_revision}; list again and watch from"
+                " the listing's revision",
+                context={"revision": self._next, "compacted": response.compact_revision},
+            )
+        if response.canceled:
+            stream.cancel()
+            raise MetadataError(
+                f"etcd refused the watch on {self.prefix!r}: {response.cancel_reason}"
+            )
+        self._stream = stream
+        self._handle(response)
+
+    def _handle(self, response: Any) -> None:
+        for event in response.events:
+            kv = event.kv
+            revision = int(kv.mod_revision)
+            if event.type == rpc.Event.EventType.PUT:
+                self._buffer.append(
+                    WatchEvent(
+                        EventType.PUT, kv.key.decode(), bytes(kv.value), revision, int(kv.lease)
+                    )
+                )
+            else:
+                self._buffer.append(WatchEvent(EventType.DELETE, kv.key.decode(), b"", revision))
+            self._next = revision + 1
+        if not response.events and response.header.revision and not response.created:
+            # a progress notification: nothing under the prefix changed up to this revision
+            self._next = max(self._next, int(response.header.revision) + 1)
+
+    async def __anext__(self) -> WatchEvent:
+        backoff = 0.1
+        while True:
+            if self._closed:
+                raise StopAsyncIteration
+            if self._buffer:
+                return self._buffer.popleft()
+            if self._store.closed:
+                raise MetadataStoreClosedError(
+                    f"the metadata store was closed under the watch on {self.prefix!r}"
+                )
+            if self._stream is None:
+                try:
+                    await self.open_stream()
+                    backoff = 0.1
+                except MetadataUnavailableError:
+                    # etcd is down or restarting: keep trying, resuming from the same revision
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 1.0)
+                continue
+            try:
+                response = await self._stream.read()
+            except asyncio.CancelledError:
+                if self._closed:
+                    raise StopAsyncIteration from None
+                raise
+            except grpc.aio.AioRpcError as e:
+                if self._closed:
+                    raise StopAsyncIteration from None
+                log.info(
+                    "metadata_watch_interrupted",
+                    prefix=self.prefix,
+                    resume_revision=self._next,
+                    status=e.code().name,
+                )
+                self._drop_stream()
+                continue
+            if response is grpc.aio.EOF:
+                self._drop_stream()
+                continue
+            if response.compact_revision:
+                self._drop_stream()
+                raise WatchCompactedError(
+                    f"the watch on {self.prefix!r} fell behind etcd's history (needs revision"
+                    f" {self._next}, compacted up to {response.compact_revision})",
+                    context={"revision": self._next, "compacted": response.compact_revision},
+                )
+            if response.canceled:
+                # etcd cancels watches on some server-side conditions; re-create from _next
+                self._drop_stream()
+                continue
+            self._handle(response)
+
+    def _drop_stream(self) -> None:
+        if self._stream is not None:
+            self._stream.cancel()
+            self._stream = None
+
+    async def close(self) -> None:
+        self._closed = True
+        self._drop_stream()
