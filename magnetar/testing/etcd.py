@@ -1,0 +1,757 @@
+"""Real etcd processes for tests: one server, or a cluster of them, on free localhost ports.
+
+This module owns finding the etcd binary, starting etcd processes with their own data dirs and
+ports, waiting until they are healthy, and the faults tests inject into them: graceful stop,
+SIGKILL, restart on the same data dir and ports, SIGSTOP/SIGCONT. It knows nothing of Magnetar's
+metadata store; tests hand the store :attr:`EtcdServer.url` or :attr:`EtcdCluster.url`.
+
+Typical use in a test::
+
+    async with EtcdServer(data_dir=tmp_path / "etcd") as etcd:
+        store = EtcdMetadataStore.from_url(etcd.url)  # "etcd://127.0.0.1:PORT"
+        ...
+        await etcd.restart()  # same data dir and ports, so clients reconnect to the same address
+
+    async with EtcdCluster(data_dir=tmp_path / "etcd", size=3) as cluster:
+        leader = await cluster.leader()
+        await leader.kill()  # the other two keep a quorum
+        await leader.start()  # rejoins with its old data
+
+etcd's own output goes to a log file next to each data dir (``<data_dir>.log``), never to the
+test's stdout; start failures quote its tail. A process a test forgets to stop is killed when its
+server object is garbage-collected or when the interpreter exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+__all__ = [
+    "DEFAULT_CLUSTER_TOKEN",
+    "EtcdCluster",
+    "EtcdMemberStatus",
+    "EtcdServer",
+    "find_etcd_binary",
+    "free_port",
+    "require_etcd_binary",
+]
+
+HOST = "127.0.0.1"
+"""Every harness process listens on loopback only."""
+DEFAULT_CLUSTER_TOKEN = "magnetar-test"  # noqa: S105 - names a cluster, not a secret
+"""``--initial-cluster-token`` unless told otherwise; keeps test clusters apart from real ones."""
+
+_WELL_KNOWN_PATHS = (Path("/usr/bin/etcd"), Path("/usr/local/bin/etcd"))
+_INSTALL_HINT = (
+    "install it with `apt-get update && apt-get -o DPkg::Lock::Timeout=120 install -y "
+    "etcd-server` (Debian/Ubuntu, gives /usr/bin/etcd), or run `bash scripts/test.sh`, "
+    "which installs it"
+)
+_PROBE_TIMEOUT_S = 1.0
+_POLL_INTERVAL_S = 0.05
+_EXIT_POLL_INTERVAL_S = 0.01
+_KILL_WAIT_S = 10.0
+_LOG_TAIL_BYTES = 4000
+_START_ATTEMPTS = 3
+# Ports below the kernel's ephemeral range cannot be taken by some process's outgoing connection
+# while an etcd member is down, so a member restarted on its old ports finds them free.
+_FALLBACK_EPHEMERAL_LOW = 32768
+_LOWEST_PICKED_PORT = 10000
+
+
+def find_etcd_binary() -> Path | None:
+    """Return the etcd binary on PATH, else at /usr/bin/etcd or /usr/local/bin/etcd, else None."""
+    on_path = shutil.which("etcd")
+    if on_path is not None:
+        return Path(on_path)
+    for candidate in _WELL_KNOWN_PATHS:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def require_etcd_binary() -> Path:
+    """Return the etcd binary, or raise RuntimeError saying how to install it."""
+    binary = find_etcd_binary()
+    if binary is None:
+        raise RuntimeError(
+            f"the etcd binary is not on PATH nor in /usr/bin or /usr/local/bin; {_INSTALL_HINT}"
+        )
+    return binary
+
+
+def _ephemeral_port_low() -> int:
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return _FALLBACK_EPHEMERAL_LOW
+    return low
+
+
+def _reserve_ports(count: int, host: str = HOST) -> list[int]:
+    """Pick ``count`` distinct ports that are free right now, preferring non-ephemeral ones.
+
+    Every candidate stays bound until all are chosen, so the ports are distinct from each other.
+    """
+    low = _ephemeral_port_low()
+    rng = random.SystemRandom()
+    held: list[socket.socket] = []
+    try:
+        tries = 0
+        while len(held) < count:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            port = (
+                rng.randrange(_LOWEST_PICKED_PORT, low)
+                if tries < 200 and low > _LOWEST_PICKED_PORT
+                else 0
+            )
+            tries += 1
+            try:
+                sock.bind((host, port))
+            except OSError:
+                sock.close()
+                continue
+            held.append(sock)
+        return [int(sock.getsockname()[1]) for sock in held]
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def free_port(host: str = HOST) -> int:
+    """Return a TCP port on ``host`` that is free now, outside the ephemeral range if possible."""
+    return _reserve_ports(1, host)[0]
+
+
+@dataclass(frozen=True, kw_only=True)
+class EtcdMemberStatus:
+    """What one member says about itself (etcd's Maintenance.Status)."""
+
+    member_id: int
+    """This member's raft id."""
+    leader_id: int
+    """The raft id of the leader this member knows of; 0 when it knows none."""
+    raft_term: int
+    """The member's current raft term."""
+    revision: int
+    """The key-value store revision this member has applied."""
+
+
+async def _http_json(
+    port: int, method: str, path: str, body: bytes | None, timeout_s: float
+) -> tuple[int, Any]:
+    """One HTTP/1.0 request to etcd's client port; returns the status code and decoded JSON body.
+
+    HTTP/1.0 keeps the exchange trivial: no chunked bodies, the server closes when done.
+    """
+    payload = body or b""
+    head = (
+        f"{method} {path} HTTP/1.0\r\nHost: {HOST}:{port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+    ).encode("ascii")
+    async with asyncio.timeout(timeout_s):
+        reader, writer = await asyncio.open_connection(HOST, port)
+        try:
+            writer.write(head + payload)
+            await writer.drain()
+            raw = await reader.read()
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+    status_line, _, rest = raw.partition(b"\r\n")
+    _, _, response_body = rest.partition(b"\r\n\r\n")
+    status = int(status_line.split(b" ", 2)[1])
+    return status, json.loads(response_body)
+
+
+def _kill_quietly(proc: subprocess.Popen[bytes]) -> None:
+    """Finalizer: SIGKILL an etcd a test left behind, and reap it."""
+    if proc.poll() is None:
+        with contextlib.suppress(OSError):
+            proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=_KILL_WAIT_S)
+
+
+def _process_state(pid: int) -> str | None:
+    """The one-letter state of a Linux process from /proc ("T" when stopped), or None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rpartition(")")[2].split()[0]
+
+
+def _etcd_free_environment() -> dict[str, str]:
+    # etcd reads ETCD_* variables as flags; a developer's own settings must not leak in.
+    return {key: value for key, value in os.environ.items() if not key.startswith("ETCD_")}
+
+
+class _PortInUseError(RuntimeError):
+    """etcd exited at startup because one of its ports was taken."""
+
+
+class EtcdServer:
+    """One real etcd process on 127.0.0.1, alone or as a member of an :class:`EtcdCluster`.
+
+    The data dir and both ports are fixed for the object's life, so :meth:`restart` brings the
+    member back on the same address with the same data. Ports are picked free unless given.
+    """
+
+    def __init__(
+        self,
+        *,
+        data_dir: Path | None = None,
+        name: str = "etcd0",
+        client_port: int | None = None,
+        peer_port: int | None = None,
+        initial_cluster: str | None = None,
+        cluster_token: str = DEFAULT_CLUSTER_TOKEN,
+        extra_args: Sequence[str] = (),
+        log_path: Path | None = None,
+        binary: Path | None = None,
+    ) -> None:
+        """Describe the server; nothing runs until :meth:`start`.
+
+        ``data_dir`` defaults to a temporary directory removed by :meth:`aclose` (or at exit).
+        ``initial_cluster`` is etcd's ``name=peer_url,...`` list for cluster members; a lone
+        server forms a cluster of itself. ``log_path`` defaults to ``<data_dir>.log``.
+        """
+        self._owned_root: Path | None = None
+        self._cleanup_root: weakref.finalize[..., EtcdServer] | None = None
+        if data_dir is None:
+            self._owned_root = Path(tempfile.mkdtemp(prefix=f"magnetar-{name}-"))
+            self._cleanup_root = weakref.finalize(
+                self, shutil.rmtree, self._owned_root, ignore_errors=True
+            )
+            data_dir = self._owned_root / "data"
+        self._data_dir = data_dir
+        self._name = name
+        self._log_path = log_path or data_dir.with_name(f"{data_dir.name}.log")
+        # Ports may be re-picked after a bind clash only when nobody else knows them yet.
+        self._may_repick_ports = (
+            client_port is None and peer_port is None and initial_cluster is None
+        )
+        if client_port is None or peer_port is None:
+            picked = _reserve_ports(2)
+            client_port = picked[0] if client_port is None else client_port
+            peer_port = picked[1] if peer_port is None else peer_port
+        self._client_port = client_port
+        self._peer_port = peer_port
+        self._initial_cluster = initial_cluster
+        self._cluster_token = cluster_token
+        self._extra_args = tuple(extra_args)
+        self._binary = binary
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._reaper: weakref.finalize[..., EtcdServer] | None = None
+        self._log_offset = 0
+        self._paused = False
+
+    def __repr__(self) -> str:
+        return f"EtcdServer(name={self._name!r}, endpoint={self.endpoint!r}, pid={self.pid})"
+
+    # -- addresses and state ----------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The member name (``--name``)."""
+        return self._name
+
+    @property
+    def data_dir(self) -> Path:
+        """etcd's data dir; kept across restarts."""
+        return self._data_dir
+
+    @property
+    def log_path(self) -> Path:
+        """The file etcd's own output is appended to."""
+        return self._log_path
+
+    @property
+    def client_port(self) -> int:
+        return self._client_port
+
+    @property
+    def peer_port(self) -> int:
+        return self._peer_port
+
+    @property
+    def endpoint(self) -> str:
+        """``"127.0.0.1:PORT"`` of the client port."""
+        return f"{HOST}:{self._client_port}"
+
+    @property
+    def client_url(self) -> str:
+        """``"http://127.0.0.1:PORT"`` of the client port."""
+        return f"http://{self.endpoint}"
+
+    @property
+    def peer_url(self) -> str:
+        """``"http://127.0.0.1:PORT"`` of the peer (raft) port."""
+        return f"http://{HOST}:{self._peer_port}"
+
+    @property
+    def url(self) -> str:
+        """Magnetar's metadata URL for this server alone: ``"etcd://127.0.0.1:PORT"``."""
+        return f"etcd://{self.endpoint}"
+
+    @property
+    def pid(self) -> int | None:
+        """The process id while running (paused included), else None."""
+        return self._proc.pid if self.is_running and self._proc is not None else None
+
+    @property
+    def is_running(self) -> bool:
+        """Whether the process exists and has not exited (a paused process is running)."""
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def is_paused(self) -> bool:
+        """Whether the process is stopped by :meth:`pause`."""
+        return self.is_running and self._paused
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self, timeout_s: float = 20) -> None:
+        """Start etcd and wait until it is healthy (``GET /health`` says true).
+
+        A member of a cluster is healthy once it is part of a cluster with a leader and a
+        quorum, so it cannot become healthy until enough of its peers run too. On failure the
+        process is killed and the error quotes the tail of etcd's log.
+        """
+        for attempt in range(1, _START_ATTEMPTS + 1):
+            self._spawn()
+            try:
+                await self._wait_started(timeout_s)
+            except _PortInUseError as error:
+                if not self._may_repick_ports or attempt == _START_ATTEMPTS:
+                    raise RuntimeError(str(error)) from None
+                self._client_port, self._peer_port = _reserve_ports(2)
+            except BaseException:
+                await self.kill()
+                raise
+            else:
+                return
+
+    async def stop(self, timeout_s: float = 10) -> None:
+        """Stop etcd with SIGTERM, then SIGKILL if it has not exited within ``timeout_s``."""
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            if self._paused:
+                # a stopped process only acts on SIGTERM once continued
+                proc.send_signal(signal.SIGCONT)
+            if not await self._wait_exit(proc, timeout_s):
+                proc.kill()
+                await self._wait_exit(proc, _KILL_WAIT_S, must=True)
+        self._forget_process()
+
+    async def kill(self) -> None:
+        """SIGKILL etcd (paused or not) and wait until it has exited."""
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.kill()
+            await self._wait_exit(proc, _KILL_WAIT_S, must=True)
+        self._forget_process()
+
+    async def restart(self, *, graceful: bool = True, timeout_s: float = 20) -> None:
+        """Stop (or with ``graceful=False`` SIGKILL) and start again on the same data and ports."""
+        if graceful:
+            await self.stop()
+        else:
+            await self.kill()
+        await self.start(timeout_s)
+
+    async def pause(self) -> None:
+        """SIGSTOP etcd: it keeps its sockets but answers nothing until :meth:`resume`."""
+        proc = self._require_running("pause")
+        proc.send_signal(signal.SIGSTOP)
+        self._paused = True
+        await self._wait_state(proc, stopped=True)
+
+    async def resume(self) -> None:
+        """SIGCONT a paused etcd. It does not wait for health; use :meth:`wait_healthy` for that."""
+        proc = self._require_running("resume")
+        proc.send_signal(signal.SIGCONT)
+        self._paused = False
+        await self._wait_state(proc, stopped=False)
+
+    async def aclose(self) -> None:
+        """Stop for good, and remove the data dir if this object created it."""
+        try:
+            await self.stop()
+        finally:
+            if self._cleanup_root is not None:
+                self._cleanup_root()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # -- probes ------------------------------------------------------------------------------
+
+    async def is_healthy(self, timeout_s: float = _PROBE_TIMEOUT_S) -> bool:
+        """One ``GET /health`` probe: True when etcd reports itself healthy within ``timeout_s``."""
+        if not self.is_running or self._paused:
+            return False
+        try:
+            _, body = await _http_json(self._client_port, "GET", "/health", None, timeout_s)
+        except (OSError, TimeoutError, ValueError, IndexError):
+            return False
+        # etcd 3.4 sends {"health":"true"}; accept a JSON boolean as well
+        return isinstance(body, dict) and str(body.get("health")).lower() == "true"
+
+    async def wait_healthy(self, timeout_s: float = 20) -> None:
+        """Wait until :meth:`is_healthy`; TimeoutError (quoting etcd's log) after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while not await self.is_healthy(
+            min(_PROBE_TIMEOUT_S, max(deadline - time.monotonic(), 0.05))
+        ):
+            self._raise_if_exited("while waiting for it to become healthy")
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"etcd {self._name} at {self.endpoint} was not healthy within {timeout_s}s; "
+                    f"log {self._log_path}:\n{self._log_tail()}"
+                )
+            await asyncio.sleep(_POLL_INTERVAL_S)
+
+    async def status(self, timeout_s: float = _PROBE_TIMEOUT_S) -> EtcdMemberStatus:
+        """Ask this member for its raft status (through etcd's JSON gateway)."""
+        _, body = await _http_json(
+            self._client_port, "POST", "/v3/maintenance/status", b"{}", timeout_s
+        )
+        try:
+            header = body["header"]
+            return EtcdMemberStatus(
+                member_id=int(header["member_id"]),
+                leader_id=int(body.get("leader", 0)),
+                raft_term=int(body.get("raftTerm", 0)),
+                revision=int(header.get("revision", 0)),
+            )
+        except (KeyError, TypeError, AttributeError) as error:
+            raise ValueError(
+                f"etcd {self._name} sent an unexpected status reply: {body!r}"
+            ) from error
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _command(self, binary: Path) -> list[str]:
+        initial_cluster = self._initial_cluster or f"{self._name}={self.peer_url}"
+        return [
+            str(binary),
+            "--name", self._name,
+            "--data-dir", str(self._data_dir),
+            "--listen-client-urls", self.client_url,
+            "--advertise-client-urls", self.client_url,
+            "--listen-peer-urls", self.peer_url,
+            "--initial-advertise-peer-urls", self.peer_url,
+            "--initial-cluster", initial_cluster,
+            # ignored once the data dir holds a member, which is what makes restarts work
+            "--initial-cluster-state", "new",
+            "--initial-cluster-token", self._cluster_token,
+            "--logger", "zap",
+            "--log-outputs", "stderr",
+            "--log-level", "warn",
+            *self._extra_args,
+        ]  # fmt: skip
+
+    def _spawn(self) -> None:
+        if self.is_running:
+            raise RuntimeError(f"etcd {self._name} is already running (pid {self.pid})")
+        self._forget_process()  # a process that died on its own: already reaped by poll()
+        binary = self._binary or require_etcd_binary()
+        self._data_dir.parent.mkdir(parents=True, exist_ok=True)
+        self._data_dir.mkdir(mode=0o700, exist_ok=True)
+        self._log_path.parent.mkdir(parents=True, exist_ok=True)
+        command = self._command(binary)
+        with self._log_path.open("ab") as log:
+            self._log_offset = log.tell()
+            log.write(f"--- magnetar harness: {' '.join(command)}\n".encode())
+            log.flush()
+            proc = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=_etcd_free_environment(),
+                close_fds=True,
+            )
+        self._proc = proc
+        self._paused = False
+        self._reaper = weakref.finalize(self, _kill_quietly, proc)
+
+    async def _wait_started(self, timeout_s: float) -> None:
+        try:
+            await self.wait_healthy(timeout_s)
+        except RuntimeError:
+            if self._proc is not None and self._proc.poll() is not None:
+                tail = self._log_tail()
+                if "address already in use" in tail:
+                    self._forget_process()
+                    raise _PortInUseError(
+                        f"etcd {self._name} could not listen on port {self._client_port} or "
+                        f"{self._peer_port}: address already in use; log {self._log_path}:\n{tail}"
+                    ) from None
+            raise
+
+    def _raise_if_exited(self, when: str) -> None:
+        proc = self._proc
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(
+                f"etcd {self._name} exited with code {proc.returncode} {when}; "
+                f"log {self._log_path}:\n{self._log_tail()}"
+            )
+
+    def _require_running(self, action: str) -> subprocess.Popen[bytes]:
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            raise RuntimeError(f"cannot {action} etcd {self._name}: it is not running")
+        return proc
+
+    def _forget_process(self) -> None:
+        if self._reaper is not None:
+            self._reaper.detach()
+        self._reaper = None
+        self._proc = None
+        self._paused = False
+
+    async def _wait_exit(
+        self, proc: subprocess.Popen[bytes], timeout_s: float, *, must: bool = False
+    ) -> bool:
+        # Polling, not an asyncio child watcher: the process outlives the event loop that started
+        # it when a fixture spans several tests.
+        deadline = time.monotonic() + timeout_s
+        while proc.poll() is None:
+            if time.monotonic() >= deadline:
+                if must:
+                    raise RuntimeError(
+                        f"etcd {self._name} (pid {proc.pid}) did not exit in {timeout_s}s"
+                    )
+                return False
+            await asyncio.sleep(_EXIT_POLL_INTERVAL_S)
+        return True
+
+    async def _wait_state(self, proc: subprocess.Popen[bytes], *, stopped: bool) -> None:
+        """Wait until the kernel shows the process stopped (or not), so a pause is in force."""
+        deadline = time.monotonic() + _KILL_WAIT_S
+        while proc.poll() is None and time.monotonic() < deadline:
+            state = _process_state(proc.pid)
+            if state is None or (state == "T") == stopped:
+                return
+            await asyncio.sleep(_EXIT_POLL_INTERVAL_S)
+
+    def _log_tail(self) -> str:
+        try:
+            with self._log_path.open("rb") as log:
+                log.seek(max(self._log_offset, log.seek(0, os.SEEK_END) - _LOG_TAIL_BYTES))
+                return log.read().decode(errors="replace")
+        except OSError as error:
+            return f"(cannot read the log: {error})"
+
+
+class EtcdCluster:
+    """``size`` etcd members on distinct free ports forming one new cluster.
+
+    Lifecycle methods act on all members at once; a single member is stopped, killed, paused or
+    restarted through :attr:`members`.
+    """
+
+    def __init__(
+        self,
+        *,
+        data_dir: Path | None = None,
+        size: int = 3,
+        name_prefix: str = "etcd",
+        cluster_token: str = DEFAULT_CLUSTER_TOKEN,
+        extra_args: Sequence[str] = (),
+        binary: Path | None = None,
+    ) -> None:
+        """Describe the cluster; member ``i`` is named ``f"{name_prefix}{i}"``.
+
+        Each member's data dir is ``data_dir / name`` and its log ``data_dir / f"{name}.log"``;
+        ``data_dir`` defaults to a temporary directory removed by :meth:`aclose` (or at exit).
+        """
+        if size < 1:
+            raise ValueError(f"an etcd cluster needs at least 1 member, got size={size}")
+        self._cleanup_root: weakref.finalize[..., EtcdCluster] | None = None
+        if data_dir is None:
+            owned_root = Path(tempfile.mkdtemp(prefix="magnetar-etcd-cluster-"))
+            self._cleanup_root = weakref.finalize(
+                self, shutil.rmtree, owned_root, ignore_errors=True
+            )
+            data_dir = owned_root
+        self._data_dir = data_dir
+        ports = _reserve_ports(2 * size)
+        names = [f"{name_prefix}{i}" for i in range(size)]
+        peer_ports = ports[size:]
+        initial_cluster = ",".join(
+            f"{name}=http://{HOST}:{port}" for name, port in zip(names, peer_ports, strict=True)
+        )
+        self._members = [
+            EtcdServer(
+                data_dir=data_dir / name,
+                name=name,
+                client_port=client_port,
+                peer_port=peer_port,
+                initial_cluster=initial_cluster,
+                cluster_token=cluster_token,
+                extra_args=extra_args,
+                binary=binary,
+            )
+            for name, client_port, peer_port in zip(names, ports[:size], peer_ports, strict=True)
+        ]
+
+    def __repr__(self) -> str:
+        return f"EtcdCluster(url={self.url!r})"
+
+    @property
+    def members(self) -> list[EtcdServer]:
+        """The members, in name order (a new list each time; the servers are shared)."""
+        return list(self._members)
+
+    @property
+    def endpoints(self) -> list[str]:
+        """``"127.0.0.1:PORT"`` of every member's client port."""
+        return [member.endpoint for member in self._members]
+
+    @property
+    def url(self) -> str:
+        """Magnetar's metadata URL: ``"etcd://127.0.0.1:P1,127.0.0.1:P2,..."``."""
+        return "etcd://" + ",".join(self.endpoints)
+
+    @property
+    def data_dir(self) -> Path:
+        return self._data_dir
+
+    async def start(self, timeout_s: float = 30) -> None:
+        """Start every member that is not running and wait until all of them are healthy.
+
+        The processes are spawned together first, since none is healthy before a quorum runs.
+        On failure every member is killed.
+        """
+        try:
+            for member in self._members:
+                if not member.is_running:
+                    member._spawn()
+            await self.wait_healthy(timeout_s)
+        except BaseException:
+            await self.kill()
+            raise
+
+    async def wait_healthy(self, timeout_s: float = 30) -> None:
+        """Wait until every running member is healthy."""
+        # One after another against a shared deadline: they come up in parallel anyway.
+        deadline = time.monotonic() + timeout_s
+        for member in self._members:
+            if member.is_running:
+                await member.wait_healthy(max(deadline - time.monotonic(), 0.0))
+
+    async def stop(self, timeout_s: float = 10) -> None:
+        """Stop every member (SIGTERM, then SIGKILL after ``timeout_s``), the leader first.
+
+        A stopping leader first hands leadership to a peer it still hears from. While peers
+        are up that takes ~0.1 s; when they stopped moments ago it may still believe one is
+        there and wait out etcd's request timeout (7 s with default timings). Stopping the
+        current leader first, one member at a time, keeps every hand-over quick.
+        """
+        while running := [member for member in self._members if member.is_running]:
+            leader = await self._current_leader()
+            await (leader if leader is not None else running[0]).stop(timeout_s)
+
+    async def kill(self) -> None:
+        """SIGKILL every member."""
+        await asyncio.gather(*(member.kill() for member in self._members))
+
+    async def restart(self, *, graceful: bool = True, timeout_s: float = 30) -> None:
+        """Stop (or SIGKILL) every member, then start them all on the same data and ports."""
+        if graceful:
+            await self.stop()
+        else:
+            await self.kill()
+        await self.start(timeout_s)
+
+    async def pause(self) -> None:
+        """SIGSTOP every running member."""
+        await asyncio.gather(
+            *(m.pause() for m in self._members if m.is_running and not m.is_paused)
+        )
+
+    async def resume(self) -> None:
+        """SIGCONT every paused member."""
+        await asyncio.gather(*(m.resume() for m in self._members if m.is_paused))
+
+    async def leader(self, timeout_s: float = 10) -> EtcdServer:
+        """The member that is leader, as seen by the running members; waits up to ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while (leader := await self._current_leader()) is None:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"no etcd leader among the running members within {timeout_s}s")
+            await asyncio.sleep(_POLL_INTERVAL_S)
+        return leader
+
+    async def _current_leader(self) -> EtcdServer | None:
+        """One round of status calls: the leader the running members agree on, if any."""
+        by_id: dict[int, EtcdServer] = {}
+        leader_ids: set[int] = set()
+        for member in self._members:
+            if not member.is_running or member.is_paused:
+                continue
+            try:
+                status = await member.status()
+            except (OSError, TimeoutError, ValueError, IndexError):
+                continue
+            by_id[status.member_id] = member
+            if status.leader_id:
+                leader_ids.add(status.leader_id)
+        if len(leader_ids) == 1:
+            return by_id.get(leader_ids.pop())
+        return None
+
+    async def aclose(self) -> None:
+        """Stop every member for good, and remove the data dir if this object created it."""
+        try:
+            await self.stop()
+        finally:
+            if self._cleanup_root is not None:
+                self._cleanup_root()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
