@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Static checks: lint, format, types (strict, generated code excluded), import contracts, and
+# that the generated protocol code matches proto/*.proto.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh
+status=0
+run() { echo "== $*"; "$@" || status=1; }
+run .venv/bin/ruff check .
+run .venv/bin/ruff format --check .
+run .venv/bin/mypy
+run .venv/bin/lint-imports
+run .venv/bin/python scripts/genproto.py --check
+exit $status

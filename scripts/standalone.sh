@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Start Magnetar standalone (embedded metadata, no etcd), installing it first if needed.
+# Arguments go to `magnetar standalone`:  bash scripts/standalone.sh --data-dir ./data
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh
+exec .venv/bin/magnetar standalone "$@"
