@@ -126,6 +126,12 @@ def _record(kv: Any) -> Record:
     )
 
 
+def _cancelled_from_outside() -> bool:
+    """Whether the running task itself is being cancelled (not just a call it was waiting on)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 def _map_rpc_error(error: grpc.aio.AioRpcError, endpoint: str, what: str) -> MetadataError:
     code = error.code()
     details = error.details() or ""
@@ -295,10 +301,17 @@ class EtcdMetadataStore(MetadataStore):
         last_error: MetadataError | None = None
         while True:
             self._check_open()
-            endpoint, channel = await self._endpoints.ready_channel(deadline)
-            remaining = max(0.01, deadline - loop.time())
             try:
+                endpoint, channel = await self._endpoints.ready_channel(deadline)
+                remaining = max(0.01, deadline - loop.time())
                 return await fn(channel, remaining)
+            except asyncio.CancelledError:
+                # closing the store closes its channels, which cancels the calls on them
+                if self.closed and not _cancelled_from_outside():
+                    raise MetadataStoreClosedError(
+                        f"the metadata store {self.description} was closed during {what}"
+                    ) from None
+                raise
             except grpc.aio.AioRpcError as e:
                 error = _map_rpc_error(e, endpoint, what)
                 if self.closed:
@@ -510,8 +523,9 @@ class EtcdMetadataStore(MetadataStore):
         return watch
 
     async def _do_close(self) -> None:
+        # watches see self.closed and end with MetadataStoreClosedError, as on every backend
         for watch in list(self._watches):
-            await watch.close()
+            watch._drop_stream()
         await self._endpoints.close()
 
 
@@ -604,6 +618,10 @@ class _EtcdWatch(Watch):
                 try:
                     await self.open_stream()
                     backoff = 0.1
+                except asyncio.CancelledError:
+                    if self._ending() and not _cancelled_from_outside():
+                        continue
+                    raise
                 except MetadataUnavailableError:
                     # etcd is down or restarting: keep trying, resuming from the same revision
                     await asyncio.sleep(backoff)
@@ -612,12 +630,13 @@ class _EtcdWatch(Watch):
             try:
                 response = await self._stream.read()
             except asyncio.CancelledError:
-                if self._closed:
-                    raise StopAsyncIteration from None
+                # the stream, not this task, was cancelled: by close() or by the store closing
+                if self._ending() and not _cancelled_from_outside():
+                    continue
                 raise
             except grpc.aio.AioRpcError as e:
-                if self._closed:
-                    raise StopAsyncIteration from None
+                if self._ending():
+                    continue
                 log.info(
                     "metadata_watch_interrupted",
                     prefix=self.prefix,
@@ -641,6 +660,9 @@ class _EtcdWatch(Watch):
                 self._drop_stream()
                 continue
             self._handle(response)
+
+    def _ending(self) -> bool:
+        return self._closed or self._store.closed
 
     def _drop_stream(self) -> None:
         if self._stream is not None:

@@ -198,7 +198,8 @@ class LocalCore:
         self.history_floor = 1
         """The oldest revision a watch may start from."""
         self._changed: asyncio.Future[None] | None = None
-        self._queue: asyncio.Queue[tuple[_Request, asyncio.Future[object]]] = asyncio.Queue(
+        # None is the stop sentinel: the writer finishes what is queued before it, then ends
+        self._queue: asyncio.Queue[tuple[_Request, asyncio.Future[object]] | None] = asyncio.Queue(
             maxsize=10_000
         )
         self._tasks: list[asyncio.Task[None]] = []
@@ -213,17 +214,26 @@ class LocalCore:
         self._tasks.append(asyncio.create_task(self._expire_leases(), name="metadata-leases"))
 
     async def stop(self) -> None:
+        """Refuse new requests, let the writer finish the ones already queued, then stop."""
         self.closed = True
-        for task in self._tasks:
+        writer = self._tasks[0] if self._tasks else None
+        for task in self._tasks[1:]:
             task.cancel()
-        for task in self._tasks:
+        for task in self._tasks[1:]:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        while not self._queue.empty():
-            _, fut = self._queue.get_nowait()
-            if not fut.done():
-                fut.set_exception(MetadataStoreClosedError("the metadata store was closed"))
+        if writer is not None and not writer.done():
+            await self._queue.put(None)
+            with contextlib.suppress(asyncio.CancelledError, MetadataError):
+                await writer
+        self._fail_queued(MetadataStoreClosedError("the metadata store was closed"))
         self._notify()
+
+    def _fail_queued(self, error: MetadataError) -> None:
+        while not self._queue.empty():
+            item = self._queue.get_nowait()
+            if item is not None and not item[1].done():
+                item[1].set_exception(error)
 
     # --- reads ----------------------------------------------------------------------------
 
@@ -279,10 +289,18 @@ class LocalCore:
 
     async def _writer(self) -> None:
         try:
-            while True:
-                batch = [await self._queue.get()]
+            stopping = False
+            while not stopping:
+                first = await self._queue.get()
+                if first is None:
+                    return
+                batch = [first]
                 while not self._queue.empty() and len(batch) < 1024:
-                    batch.append(self._queue.get_nowait())
+                    item = self._queue.get_nowait()
+                    if item is None:
+                        stopping = True
+                        break
+                    batch.append(item)
                 # a barrier runs alone, after the requests queued before it are committed
                 pending: list[tuple[_Request, asyncio.Future[object]]] = []
                 for request, fut in batch:
@@ -300,10 +318,7 @@ class LocalCore:
         except BaseException as e:
             # A journal that cannot write leaves nothing safe to do: fail every caller from now on.
             self.failure = e
-            while not self._queue.empty():
-                _, fut = self._queue.get_nowait()
-                if not fut.done():
-                    fut.set_exception(MetadataError(f"the metadata store failed: {e}"))
+            self._fail_queued(MetadataError(f"the metadata store failed: {e}"))
             raise
 
     async def _run_barrier(self, request: _BarrierRequest, fut: asyncio.Future[object]) -> None:

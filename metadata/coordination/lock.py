@@ -194,9 +194,14 @@ class LockManager:
                 lock._mark_lost(f"the lock was taken by another session (lease {record.lease_id})")
         return listing.revision
 
-    async def _watch_loop(self, watch: Watch) -> None:
+    async def _watch_loop(self, first_watch: Watch) -> None:
+        watch: Watch | None = first_watch
         while not self._closed:
             try:
+                if watch is None:
+                    # start over from a fresh listing
+                    revision = await self._resync()
+                    watch = await self.store.watch(self.prefix, start_revision=revision + 1)
                 async with watch:
                     async for event in watch:
                         self._apply(event)
@@ -209,17 +214,7 @@ class LockManager:
                 await asyncio.sleep(0.5)
             else:
                 return  # the watch was closed: the manager is closing
-            # start over from a fresh listing
-            while not self._closed:
-                try:
-                    revision = await self._resync()
-                    watch = await self.store.watch(self.prefix, start_revision=revision + 1)
-                    break
-                except MetadataError as e:
-                    if self.store.closed:
-                        return
-                    log.info("lock_watch_retry", prefix=self.prefix, error=str(e))
-                    await asyncio.sleep(0.5)
+            watch = None
 
     async def close(self, *, release: bool = True) -> None:
         self._closed = True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -26,6 +27,8 @@ from metadata import (
     Watch,
     WatchEvent,
 )
+
+OpenStore = Callable[..., Awaitable[MetadataStore]]
 
 
 async def next_events(watch: Watch, count: int, timeout_s: float = 10) -> list[WatchEvent]:
@@ -360,7 +363,28 @@ async def test_keepalive_keeps_a_lease(store: MetadataStore, ns: str) -> None:
 # --- lifecycle --------------------------------------------------------------------------------
 
 
-async def test_closed_store_refuses_work(open_metadata, ns: str) -> None:
+async def test_closing_the_store_ends_its_watches_loudly(open_metadata: OpenStore, ns: str) -> None:
+    store = await open_metadata()
+    watch = await store.watch(f"{ns}/")
+    reader = asyncio.create_task(anext(watch))
+    await asyncio.sleep(0.05)
+    await store.close()
+    with pytest.raises(MetadataStoreClosedError):
+        await asyncio.wait_for(reader, 5)
+
+
+async def test_writes_in_flight_at_close_complete_or_fail(
+    open_metadata: OpenStore, ns: str
+) -> None:
+    store = await open_metadata()
+    writes = [asyncio.create_task(store.put(f"{ns}/k{i}", b"x")) for i in range(200)]
+    await asyncio.sleep(0)
+    await store.close()
+    outcomes = await asyncio.wait_for(asyncio.gather(*writes, return_exceptions=True), 10)
+    assert all(isinstance(o, int | MetadataStoreClosedError) for o in outcomes), outcomes[:3]
+
+
+async def test_closed_store_refuses_work(open_metadata: OpenStore, ns: str) -> None:
     store = await open_metadata()
     await store.put(f"{ns}/a", b"x")
     await store.close()
