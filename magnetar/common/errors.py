@@ -38,7 +38,8 @@ with :func:`error_from_code`. Codes are grouped by layer in blocks of 100.
     │   ├── ChecksumMismatchError         an entry's checksum did not match its payload (205)
     │   ├── CorruptionError               stored data failed its integrity check (206)
     │   ├── EntryTooLargeError            an entry is over the size limit (207)
-    │   └── StorageClosedError            the storage engine was closed (210, retriable)
+    │   ├── StorageClosedError            the storage engine was closed (210, retriable)
+    │   └── BookieIdentityError           data directory and cluster disagree on identity (211)
     ├── LedgerError                       the ledger client (300)
     │   ├── NotEnoughBookiesError         fewer writable bookies than the ensemble needs (301)
     │   ├── LedgerClosedError             the ledger is closed for writing (302)
@@ -131,6 +132,7 @@ class ErrorCode(enum.IntEnum):
     CORRUPTION = 206
     ENTRY_TOO_LARGE = 207
     STORAGE_CLOSED = 210
+    BOOKIE_IDENTITY_MISMATCH = 211
 
     LEDGER_ERROR = 300
     NOT_ENOUGH_BOOKIES = 301
@@ -454,6 +456,13 @@ class StorageClosedError(StorageError):
     code = ErrorCode.STORAGE_CLOSED
     retriable = True
     grpc_status = "UNAVAILABLE"
+
+
+class BookieIdentityError(StorageError):
+    """The data directory and the cluster's metadata disagree about who this bookie is."""
+
+    code = ErrorCode.BOOKIE_IDENTITY_MISMATCH
+    grpc_status = "FAILED_PRECONDITION"
 
 
 # --- ledger client --------------------------------------------------------------------------

@@ -95,6 +95,8 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     """An entry is larger than the bookie accepts."""
     ERROR_CODE_STORAGE_CLOSED: _ErrorCode.ValueType  # 210
     """The storage engine was closed."""
+    ERROR_CODE_BOOKIE_IDENTITY_MISMATCH: _ErrorCode.ValueType  # 211
+    """The data directory and the cluster's metadata disagree about who this bookie is."""
     ERROR_CODE_LEDGER_ERROR: _ErrorCode.ValueType  # 300
     """An error of the ledger client."""
     ERROR_CODE_NOT_ENOUGH_BOOKIES: _ErrorCode.ValueType  # 301
@@ -240,6 +242,8 @@ ERROR_CODE_ENTRY_TOO_LARGE: ErrorCode.ValueType  # 207
 """An entry is larger than the bookie accepts."""
 ERROR_CODE_STORAGE_CLOSED: ErrorCode.ValueType  # 210
 """The storage engine was closed."""
+ERROR_CODE_BOOKIE_IDENTITY_MISMATCH: ErrorCode.ValueType  # 211
+"""The data directory and the cluster's metadata disagree about who this bookie is."""
 ERROR_CODE_LEDGER_ERROR: ErrorCode.ValueType  # 300
 """An error of the ledger client."""
 ERROR_CODE_NOT_ENOUGH_BOOKIES: ErrorCode.ValueType  # 301

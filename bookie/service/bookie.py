@@ -1,0 +1,364 @@
+"""The bookie service: what a bookie does with requests, above its storage engine.
+
+- **Adds** are checked (size, checksum, fencing, read-only mode), and the accepted ones are stored
+  as one group. Each refused entry gets its own error; the rest of the request goes ahead.
+- **Fencing**: a fenced ledger refuses normal adds and accepts recovery adds. The check and the
+  submission to the journal happen with no ``await`` in between, so an add either precedes a
+  fence in the log (and the fence's answer counts it) or is refused.
+- **LAC**: the ledger's last add confirmed, as last reported by its writer (piggy-backed on adds).
+  Readers long-poll for it to advance.
+- **Read-only mode**: when disk usage passes ``readonly_disk_usage`` adds are refused, except
+  recovery adds that close ledgers. Reads, fencing, deletes and compaction go on, so the bookie
+  can dig itself out, and it turns writable again below ``writable_disk_usage``.
+
+No gRPC here: the adapter in :mod:`bookie.grpc` converts the wire messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import structlog
+
+from bookie.entries import (
+    NO_ENTRY,
+    AddEntry,
+    AddFailure,
+    FenceResult,
+    LacResult,
+    ReadEntry,
+    ReadResult,
+    entry_checksum,
+)
+from bookie.service.config import BookieConfig
+from bookie.service.metrics import BookieMetrics
+from bookie.storage.engine import EntryToStore, StorageEngine
+from magnetar.common.clock import SYSTEM_CLOCK, Clock
+from magnetar.common.errors import (
+    BookieReadOnlyError,
+    ChecksumMismatchError,
+    EntryTooLargeError,
+    InvalidArgumentError,
+    LedgerFencedError,
+    MagnetarError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    StorageError,
+)
+
+log = structlog.get_logger("magnetar.bookie")
+
+MAX_LAC_WAIT_MS = 60_000
+
+
+class DiskUsage(NamedTuple):
+    total_bytes: int
+    free_bytes: int
+
+    @property
+    def used_fraction(self) -> float:
+        return 1.0 - self.free_bytes / self.total_bytes if self.total_bytes else 0.0
+
+
+DiskProbe = Callable[[], DiskUsage]
+
+
+def disk_probe_for(path: Path) -> DiskProbe:
+    """The file system's real usage at ``path``."""
+
+    def probe() -> DiskUsage:
+        usage = shutil.disk_usage(path)
+        return DiskUsage(usage.total, usage.free)
+
+    return probe
+
+
+@dataclass(frozen=True, slots=True)
+class BookieStatus:
+    """Identity, state and disk figures (what registration publishes and GetBookieInfo says)."""
+
+    bookie_id: str
+    address: str
+    read_only: bool
+    total_disk_bytes: int
+    free_disk_bytes: int
+    ledger_count: int
+    labels: dict[str, str]
+
+
+class Bookie:
+    """One bookie's service over its storage engine."""
+
+    def __init__(
+        self,
+        config: BookieConfig,
+        storage: StorageEngine,
+        *,
+        bookie_id: str,
+        address: str = "",
+        disk_probe: DiskProbe | None = None,
+        metrics: BookieMetrics | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.config = config
+        self.storage = storage
+        self.bookie_id = bookie_id
+        self.address = address
+        self.metrics = metrics or BookieMetrics(bookie_id)
+        self._disk_probe = disk_probe or disk_probe_for(storage.directory)
+        self._clock = clock
+        self._disk = self._disk_probe()
+        self.read_only = self._disk.used_fraction >= config.readonly_disk_usage
+        self._lac_waiters: dict[int, list[tuple[int, asyncio.Future[None]]]] = {}
+        self._state_listeners: list[Callable[[], None]] = []
+        self._monitor: asyncio.Task[None] | None = None
+        self.metrics.set_state(self.read_only)
+        self.metrics.set_disk(self._disk.total_bytes, self._disk.free_bytes)
+        self.metrics.bind_storage(storage)
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._monitor = asyncio.create_task(self._watch_disk(), name="bookie-disk-monitor")
+
+    async def stop(self) -> None:
+        if self._monitor is not None:
+            self._monitor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._monitor
+        for waiters in self._lac_waiters.values():
+            for _, future in waiters:
+                if not future.done():
+                    future.set_result(None)
+        self._lac_waiters.clear()
+
+    def on_state_change(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` when the bookie turns read-only or writable."""
+        self._state_listeners.append(listener)
+
+    def status(self) -> BookieStatus:
+        labels = {"zone": self.config.zone} if self.config.zone else {}
+        return BookieStatus(
+            self.bookie_id,
+            self.address,
+            self.read_only,
+            self._disk.total_bytes,
+            self._disk.free_bytes,
+            len(self.storage.index.ledgers),
+            labels,
+        )
+
+    # --- read-only mode --------------------------------------------------------------------------
+
+    def check_disk(self) -> None:
+        """Read disk usage and switch between writable and read-only (with hysteresis)."""
+        self._disk = self._disk_probe()
+        used = self._disk.used_fraction
+        self.metrics.set_disk(self._disk.total_bytes, self._disk.free_bytes)
+        if not self.read_only and used >= self.config.readonly_disk_usage:
+            self._set_read_only(read_only=True, used=used)
+        elif self.read_only and used < self.config.writable_disk_usage:
+            self._set_read_only(read_only=False, used=used)
+
+    def _set_read_only(self, *, read_only: bool, used: float) -> None:
+        self.read_only = read_only
+        self.metrics.set_state(read_only)
+        log.warning(
+            "bookie_read_only" if read_only else "bookie_writable",
+            disk_used=round(used, 4),
+            readonly_at=self.config.readonly_disk_usage,
+            writable_below=self.config.writable_disk_usage,
+        )
+        for listener in self._state_listeners:
+            try:
+                listener()
+            except Exception:
+                log.exception("state_listener_failed")
+
+    async def _watch_disk(self) -> None:
+        while True:
+            await self._clock.sleep(self.config.disk_check_interval_s)
+            try:
+                self.check_disk()
+            except OSError as e:
+                log.warning("disk_check_failed", error=str(e))
+
+    # --- adds ------------------------------------------------------------------------------------
+
+    def _refusal(self, add: AddEntry) -> MagnetarError | None:
+        if add.ledger_id < 0 or add.entry_id < 0:
+            return InvalidArgumentError(
+                f"ledger and entry ids are >= 0, got ledger {add.ledger_id} entry {add.entry_id}"
+            )
+        if self.read_only and not add.recovery:
+            return BookieReadOnlyError(
+                f"bookie {self.bookie_id} is read-only: its disk is over"
+                f" {self.config.readonly_disk_usage:.0%} full",
+                context={"bookie": self.bookie_id},
+            )
+        size = len(add.payload)
+        if size > self.config.storage.max_entry_bytes:
+            return EntryTooLargeError(
+                f"entry {add.entry_id} of ledger {add.ledger_id} is {size:,} bytes; this bookie"
+                f" accepts at most {self.config.storage.max_entry_bytes:,}",
+                context={"size": size, "limit": self.config.storage.max_entry_bytes},
+            )
+        if (
+            entry_checksum(add.ledger_id, add.entry_id, add.last_add_confirmed, add.payload)
+            != add.crc32c
+        ):
+            return ChecksumMismatchError(
+                f"entry {add.entry_id} of ledger {add.ledger_id}: its CRC32C does not match its"
+                " bytes (damaged in transit, or computed over something else)",
+                context={"ledger": add.ledger_id, "entry": add.entry_id},
+            )
+        ledger = self.storage.index.ledger(add.ledger_id)
+        if ledger is not None and ledger.fenced and not add.recovery:
+            return LedgerFencedError(
+                f"ledger {add.ledger_id} is fenced on bookie {self.bookie_id}: another client is"
+                " recovering it",
+                context={"ledger": add.ledger_id},
+            )
+        return None
+
+    async def add_entries(self, adds: Sequence[AddEntry]) -> list[AddFailure]:
+        """Store what can be stored, as one group; returns the entries refused and why."""
+        failures: list[AddFailure] = []
+        accepted: list[EntryToStore] = []
+        for add in adds:
+            refusal = self._refusal(add)
+            if refusal is not None:
+                failures.append(AddFailure(add.ledger_id, add.entry_id, refusal))
+                continue
+            accepted.append(
+                EntryToStore(
+                    add.ledger_id,
+                    add.entry_id,
+                    add.last_add_confirmed,
+                    add.crc32c,
+                    add.payload,
+                    add.recovery,
+                )
+            )
+        if failures:
+            self.metrics.add_refused(len(failures))
+        if not accepted:
+            return failures
+        started = self._clock.monotonic()
+        try:
+            await self.storage.add_entries(accepted)
+        except StorageError as e:
+            failures.extend(AddFailure(a.ledger_id, a.entry_id, e) for a in accepted)
+            return failures
+        self.metrics.added(
+            len(accepted), sum(len(a.payload) for a in accepted), self._clock.monotonic() - started
+        )
+        self._wake_lac_waiters({a.ledger_id for a in accepted})
+        return failures
+
+    # --- reads -----------------------------------------------------------------------------------
+
+    async def read_entries(
+        self, ledger_id: int, first_entry_id: int, last_entry_id: int, max_bytes: int = 0
+    ) -> ReadResult:
+        if first_entry_id < 0 or last_entry_id < first_entry_id:
+            raise InvalidArgumentError(
+                f"a read needs 0 <= first_entry_id <= last_entry_id, got {first_entry_id}"
+                f"..{last_entry_id}"
+            )
+        started = self._clock.monotonic()
+        stored = await self.storage.read_entries(
+            ledger_id, first_entry_id, last_entry_id, max_bytes
+        )
+        self.metrics.read(len(stored), self._clock.monotonic() - started)
+        state = self.storage.ledger_state(ledger_id)
+        entries = [ReadEntry(r.entry_id, r.last_add_confirmed, r.payload, r.crc32c) for r in stored]
+        return ReadResult(
+            ledger_id,
+            entries,
+            state.last_add_confirmed if state else NO_ENTRY,
+            bool(state and state.fenced),
+        )
+
+    async def read_lac(
+        self, ledger_id: int, previous_lac: int, timeout_ms: int = 0, include_entry: bool = False
+    ) -> LacResult:
+        """The ledger's LAC; with ``timeout_ms`` waits for it to pass ``previous_lac``."""
+        if timeout_ms < 0 or timeout_ms > MAX_LAC_WAIT_MS:
+            raise InvalidArgumentError(
+                f"a LAC long-poll waits 0 to {MAX_LAC_WAIT_MS} ms, got {timeout_ms}"
+            )
+        state = self.storage.ledger_state(ledger_id)
+        lac = state.last_add_confirmed if state else NO_ENTRY
+        fenced = bool(state and state.fenced)
+        if lac <= previous_lac and not fenced and timeout_ms > 0:
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            waiters = self._lac_waiters.setdefault(ledger_id, [])
+            waiters.append((previous_lac, future))
+            try:
+                await asyncio.wait_for(future, timeout_ms / 1000)
+            except TimeoutError:
+                pass
+            finally:
+                with contextlib.suppress(ValueError):
+                    waiters.remove((previous_lac, future))
+                if not waiters:
+                    self._lac_waiters.pop(ledger_id, None)
+            state = self.storage.ledger_state(ledger_id)
+            lac = state.last_add_confirmed if state else NO_ENTRY
+            fenced = bool(state and state.fenced)
+        entry = None
+        if include_entry and lac > NO_ENTRY:
+            with contextlib.suppress(NoSuchEntryError, NoSuchLedgerError):
+                read = await self.storage.read_entries(ledger_id, lac, lac)
+                record = read[0]
+                entry = ReadEntry(
+                    record.entry_id, record.last_add_confirmed, record.payload, record.crc32c
+                )
+        return LacResult(ledger_id, lac, fenced, entry)
+
+    def _wake_lac_waiters(self, ledger_ids: set[int]) -> None:
+        for ledger_id in ledger_ids:
+            waiters = self._lac_waiters.get(ledger_id)
+            if not waiters:
+                continue
+            state = self.storage.ledger_state(ledger_id)
+            if state is None:
+                continue
+            for previous, future in waiters:
+                if (state.last_add_confirmed > previous or state.fenced) and not future.done():
+                    future.set_result(None)
+
+    # --- ledgers ---------------------------------------------------------------------------------
+
+    async def fence(self, ledger_id: int) -> FenceResult:
+        if ledger_id < 0:
+            raise InvalidArgumentError(f"ledger ids are >= 0, got {ledger_id}")
+        state = await self.storage.fence(ledger_id)
+        log.info(
+            "ledger_fenced",
+            ledger=ledger_id,
+            lac=state.last_add_confirmed,
+            last_entry=state.last_entry_id,
+        )
+        self._wake_lac_waiters({ledger_id})
+        return FenceResult(ledger_id, state.last_add_confirmed, state.last_entry_id)
+
+    async def delete_ledger(self, ledger_id: int) -> None:
+        if ledger_id < 0:
+            raise InvalidArgumentError(f"ledger ids are >= 0, got {ledger_id}")
+        existed = await self.storage.delete_ledger(ledger_id)
+        log.info("ledger_deleted", ledger=ledger_id, existed=existed)
+        for _, future in self._lac_waiters.pop(ledger_id, []):
+            if not future.done():
+                future.set_result(None)
+
+    def list_ledgers(self, after_ledger_id: int, limit: int) -> tuple[list[int], bool]:
+        ids = [i for i in self.storage.ledger_ids() if i > after_ledger_id]
+        return ids[:limit], len(ids) > limit

@@ -1,0 +1,93 @@
+"""Settings of a bookie (flags ``--data-dir``, ``--port``..., environment ``MAGNETAR_*``)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bookie.storage.config import StorageConfig
+from magnetar.common.config import config_error
+
+BOOKIE_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BookieConfig:
+    """One bookie: where its data is, how to reach it, when it turns read-only."""
+
+    data_dir: Path
+    """Directory of this bookie's data: segments, index and identity file."""
+
+    metadata: str
+    """Metadata URL: etcd://h1:2379,h2:2379, embedded:///path, or memory://."""
+
+    port: int = 3181
+    """gRPC port of the bookie service (0: any free port)."""
+
+    http_port: int = 8000
+    """HTTP port for /metrics and /health (0: any free port)."""
+
+    bind_host: str = "0.0.0.0"  # noqa: S104 - a server listens on every interface by default
+    """Address the servers listen on."""
+
+    advertised_host: str | None = None
+    """Host name or address others use to reach this bookie (default: this machine's name)."""
+
+    bookie_id: str | None = None
+    """Stable identity; generated at first start and kept in the data directory if not given."""
+
+    zone: str | None = None
+    """Placement label: replicas of a ledger go to different zones when enough exist."""
+
+    readonly_disk_usage: float = 0.95
+    """Disk usage (fraction) at which the bookie turns read-only."""
+
+    writable_disk_usage: float = 0.90
+    """Disk usage (fraction) below which a read-only bookie turns writable again."""
+
+    disk_check_interval_s: float = 1.0
+    """How often disk usage is checked."""
+
+    registration_refresh_s: float = 10.0
+    """How often the bookie refreshes its registration (disk figures, state)."""
+
+    session_ttl_s: int = 10
+    """TTL of the metadata session its registration is bound to."""
+
+    max_inflight_bytes_per_stream: int = 64 * 1024 * 1024
+    """Entry bytes one add stream may have in flight; the client waits beyond it."""
+
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    """How entries are written, indexed and compacted."""
+
+    def __post_init__(self) -> None:
+        for name in ("port", "http_port"):
+            value = getattr(self, name)
+            if not 0 <= value <= 65535:
+                raise config_error(name, value, "must be a port number from 0 to 65535")
+        if self.bookie_id is not None and not BOOKIE_ID_PATTERN.fullmatch(self.bookie_id):
+            raise config_error(
+                "bookie_id",
+                self.bookie_id,
+                "must be 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit",
+            )
+        if not 0 < self.writable_disk_usage < self.readonly_disk_usage <= 1:
+            raise config_error(
+                "writable_disk_usage",
+                self.writable_disk_usage,
+                f"must be above 0 and below readonly_disk_usage ({self.readonly_disk_usage}),"
+                " which must be at most 1",
+            )
+        if self.disk_check_interval_s <= 0:
+            raise config_error("disk_check_interval_s", self.disk_check_interval_s, "must be > 0")
+        if self.registration_refresh_s <= 0:
+            raise config_error("registration_refresh_s", self.registration_refresh_s, "must be > 0")
+        if self.session_ttl_s < 2:
+            raise config_error("session_ttl_s", self.session_ttl_s, "must be at least 2")
+        if self.max_inflight_bytes_per_stream < self.storage.max_entry_bytes:
+            raise config_error(
+                "max_inflight_bytes_per_stream",
+                self.max_inflight_bytes_per_stream,
+                f"must be at least storage.max_entry_bytes ({self.storage.max_entry_bytes})",
+            )
