@@ -1,0 +1,191 @@
+"""Runs one bookie: identity, storage, service, gRPC and HTTP servers, registration.
+
+``magnetar bookie`` runs one :class:`BookieProcess` per OS process; ``magnetar standalone`` and
+the test kit run several in one process, sharing one metadata store. Start-up order is identity
+(refuse a foreign or wiped directory before touching it), storage (recovery), the servers, and
+registration last: a bookie is announced only once it can serve. Shutdown runs the other way, so
+clients stop choosing the bookie before it stops answering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+from pathlib import Path
+
+import grpc
+import grpc.aio
+import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from bookie.grpc.servicer import BookieServicer
+from bookie.service.bookie import Bookie, DiskProbe
+from bookie.service.config import BookieConfig
+from bookie.service.metrics import BookieMetrics
+from bookie.service.registration import Registration, establish_identity
+from bookie.storage.engine import StorageEngine
+from magnetar.common.status_http import Response, StatusServer
+from metadata import MetadataStore, open_store
+from proto.bookie.v1 import bookie_pb2_grpc
+
+log = structlog.get_logger("magnetar.bookie.process")
+
+SERVICE_NAME = "magnetar.bookie.v1.BookieService"
+GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+    ("grpc.max_send_message_length", 256 * 1024 * 1024),
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+]
+
+
+class BookieProcess:
+    """A running bookie. Create with :meth:`start`, end with :meth:`stop`."""
+
+    def __init__(self) -> None:
+        self.config: BookieConfig
+        self.bookie: Bookie
+        self.storage: StorageEngine
+        self.store: MetadataStore
+        self._owns_store = False
+        self._server: grpc.aio.Server
+        self._health: health.aio.HealthServicer
+        self._http: StatusServer
+        self._registration: Registration
+        self.port = 0
+        self.http_port = 0
+        self.address = ""
+        self._stopped = asyncio.Event()
+
+    @classmethod
+    async def start(
+        cls,
+        config: BookieConfig,
+        *,
+        store: MetadataStore | None = None,
+        disk_probe: DiskProbe | None = None,
+    ) -> BookieProcess:
+        """Bring a bookie up; ``store`` shares a metadata store (standalone, tests)."""
+        self = cls()
+        self.config = config
+        if store is None:
+            self.store = await open_store(config.metadata)
+            self._owns_store = True
+        else:
+            self.store = store
+        try:
+            await self._start(config, disk_probe)
+        except BaseException:
+            await self._close_store()
+            raise
+        return self
+
+    async def _start(self, config: BookieConfig, disk_probe: DiskProbe | None) -> None:
+        data_dir = Path(config.data_dir)
+        identity = await establish_identity(self.store, data_dir, config.bookie_id)
+        self.storage = await StorageEngine.open(data_dir / "storage", config.storage)
+        metrics = BookieMetrics(identity.bookie_id)
+        self.bookie = Bookie(
+            config,
+            self.storage,
+            bookie_id=identity.bookie_id,
+            disk_probe=disk_probe,
+            metrics=metrics,
+        )
+        self._server = grpc.aio.server(options=GRPC_OPTIONS)
+        bookie_pb2_grpc.add_BookieServiceServicer_to_server(
+            BookieServicer(self.bookie, max_inflight_bytes=config.max_inflight_bytes_per_stream),
+            self._server,
+        )
+        self._health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        self.port = self._server.add_insecure_port(f"{config.bind_host}:{config.port}")
+        if self.port == 0:
+            await self.storage.close()
+            raise OSError(f"cannot listen on {config.bind_host}:{config.port} (port in use?)")
+        host = config.advertised_host or socket.gethostname()
+        self.address = f"{host}:{self.port}"
+        self.bookie.address = self.address
+        self._http = StatusServer(
+            config.bind_host,
+            config.http_port,
+            {"/metrics": self._metrics, "/health": self._health_check},
+        )
+        self.http_port = await self._http.start()
+        await self._server.start()
+        for service in ("", SERVICE_NAME):
+            await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        self.bookie.start()
+        self._registration = Registration(
+            self.store,
+            identity,
+            self.bookie.status,
+            http_address=f"{host}:{self.http_port}",
+            ttl_s=config.session_ttl_s,
+            refresh_s=config.registration_refresh_s,
+        )
+        self.bookie.on_state_change(self._registration.changed)
+        await self._registration.start()
+        log.info(
+            "bookie_started",
+            bookie=identity.bookie_id,
+            address=self.address,
+            http_port=self.http_port,
+            ledgers=len(self.storage.index.ledgers),
+            read_only=self.bookie.read_only,
+        )
+
+    @property
+    def bookie_id(self) -> str:
+        return self.bookie.bookie_id
+
+    def _metrics(self) -> Response:
+        return Response(200, self.bookie.metrics.render(), "text/plain; version=0.0.4")
+
+    def _health_check(self) -> Response:
+        state = "read-only" if self.bookie.read_only else "writable"
+        return Response(200, f"ok {state}\n".encode())
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """Leave the cluster, finish in-flight requests (up to ``grace_s``), close the files."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        with contextlib.suppress(Exception):
+            await self._health.enter_graceful_shutdown()
+        with contextlib.suppress(Exception):
+            await self._registration.close()
+        await self._server.stop(grace_s)
+        await self._http.stop()
+        await self.bookie.stop()
+        await self.storage.close()
+        await self._close_store()
+        log.info("bookie_stopped", bookie=self.bookie.bookie_id)
+
+    async def _close_store(self) -> None:
+        if self._owns_store:
+            await self.store.close()
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+
+async def run_bookie(config: BookieConfig) -> int:
+    """Run a bookie until SIGTERM or SIGINT; the body of ``magnetar bookie``."""
+    process = await BookieProcess.start(config)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(  # noqa: T201 - the ready line is the command's output; scripts wait for it
+        f"bookie {process.bookie_id} serving on {process.address}"
+        f" (metrics: http://{process.address.rsplit(':', 1)[0]}:{process.http_port}/metrics)",
+        flush=True,
+    )
+    await stop.wait()
+    await process.stop()
+    return 0
