@@ -11,4 +11,5 @@ run .venv/bin/ruff format --check .
 run .venv/bin/mypy
 run .venv/bin/lint-imports
 run .venv/bin/python scripts/genproto.py --check
+run .venv/bin/python scripts/gendocs.py --check
 exit $status
