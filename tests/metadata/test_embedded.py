@@ -67,14 +67,16 @@ async def test_every_acknowledged_write_survives_sigkill(tmp_path: Path) -> None
         stderr=asyncio.subprocess.DEVNULL,
         env={**os.environ, "GRPC_VERBOSITY": "ERROR"},
     )
-    assert child.stdout is not None
-    assert (await asyncio.wait_for(child.stdout.readline(), 30)).strip() == b"READY"
     acked: dict[str, int] = {}
-    async with asyncio.timeout(60):
-        while len(acked) < 1500:
-            _, acked_key, acked_version = (await child.stdout.readline()).split()
-            acked[acked_key.decode()] = int(acked_version)
-    child.send_signal(signal.SIGKILL)
+    try:
+        assert child.stdout is not None
+        assert (await asyncio.wait_for(child.stdout.readline(), 30)).strip() == b"READY"
+        async with asyncio.timeout(60):
+            while len(acked) < 1500:
+                _, acked_key, acked_version = (await child.stdout.readline()).split()
+                acked[acked_key.decode()] = int(acked_version)
+    finally:
+        child.send_signal(signal.SIGKILL)
     # acknowledgements already printed before the kill count too
     for line in (await child.stdout.read()).splitlines():
         parts = line.split()

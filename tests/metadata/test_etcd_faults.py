@@ -123,15 +123,19 @@ async def test_lease_keys_vanish_within_the_ttl_after_their_owner_is_killed(
         stderr=asyncio.subprocess.DEVNULL,
         env={**os.environ, "GRPC_VERBOSITY": "ERROR"},
     )
-    assert child.stdout is not None
-    line = await asyncio.wait_for(child.stdout.readline(), 30)
-    assert line.startswith(b"READY"), line
-    ttl_s = int(line.split()[2])
-    assert await store.get(key) is not None
-    loop = asyncio.get_running_loop()
-    child.send_signal(signal.SIGKILL)
-    killed_at = loop.time()
-    await child.wait()
+    try:
+        assert child.stdout is not None
+        line = await asyncio.wait_for(child.stdout.readline(), 30)
+        assert line.startswith(b"READY"), line
+        ttl_s = int(line.split()[2])
+        assert await store.get(key) is not None
+        loop = asyncio.get_running_loop()
+        child.send_signal(signal.SIGKILL)
+        killed_at = loop.time()
+    finally:
+        if child.returncode is None:
+            child.kill()
+        await child.wait()
     async with asyncio.timeout(ttl_s + 5):
         while await store.get(key) is not None:
             await asyncio.sleep(0.05)
