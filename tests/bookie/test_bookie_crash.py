@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import random
-import signal
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +12,7 @@ import pytest
 from bookie.client.bookie_client import BookieClient
 from bookie.entries import AddEntry, entry_checksum
 from magnetar.common.errors import MagnetarError, NoSuchEntryError, NoSuchLedgerError
+from magnetar.testing.cluster import BookieNode
 from magnetar.testing.etcd import EtcdServer
 
 pytestmark = pytest.mark.etcd
@@ -22,6 +20,15 @@ pytestmark = pytest.mark.etcd
 LEDGERS = 4
 KILLS = 20
 SEED = 20261121
+# small segments and frequent checkpoints, so the kills also land around rollovers and checkpoints
+STORAGE_ARGS = (
+    "--storage-max-segment-bytes",
+    str(4 * 1024 * 1024),
+    "--storage-max-entry-bytes",
+    str(64 * 1024),
+    "--storage-checkpoint-after-bytes",
+    str(2 * 1024 * 1024),
+)
 
 
 def payload_of(ledger: int, entry: int) -> bytes:
@@ -39,62 +46,6 @@ def add_of(ledger: int, entry: int) -> AddEntry:
 class Ledger:
     next_entry: int = 0
     acked: set[int] = field(default_factory=set)
-
-
-class BookieProc:
-    """A ``magnetar bookie`` OS process."""
-
-    def __init__(self, data_dir: Path, metadata_url: str, log_path: Path) -> None:
-        self.data_dir = data_dir
-        self.metadata_url = metadata_url
-        self.log_path = log_path
-        self.process: asyncio.subprocess.Process | None = None
-        self.address = ""
-
-    async def start(self) -> None:
-        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
-        self.process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "magnetar.cli",
-            "bookie",
-            "--data-dir",
-            str(self.data_dir),
-            "--metadata",
-            self.metadata_url,
-            "--port",
-            "0",
-            "--http-port",
-            "0",
-            "--bind-host",
-            "127.0.0.1",
-            "--advertised-host",
-            "127.0.0.1",
-            "--storage-max-segment-bytes",
-            str(4 * 1024 * 1024),
-            "--storage-max-entry-bytes",
-            str(64 * 1024),
-            "--storage-checkpoint-after-bytes",
-            str(2 * 1024 * 1024),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=log,
-            env={**os.environ, "GRPC_VERBOSITY": "ERROR"},
-        )
-        log.close()
-        assert self.process.stdout is not None
-        line = await asyncio.wait_for(self.process.stdout.readline(), 60)
-        assert b"serving on" in line, f"bookie did not start: {line!r}, see {self.log_path}"
-        self.address = line.split(b"serving on ")[1].split()[0].decode()
-
-    async def kill(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        await self.process.wait()
-
-    async def stop(self) -> None:
-        if self.process is not None and self.process.returncode is None:
-            self.process.send_signal(signal.SIGTERM)
-            await asyncio.wait_for(self.process.wait(), 30)
 
 
 async def write_until_killed(
@@ -164,7 +115,12 @@ async def test_no_acknowledged_entry_is_lost_over_many_sigkills(
 ) -> None:
     rng = random.Random(SEED)
     ledgers = {1000 + i: Ledger() for i in range(LEDGERS)}
-    bookie = BookieProc(tmp_path / "bookie", etcd_server.url, tmp_path / "bookie.log")
+    bookie = BookieNode(
+        tmp_path / "bookie",
+        etcd_server.url,
+        log_path=tmp_path / "bookie.log",
+        extra_args=STORAGE_ARGS,
+    )
     await bookie.start()
     totals = []
     checked_up_to = dict.fromkeys(ledgers, 0)
