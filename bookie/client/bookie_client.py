@@ -67,14 +67,24 @@ class BookieInfo:
 
 @dataclass(slots=True)
 class _Pending:
+    """One add_entries call: its entries may travel in several stream messages (parts)."""
+
     entries: Sequence[AddEntry]
     future: asyncio.Future[list[AddFailure]]
-    size: int
+    sent: int = 0
+    """Entries already put into a message."""
+    parts_out: int = 0
+    """Messages carrying some of its entries that have not been answered yet."""
+    failures: list[AddFailure] = field(default_factory=list)
+
+    @property
+    def fully_sent(self) -> bool:
+        return self.sent == len(self.entries)
 
 
 @dataclass(slots=True)
 class _InFlight:
-    waiters: list[_Pending] = field(default_factory=list)
+    parts: list[tuple[_Pending, Sequence[AddEntry]]] = field(default_factory=list)
 
 
 class _AddStream:
@@ -99,30 +109,48 @@ class _AddStream:
 
     def add(self, entries: Sequence[AddEntry]) -> asyncio.Future[list[AddFailure]]:
         future: asyncio.Future[list[AddFailure]] = asyncio.get_running_loop().create_future()
-        size = sum(len(e.payload) for e in entries)
-        self._outbox.append(_Pending(entries, future, size))
+        if not entries:
+            future.set_result([])
+            return future
+        self._outbox.append(_Pending(entries, future))
         self._outbox_ready.set()
         return future
 
-    async def _send(self) -> None:
+    def _next_message(self) -> tuple[int, _InFlight, list[AddEntry]]:
+        """Take up to ``max_message_bytes`` of waiting entries (at least one), splitting a
+        call's entries over several messages when they do not fit in one."""
         limit = self._client.max_message_bytes
+        taken = _InFlight()
+        entries: list[AddEntry] = []
+        size = 0
+        while self._outbox:
+            pending = self._outbox[0]
+            start = pending.sent
+            while pending.sent < len(pending.entries):
+                entry = pending.entries[pending.sent]
+                if entries and size + len(entry.payload) > limit:
+                    break
+                entries.append(entry)
+                size += len(entry.payload)
+                pending.sent += 1
+            if pending.sent > start:
+                taken.parts.append((pending, pending.entries[start : pending.sent]))
+                pending.parts_out += 1
+            if not pending.fully_sent:
+                break  # the message is full
+            self._outbox.popleft()
+        return next(self._request_ids), taken, entries
+
+    async def _send(self) -> None:
         try:
             while True:
                 await self._outbox_ready.wait()
                 self._outbox_ready.clear()
                 while self._outbox:
-                    request_id = next(self._request_ids)
-                    taken = _InFlight()
-                    size = 0
-                    while self._outbox and (
-                        not taken.waiters or size + self._outbox[0].size <= limit
-                    ):
-                        pending = self._outbox.popleft()
-                        size += pending.size
-                        taken.waiters.append(pending)
-                    entries = [e for p in taken.waiters for e in p.entries]
+                    request_id, taken, entries = self._next_message()
                     self._in_flight[request_id] = taken
                     await self._call.write(encode_add_request(request_id, entries))
+                    self._client.messages_sent += 1
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - any write failure ends this stream; the next add opens one
@@ -137,18 +165,16 @@ class _AddStream:
                 by_entry: dict[tuple[int, int], MagnetarError] = {
                     (f.ledger_id, f.entry_id): error_from_detail(f.error) for f in response.failures
                 }
-                for pending in taken.waiters:
-                    failures = (
-                        [
+                for pending, part in taken.parts:
+                    if by_entry:
+                        pending.failures.extend(
                             AddFailure(e.ledger_id, e.entry_id, by_entry[(e.ledger_id, e.entry_id)])
-                            for e in pending.entries
+                            for e in part
                             if (e.ledger_id, e.entry_id) in by_entry
-                        ]
-                        if by_entry
-                        else []
-                    )
-                    if not pending.future.done():
-                        pending.future.set_result(failures)
+                        )
+                    pending.parts_out -= 1
+                    if pending.parts_out == 0 and pending.fully_sent and not pending.future.done():
+                        pending.future.set_result(pending.failures)
             self._break(f"bookie {self._client.address} ended the add stream")
         except asyncio.CancelledError:
             self._break(f"the add stream to {self._client.address} was closed")
@@ -160,7 +186,13 @@ class _AddStream:
         if self._broken is None:
             self._broken = BookieUnavailableError(reason, context={"bookie": self._client.address})
             log.info("bookie_add_stream_broken", bookie=self._client.address, reason=reason)
-        waiting = [p for f in self._in_flight.values() for p in f.waiters] + list(self._outbox)
+            # end both tasks (whichever is not the one reporting) and the call itself
+            current = asyncio.current_task()
+            for task in (self._sender, self._receiver):
+                if task is not current and not task.done():
+                    task.cancel()
+            self._call.cancel()
+        waiting = [p for f in self._in_flight.values() for p, _ in f.parts] + list(self._outbox)
         self._in_flight.clear()
         self._outbox.clear()
         for pending in waiting:
@@ -194,6 +226,8 @@ class BookieClient:
         self._channel = channel or grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         self._stub = bookie_pb2_grpc.BookieServiceStub(self._channel)
         self._adds: _AddStream | None = None
+        self.messages_sent = 0
+        """AddEntries stream messages sent (for tests and metrics)."""
 
     def _add_stream(self) -> Any:
         # requests go out pre-encoded (bookie.client.wire), so the stream's serializer is identity
@@ -224,16 +258,25 @@ class BookieClient:
     # --- unary calls --------------------------------------------------------------------------
 
     async def read_entries(
-        self, ledger_id: int, first_entry_id: int, last_entry_id: int, *, max_bytes: int = 0
+        self,
+        ledger_id: int,
+        first_entry_id: int,
+        last_entry_id: int,
+        *,
+        max_bytes: int = 0,
+        entry_ids: Sequence[int] = (),
+        timeout_s: float | None = None,
     ) -> ReadResult:
+        """A range of entries; or, with ``entry_ids``, those of them this bookie holds."""
         request = pb.ReadEntriesRequest(
             ledger_id=ledger_id,
             first_entry_id=first_entry_id,
             last_entry_id=last_entry_id,
             max_bytes=max_bytes,
+            entry_ids=entry_ids,
         )
         try:
-            response = await self._stub.ReadEntries(request, timeout=self.timeout_s)
+            response = await self._stub.ReadEntries(request, timeout=timeout_s or self.timeout_s)
         except grpc.aio.AioRpcError as e:
             raise self._error(e) from None
         entries = [

@@ -125,7 +125,11 @@ class BookieServicer(bookie_pb2_grpc.BookieServiceServicer):
     ) -> pb.ReadEntriesResponse:
         try:
             result = await self.bookie.read_entries(
-                request.ledger_id, request.first_entry_id, request.last_entry_id, request.max_bytes
+                request.ledger_id,
+                request.first_entry_id,
+                request.last_entry_id,
+                request.max_bytes,
+                entry_ids=list(request.entry_ids),
             )
         except MagnetarError as e:
             await abort_with(context, e)

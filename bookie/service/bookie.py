@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -55,6 +56,7 @@ from magnetar.common.errors import (
 log = structlog.get_logger("magnetar.bookie")
 
 MAX_LAC_WAIT_MS = 60_000
+MAX_LISTED_ENTRIES = 100_000
 
 
 class DiskUsage(NamedTuple):
@@ -265,16 +267,31 @@ class Bookie:
     # --- reads -----------------------------------------------------------------------------------
 
     async def read_entries(
-        self, ledger_id: int, first_entry_id: int, last_entry_id: int, max_bytes: int = 0
+        self,
+        ledger_id: int,
+        first_entry_id: int,
+        last_entry_id: int,
+        max_bytes: int = 0,
+        *,
+        entry_ids: Sequence[int] | None = None,
     ) -> ReadResult:
-        if first_entry_id < 0 or last_entry_id < first_entry_id:
+        """A range of entries, or with ``entry_ids`` those entries that this bookie holds."""
+        if entry_ids:
+            if len(entry_ids) > MAX_LISTED_ENTRIES:
+                raise InvalidArgumentError(
+                    f"a read may list at most {MAX_LISTED_ENTRIES:,} entries, got"
+                    f" {len(entry_ids):,}"
+                )
+            if entry_ids[0] < 0 or any(b <= a for a, b in itertools.pairwise(entry_ids)):
+                raise InvalidArgumentError("listed entry ids must be >= 0 and ascending")
+        elif first_entry_id < 0 or last_entry_id < first_entry_id:
             raise InvalidArgumentError(
                 f"a read needs 0 <= first_entry_id <= last_entry_id, got {first_entry_id}"
                 f"..{last_entry_id}"
             )
         started = self._clock.monotonic()
         stored = await self.storage.read_entries(
-            ledger_id, first_entry_id, last_entry_id, max_bytes
+            ledger_id, first_entry_id, last_entry_id, max_bytes, entry_ids=entry_ids or None
         )
         self.metrics.read(len(stored), self._clock.monotonic() - started)
         state = self.storage.ledger_state(ledger_id)

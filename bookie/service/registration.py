@@ -199,6 +199,7 @@ def registration_record(status: BookieStatus, identity: Identity, http_address: 
         version=__version__,
         start_time_ms=int(time.time() * 1000),
         instance_id=identity.instance_id,
+        ledger_count=status.ledger_count,
     ).SerializeToString()
 
 

@@ -208,13 +208,20 @@ class StorageEngine:
         return sorted(self.index.ledgers)
 
     async def read_entries(
-        self, ledger_id: int, first_entry_id: int, last_entry_id: int, max_bytes: int = 0
+        self,
+        ledger_id: int,
+        first_entry_id: int,
+        last_entry_id: int,
+        max_bytes: int = 0,
+        *,
+        entry_ids: Sequence[int] | None = None,
     ) -> list[StoredRecord]:
         """Entries ``first..last`` (inclusive), stopping early at ``max_bytes`` or a missing one.
 
-        Raises NoSuchLedgerError / NoSuchEntryError if the first is not stored, and
-        CorruptionError if the first one's bytes are damaged (a damaged later one ends the range
-        early, so the next read reports it).
+        With ``entry_ids``, exactly those entries instead, leaving out the ones not stored here.
+        Raises NoSuchLedgerError if the ledger is not stored here, NoSuchEntryError if the first
+        entry of a range is not, and CorruptionError if the first entry's bytes are damaged (a
+        damaged later one ends the read early, so the next read reports it).
         """
         ledger = self.index.ledger(ledger_id)
         if ledger is None:
@@ -224,15 +231,22 @@ class StorageEngine:
         budget = max_bytes or DEFAULT_READ_BYTES
         wanted: list[tuple[int, int, int]] = []
         total = 0
-        for entry_id in range(first_entry_id, last_entry_id + 1):
+        listed = entry_ids is not None
+        for entry_id in (
+            entry_ids if entry_ids is not None else range(first_entry_id, last_entry_id + 1)
+        ):
             found = ledger.get(entry_id)
             if found is None:
+                if listed:
+                    continue
                 break
             wanted.append((entry_id, found[0], found[1]))
             total += found[1]
             if total >= budget:
                 break
         if not wanted:
+            if listed:
+                return []
             raise NoSuchEntryError(
                 f"this bookie does not store entry {first_entry_id} of ledger {ledger_id}",
                 context={"ledger": ledger_id, "entry": first_entry_id},

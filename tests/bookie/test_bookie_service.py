@@ -339,3 +339,19 @@ async def test_a_flipped_byte_on_disk_reaches_the_reader_as_corruption(
     assert [e.entry_id for e in (await client.read_entries(9, 0, 2)).entries] == [0]
     assert [e.entry_id for e in (await client.read_entries(9, 2, 2)).entries] == [2]
     assert await client.add_entries([entry(9, 3)]) == []
+
+
+async def test_one_large_call_travels_in_several_messages(
+    start_bookie: StartBookie, client_for
+) -> None:
+    bookie = await start_bookie()
+    client: BookieClient = client_for(bookie)
+    client.max_message_bytes = 100_000
+    entries = [entry(3, i, bytes([i % 256]) * 30_000) for i in range(20)]  # 600 kB in one call
+    bad = entry(3, 20, b"x" * 30_000)._replace(crc32c=1)
+    failures = await client.add_entries([*entries, bad])
+    # 630 kB at 100 kB per message: at least seven messages, answered as one call
+    assert client.messages_sent >= 7
+    assert [(f.entry_id, type(f.error)) for f in failures] == [(20, ChecksumMismatchError)]
+    read = await client.read_entries(3, 0, 19, max_bytes=1 << 30)
+    assert [e.payload for e in read.entries] == [e.payload for e in entries]

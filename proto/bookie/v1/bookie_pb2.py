@@ -26,7 +26,7 @@ from proto.common.v1 import errors_pb2 as proto_dot_common_dot_v1_dot_errors__pb
 from proto.common.v1 import types_pb2 as proto_dot_common_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cproto/bookie/v1/bookie.proto\x12\x12magnetar.bookie.v1\x1a\x1cproto/common/v1/errors.proto\x1a\x1bproto/common/v1/types.proto\"~\n\x08\x41\x64\x64\x45ntry\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12\x1a\n\x12last_add_confirmed\x18\x03 \x01(\x03\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12\x0e\n\x06\x63rc32c\x18\x05 \x01(\x07\x12\x10\n\x08recovery\x18\x06 \x01(\x08\"V\n\x11\x41\x64\x64\x45ntriesRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12-\n\x07\x65ntries\x18\x02 \x03(\x0b\x32\x1c.magnetar.bookie.v1.AddEntry\"a\n\nAddFailure\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12.\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x1f.magnetar.common.v1.ErrorDetail\"Z\n\x12\x41\x64\x64\x45ntriesResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x30\n\x08\x66\x61ilures\x18\x02 \x03(\x0b\x32\x1e.magnetar.bookie.v1.AddFailure\"i\n\x12ReadEntriesRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x16\n\x0e\x66irst_entry_id\x18\x02 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x03 \x01(\x03\x12\x11\n\tmax_bytes\x18\x04 \x01(\r\"\\\n\x0bStoredEntry\x12\x10\n\x08\x65ntry_id\x18\x01 \x01(\x03\x12\x1a\n\x12last_add_confirmed\x18\x02 \x01(\x03\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\x12\x0e\n\x06\x63rc32c\x18\x04 \x01(\x07\"\x86\x01\n\x13ReadEntriesResponse\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x30\n\x07\x65ntries\x18\x02 \x03(\x0b\x32\x1f.magnetar.bookie.v1.StoredEntry\x12\x1a\n\x12last_add_confirmed\x18\x03 \x01(\x03\x12\x0e\n\x06\x66\x65nced\x18\x04 \x01(\x08\"d\n\x0eReadLacRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x14\n\x0cprevious_lac\x18\x02 \x01(\x03\x12\x12\n\ntimeout_ms\x18\x03 \x01(\r\x12\x15\n\rinclude_entry\x18\x04 \x01(\x08\"\x80\x01\n\x0fReadLacResponse\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x1a\n\x12last_add_confirmed\x18\x02 \x01(\x03\x12\x0e\n\x06\x66\x65nced\x18\x03 \x01(\x08\x12.\n\x05\x65ntry\x18\x04 \x01(\x0b\x32\x1f.magnetar.bookie.v1.StoredEntry\"!\n\x0c\x46\x65nceRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\"U\n\rFenceResponse\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x1a\n\x12last_add_confirmed\x18\x02 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x03 \x01(\x03\"(\n\x13\x44\x65leteLedgerRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\"\x16\n\x14\x44\x65leteLedgerResponse\"\x16\n\x14GetBookieInfoRequest\"\xbb\x02\n\x15GetBookieInfoResponse\x12\x11\n\tbookie_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12.\n\x05state\x18\x03 \x01(\x0e\x32\x1f.magnetar.common.v1.BookieState\x12\x18\n\x10total_disk_bytes\x18\x04 \x01(\x04\x12\x17\n\x0f\x66ree_disk_bytes\x18\x05 \x01(\x04\x12\x14\n\x0cledger_count\x18\x06 \x01(\x04\x12\x0f\n\x07version\x18\x07 \x01(\t\x12\x45\n\x06labels\x18\x08 \x03(\x0b\x32\x35.magnetar.bookie.v1.GetBookieInfoResponse.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"<\n\x12ListLedgersRequest\x12\x17\n\x0f\x61\x66ter_ledger_id\x18\x01 \x01(\x03\x12\r\n\x05limit\x18\x02 \x01(\r\"7\n\x13ListLedgersResponse\x12\x12\n\nledger_ids\x18\x01 \x03(\x03\x12\x0c\n\x04more\x18\x02 \x01(\x08\x32\x9b\x05\n\rBookieService\x12_\n\nAddEntries\x12%.magnetar.bookie.v1.AddEntriesRequest\x1a&.magnetar.bookie.v1.AddEntriesResponse(\x01\x30\x01\x12^\n\x0bReadEntries\x12&.magnetar.bookie.v1.ReadEntriesRequest\x1a\'.magnetar.bookie.v1.ReadEntriesResponse\x12R\n\x07ReadLac\x12\".magnetar.bookie.v1.ReadLacRequest\x1a#.magnetar.bookie.v1.ReadLacResponse\x12L\n\x05\x46\x65nce\x12 .magnetar.bookie.v1.FenceRequest\x1a!.magnetar.bookie.v1.FenceResponse\x12\x61\n\x0c\x44\x65leteLedger\x12\'.magnetar.bookie.v1.DeleteLedgerRequest\x1a(.magnetar.bookie.v1.DeleteLedgerResponse\x12\x64\n\rGetBookieInfo\x12(.magnetar.bookie.v1.GetBookieInfoRequest\x1a).magnetar.bookie.v1.GetBookieInfoResponse\x12^\n\x0bListLedgers\x12&.magnetar.bookie.v1.ListLedgersRequest\x1a\'.magnetar.bookie.v1.ListLedgersResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cproto/bookie/v1/bookie.proto\x12\x12magnetar.bookie.v1\x1a\x1cproto/common/v1/errors.proto\x1a\x1bproto/common/v1/types.proto\"~\n\x08\x41\x64\x64\x45ntry\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12\x1a\n\x12last_add_confirmed\x18\x03 \x01(\x03\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12\x0e\n\x06\x63rc32c\x18\x05 \x01(\x07\x12\x10\n\x08recovery\x18\x06 \x01(\x08\"V\n\x11\x41\x64\x64\x45ntriesRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12-\n\x07\x65ntries\x18\x02 \x03(\x0b\x32\x1c.magnetar.bookie.v1.AddEntry\"a\n\nAddFailure\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12.\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x1f.magnetar.common.v1.ErrorDetail\"Z\n\x12\x41\x64\x64\x45ntriesResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x30\n\x08\x66\x61ilures\x18\x02 \x03(\x0b\x32\x1e.magnetar.bookie.v1.AddFailure\"|\n\x12ReadEntriesRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x16\n\x0e\x66irst_entry_id\x18\x02 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x03 \x01(\x03\x12\x11\n\tmax_bytes\x18\x04 \x01(\r\x12\x11\n\tentry_ids\x18\x05 \x03(\x03\"\\\n\x0bStoredEntry\x12\x10\n\x08\x65ntry_id\x18\x01 \x01(\x03\x12\x1a\n\x12last_add_confirmed\x18\x02 \x01(\x03\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\x12\x0e\n\x06\x63rc32c\x18\x04 \x01(\x07\"\x86\x01\n\x13ReadEntriesResponse\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x30\n\x07\x65ntries\x18\x02 \x03(\x0b\x32\x1f.magnetar.bookie.v1.StoredEntry\x12\x1a\n\x12last_add_confirmed\x18\x03 \x01(\x03\x12\x0e\n\x06\x66\x65nced\x18\x04 \x01(\x08\"d\n\x0eReadLacRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x14\n\x0cprevious_lac\x18\x02 \x01(\x03\x12\x12\n\ntimeout_ms\x18\x03 \x01(\r\x12\x15\n\rinclude_entry\x18\x04 \x01(\x08\"\x80\x01\n\x0fReadLacResponse\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x1a\n\x12last_add_confirmed\x18\x02 \x01(\x03\x12\x0e\n\x06\x66\x65nced\x18\x03 \x01(\x08\x12.\n\x05\x65ntry\x18\x04 \x01(\x0b\x32\x1f.magnetar.bookie.v1.StoredEntry\"!\n\x0c\x46\x65nceRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\"U\n\rFenceResponse\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x1a\n\x12last_add_confirmed\x18\x02 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x03 \x01(\x03\"(\n\x13\x44\x65leteLedgerRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\"\x16\n\x14\x44\x65leteLedgerResponse\"\x16\n\x14GetBookieInfoRequest\"\xbb\x02\n\x15GetBookieInfoResponse\x12\x11\n\tbookie_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12.\n\x05state\x18\x03 \x01(\x0e\x32\x1f.magnetar.common.v1.BookieState\x12\x18\n\x10total_disk_bytes\x18\x04 \x01(\x04\x12\x17\n\x0f\x66ree_disk_bytes\x18\x05 \x01(\x04\x12\x14\n\x0cledger_count\x18\x06 \x01(\x04\x12\x0f\n\x07version\x18\x07 \x01(\t\x12\x45\n\x06labels\x18\x08 \x03(\x0b\x32\x35.magnetar.bookie.v1.GetBookieInfoResponse.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"<\n\x12ListLedgersRequest\x12\x17\n\x0f\x61\x66ter_ledger_id\x18\x01 \x01(\x03\x12\r\n\x05limit\x18\x02 \x01(\r\"7\n\x13ListLedgersResponse\x12\x12\n\nledger_ids\x18\x01 \x03(\x03\x12\x0c\n\x04more\x18\x02 \x01(\x08\x32\x9b\x05\n\rBookieService\x12_\n\nAddEntries\x12%.magnetar.bookie.v1.AddEntriesRequest\x1a&.magnetar.bookie.v1.AddEntriesResponse(\x01\x30\x01\x12^\n\x0bReadEntries\x12&.magnetar.bookie.v1.ReadEntriesRequest\x1a\'.magnetar.bookie.v1.ReadEntriesResponse\x12R\n\x07ReadLac\x12\".magnetar.bookie.v1.ReadLacRequest\x1a#.magnetar.bookie.v1.ReadLacResponse\x12L\n\x05\x46\x65nce\x12 .magnetar.bookie.v1.FenceRequest\x1a!.magnetar.bookie.v1.FenceResponse\x12\x61\n\x0c\x44\x65leteLedger\x12\'.magnetar.bookie.v1.DeleteLedgerRequest\x1a(.magnetar.bookie.v1.DeleteLedgerResponse\x12\x64\n\rGetBookieInfo\x12(.magnetar.bookie.v1.GetBookieInfoRequest\x1a).magnetar.bookie.v1.GetBookieInfoResponse\x12^\n\x0bListLedgers\x12&.magnetar.bookie.v1.ListLedgersRequest\x1a\'.magnetar.bookie.v1.ListLedgersResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,33 +44,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ADDENTRIESRESPONSE']._serialized_start=426
   _globals['_ADDENTRIESRESPONSE']._serialized_end=516
   _globals['_READENTRIESREQUEST']._serialized_start=518
-  _globals['_READENTRIESREQUEST']._serialized_end=623
-  _globals['_STOREDENTRY']._serialized_start=625
-  _globals['_STOREDENTRY']._serialized_end=717
-  _globals['_READENTRIESRESPONSE']._serialized_start=720
-  _globals['_READENTRIESRESPONSE']._serialized_end=854
-  _globals['_READLACREQUEST']._serialized_start=856
-  _globals['_READLACREQUEST']._serialized_end=956
-  _globals['_READLACRESPONSE']._serialized_start=959
-  _globals['_READLACRESPONSE']._serialized_end=1087
-  _globals['_FENCEREQUEST']._serialized_start=1089
-  _globals['_FENCEREQUEST']._serialized_end=1122
-  _globals['_FENCERESPONSE']._serialized_start=1124
-  _globals['_FENCERESPONSE']._serialized_end=1209
-  _globals['_DELETELEDGERREQUEST']._serialized_start=1211
-  _globals['_DELETELEDGERREQUEST']._serialized_end=1251
-  _globals['_DELETELEDGERRESPONSE']._serialized_start=1253
-  _globals['_DELETELEDGERRESPONSE']._serialized_end=1275
-  _globals['_GETBOOKIEINFOREQUEST']._serialized_start=1277
-  _globals['_GETBOOKIEINFOREQUEST']._serialized_end=1299
-  _globals['_GETBOOKIEINFORESPONSE']._serialized_start=1302
-  _globals['_GETBOOKIEINFORESPONSE']._serialized_end=1617
-  _globals['_GETBOOKIEINFORESPONSE_LABELSENTRY']._serialized_start=1572
-  _globals['_GETBOOKIEINFORESPONSE_LABELSENTRY']._serialized_end=1617
-  _globals['_LISTLEDGERSREQUEST']._serialized_start=1619
-  _globals['_LISTLEDGERSREQUEST']._serialized_end=1679
-  _globals['_LISTLEDGERSRESPONSE']._serialized_start=1681
-  _globals['_LISTLEDGERSRESPONSE']._serialized_end=1736
-  _globals['_BOOKIESERVICE']._serialized_start=1739
-  _globals['_BOOKIESERVICE']._serialized_end=2406
+  _globals['_READENTRIESREQUEST']._serialized_end=642
+  _globals['_STOREDENTRY']._serialized_start=644
+  _globals['_STOREDENTRY']._serialized_end=736
+  _globals['_READENTRIESRESPONSE']._serialized_start=739
+  _globals['_READENTRIESRESPONSE']._serialized_end=873
+  _globals['_READLACREQUEST']._serialized_start=875
+  _globals['_READLACREQUEST']._serialized_end=975
+  _globals['_READLACRESPONSE']._serialized_start=978
+  _globals['_READLACRESPONSE']._serialized_end=1106
+  _globals['_FENCEREQUEST']._serialized_start=1108
+  _globals['_FENCEREQUEST']._serialized_end=1141
+  _globals['_FENCERESPONSE']._serialized_start=1143
+  _globals['_FENCERESPONSE']._serialized_end=1228
+  _globals['_DELETELEDGERREQUEST']._serialized_start=1230
+  _globals['_DELETELEDGERREQUEST']._serialized_end=1270
+  _globals['_DELETELEDGERRESPONSE']._serialized_start=1272
+  _globals['_DELETELEDGERRESPONSE']._serialized_end=1294
+  _globals['_GETBOOKIEINFOREQUEST']._serialized_start=1296
+  _globals['_GETBOOKIEINFOREQUEST']._serialized_end=1318
+  _globals['_GETBOOKIEINFORESPONSE']._serialized_start=1321
+  _globals['_GETBOOKIEINFORESPONSE']._serialized_end=1636
+  _globals['_GETBOOKIEINFORESPONSE_LABELSENTRY']._serialized_start=1591
+  _globals['_GETBOOKIEINFORESPONSE_LABELSENTRY']._serialized_end=1636
+  _globals['_LISTLEDGERSREQUEST']._serialized_start=1638
+  _globals['_LISTLEDGERSREQUEST']._serialized_end=1698
+  _globals['_LISTLEDGERSRESPONSE']._serialized_start=1700
+  _globals['_LISTLEDGERSRESPONSE']._serialized_end=1755
+  _globals['_BOOKIESERVICE']._serialized_start=1758
+  _globals['_BOOKIESERVICE']._serialized_end=2425
 # @@protoc_insertion_point(module_scope)

@@ -151,6 +151,7 @@ class ReadEntriesRequest(_message.Message):
     FIRST_ENTRY_ID_FIELD_NUMBER: _builtins.int
     LAST_ENTRY_ID_FIELD_NUMBER: _builtins.int
     MAX_BYTES_FIELD_NUMBER: _builtins.int
+    ENTRY_IDS_FIELD_NUMBER: _builtins.int
     ledger_id: _builtins.int
     first_entry_id: _builtins.int
     last_entry_id: _builtins.int
@@ -159,6 +160,13 @@ class ReadEntriesRequest(_message.Message):
     """Stop once this many payload bytes are in the response (at least one entry is always sent).
     0 means the bookie's default.
     """
+    @_builtins.property
+    def entry_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """When given (ascending), read exactly these entries instead of the range; entries this bookie
+        does not hold are left out of the response rather than ending it. Readers of striped
+        ledgers ask each replica for the entries they want from it.
+        """
+
     def __init__(
         self,
         *,
@@ -166,10 +174,11 @@ class ReadEntriesRequest(_message.Message):
         first_entry_id: _builtins.int = ...,
         last_entry_id: _builtins.int = ...,
         max_bytes: _builtins.int = ...,
+        entry_ids: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_entry_id", b"first_entry_id", "last_entry_id", b"last_entry_id", "ledger_id", b"ledger_id", "max_bytes", b"max_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entry_ids", b"entry_ids", "first_entry_id", b"first_entry_id", "last_entry_id", b"last_entry_id", "ledger_id", b"ledger_id", "max_bytes", b"max_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -217,7 +226,7 @@ class ReadEntriesResponse(_message.Message):
     fenced: _builtins.bool
     @_builtins.property
     def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___StoredEntry]:
-        """In entry id order, contiguous from first_entry_id."""
+        """In entry id order: contiguous from first_entry_id, or the held subset of entry_ids."""
 
     def __init__(
         self,

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from proto.common.v1 import types_pb2 as proto_dot_common_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dproto/format/v1/cluster.proto\x12\x12magnetar.format.v1\x1a\x1bproto/common/v1/types.proto\"O\n\x0b\x43lusterInfo\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x14\n\x0c\x63luster_name\x18\x02 \x01(\t\x12\x12\n\ncreated_ms\x18\x03 \x01(\x03\"\xf9\x02\n\x12\x42ookieRegistration\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x11\n\tbookie_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x14\n\x0chttp_address\x18\x04 \x01(\t\x12.\n\x05state\x18\x05 \x01(\x0e\x32\x1f.magnetar.common.v1.BookieState\x12\x42\n\x06labels\x18\x06 \x03(\x0b\x32\x32.magnetar.format.v1.BookieRegistration.LabelsEntry\x12\x18\n\x10total_disk_bytes\x18\x07 \x01(\x04\x12\x17\n\x0f\x66ree_disk_bytes\x18\x08 \x01(\x04\x12\x0f\n\x07version\x18\t \x01(\t\x12\x15\n\rstart_time_ms\x18\n \x01(\x03\x12\x13\n\x0binstance_id\x18\x0b \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x92\x01\n\x12\x42rokerRegistration\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x11\n\tbroker_id\x18\x02 \x01(\t\x12\x13\n\x0bservice_url\x18\x03 \x01(\t\x12\x14\n\x0chttp_address\x18\x04 \x01(\t\x12\x0f\n\x07version\x18\x05 \x01(\t\x12\x15\n\rstart_time_ms\x18\x06 \x01(\x03\"\xda\x01\n\x10\x42rokerLoadReport\x12\x11\n\tbroker_id\x18\x01 \x01(\t\x12\x14\n\x0ctimestamp_ms\x18\x02 \x01(\x03\x12\x18\n\x10owned_partitions\x18\x03 \x01(\x05\x12\x13\n\x0bmsg_rate_in\x18\x04 \x01(\x01\x12\x14\n\x0cmsg_rate_out\x18\x05 \x01(\x01\x12\x15\n\rbytes_rate_in\x18\x06 \x01(\x01\x12\x16\n\x0e\x62ytes_rate_out\x18\x07 \x01(\x01\x12\x13\n\x0b\x63pu_percent\x18\x08 \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\t \x01(\x04\"N\n\x0fOwnershipRecord\x12\x11\n\tbroker_id\x18\x01 \x01(\t\x12\x13\n\x0bservice_url\x18\x02 \x01(\t\x12\x13\n\x0b\x61\x63quired_ms\x18\x03 \x01(\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dproto/format/v1/cluster.proto\x12\x12magnetar.format.v1\x1a\x1bproto/common/v1/types.proto\"O\n\x0b\x43lusterInfo\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x14\n\x0c\x63luster_name\x18\x02 \x01(\t\x12\x12\n\ncreated_ms\x18\x03 \x01(\x03\"\x8f\x03\n\x12\x42ookieRegistration\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x11\n\tbookie_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x14\n\x0chttp_address\x18\x04 \x01(\t\x12.\n\x05state\x18\x05 \x01(\x0e\x32\x1f.magnetar.common.v1.BookieState\x12\x42\n\x06labels\x18\x06 \x03(\x0b\x32\x32.magnetar.format.v1.BookieRegistration.LabelsEntry\x12\x18\n\x10total_disk_bytes\x18\x07 \x01(\x04\x12\x17\n\x0f\x66ree_disk_bytes\x18\x08 \x01(\x04\x12\x0f\n\x07version\x18\t \x01(\t\x12\x15\n\rstart_time_ms\x18\n \x01(\x03\x12\x13\n\x0binstance_id\x18\x0b \x01(\t\x12\x14\n\x0cledger_count\x18\x0c \x01(\x04\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x92\x01\n\x12\x42rokerRegistration\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x11\n\tbroker_id\x18\x02 \x01(\t\x12\x13\n\x0bservice_url\x18\x03 \x01(\t\x12\x14\n\x0chttp_address\x18\x04 \x01(\t\x12\x0f\n\x07version\x18\x05 \x01(\t\x12\x15\n\rstart_time_ms\x18\x06 \x01(\x03\"\xda\x01\n\x10\x42rokerLoadReport\x12\x11\n\tbroker_id\x18\x01 \x01(\t\x12\x14\n\x0ctimestamp_ms\x18\x02 \x01(\x03\x12\x18\n\x10owned_partitions\x18\x03 \x01(\x05\x12\x13\n\x0bmsg_rate_in\x18\x04 \x01(\x01\x12\x14\n\x0cmsg_rate_out\x18\x05 \x01(\x01\x12\x15\n\rbytes_rate_in\x18\x06 \x01(\x01\x12\x16\n\x0e\x62ytes_rate_out\x18\x07 \x01(\x01\x12\x13\n\x0b\x63pu_percent\x18\x08 \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\t \x01(\x04\"N\n\x0fOwnershipRecord\x12\x11\n\tbroker_id\x18\x01 \x01(\t\x12\x13\n\x0bservice_url\x18\x02 \x01(\t\x12\x13\n\x0b\x61\x63quired_ms\x18\x03 \x01(\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,13 +37,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CLUSTERINFO']._serialized_start=82
   _globals['_CLUSTERINFO']._serialized_end=161
   _globals['_BOOKIEREGISTRATION']._serialized_start=164
-  _globals['_BOOKIEREGISTRATION']._serialized_end=541
-  _globals['_BOOKIEREGISTRATION_LABELSENTRY']._serialized_start=496
-  _globals['_BOOKIEREGISTRATION_LABELSENTRY']._serialized_end=541
-  _globals['_BROKERREGISTRATION']._serialized_start=544
-  _globals['_BROKERREGISTRATION']._serialized_end=690
-  _globals['_BROKERLOADREPORT']._serialized_start=693
-  _globals['_BROKERLOADREPORT']._serialized_end=911
-  _globals['_OWNERSHIPRECORD']._serialized_start=913
-  _globals['_OWNERSHIPRECORD']._serialized_end=991
+  _globals['_BOOKIEREGISTRATION']._serialized_end=563
+  _globals['_BOOKIEREGISTRATION_LABELSENTRY']._serialized_start=518
+  _globals['_BOOKIEREGISTRATION_LABELSENTRY']._serialized_end=563
+  _globals['_BROKERREGISTRATION']._serialized_start=566
+  _globals['_BROKERREGISTRATION']._serialized_end=712
+  _globals['_BROKERLOADREPORT']._serialized_start=715
+  _globals['_BROKERLOADREPORT']._serialized_end=933
+  _globals['_OWNERSHIPRECORD']._serialized_start=935
+  _globals['_OWNERSHIPRECORD']._serialized_end=1013
 # @@protoc_insertion_point(module_scope)

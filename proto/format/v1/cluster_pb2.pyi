@@ -87,6 +87,7 @@ class BookieRegistration(_message.Message):
     VERSION_FIELD_NUMBER: _builtins.int
     START_TIME_MS_FIELD_NUMBER: _builtins.int
     INSTANCE_ID_FIELD_NUMBER: _builtins.int
+    LEDGER_COUNT_FIELD_NUMBER: _builtins.int
     format_version: _builtins.int
     bookie_id: _builtins.str
     address: _builtins.str
@@ -100,6 +101,8 @@ class BookieRegistration(_message.Message):
     start_time_ms: _builtins.int
     instance_id: _builtins.str
     """Identity of the data directory this bookie serves; refuses to start on another's data."""
+    ledger_count: _builtins.int
+    """Ledgers stored (placement prefers the least loaded bookies)."""
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Placement labels; "zone" keeps replicas apart."""
@@ -118,10 +121,11 @@ class BookieRegistration(_message.Message):
         version: _builtins.str = ...,
         start_time_ms: _builtins.int = ...,
         instance_id: _builtins.str = ...,
+        ledger_count: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "bookie_id", b"bookie_id", "format_version", b"format_version", "free_disk_bytes", b"free_disk_bytes", "http_address", b"http_address", "instance_id", b"instance_id", "labels", b"labels", "start_time_ms", b"start_time_ms", "state", b"state", "total_disk_bytes", b"total_disk_bytes", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "bookie_id", b"bookie_id", "format_version", b"format_version", "free_disk_bytes", b"free_disk_bytes", "http_address", b"http_address", "instance_id", b"instance_id", "labels", b"labels", "ledger_count", b"ledger_count", "start_time_ms", b"start_time_ms", "state", b"state", "total_disk_bytes", b"total_disk_bytes", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
