@@ -1,0 +1,184 @@
+"""The ledger client's view of the bookies: who is registered, where, in what state.
+
+Bookies publish themselves under ``/magnetar/bookies/available/<id>`` (lease-bound). The view
+lists that prefix once and then watches it, so it always knows each live bookie's current
+address (a bookie keeps its id across restarts and address changes), its state, zone and disk
+figures. The pool hands out one :class:`BookieClient` per bookie, re-created when its address
+changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import structlog
+
+from bookie.client.bookie_client import BookieClient
+from bookie.client.placement import BookieCandidate
+from magnetar.common.errors import BookieUnavailableError, MetadataError, WatchCompactedError
+from metadata import EventType, MetadataStore, Watch, layout
+from proto.common.v1 import types_pb2
+from proto.format.v1 import cluster_pb2
+
+log = structlog.get_logger("magnetar.ledger.bookies")
+
+
+@dataclass(frozen=True, slots=True)
+class BookieRecord:
+    bookie_id: str
+    address: str
+    writable: bool
+    zone: str | None
+    free_bytes: int
+    total_bytes: int
+    ledger_count: int
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> BookieRecord:
+        message = cluster_pb2.BookieRegistration.FromString(data)
+        return cls(
+            bookie_id=message.bookie_id,
+            address=message.address,
+            writable=message.state == types_pb2.BOOKIE_STATE_WRITABLE,
+            zone=message.labels.get("zone") or None,
+            free_bytes=message.free_disk_bytes,
+            total_bytes=message.total_disk_bytes,
+            ledger_count=message.ledger_count,
+        )
+
+
+class BookieView:
+    """Live bookies, kept current by a watch on the registration prefix."""
+
+    def __init__(self, store: MetadataStore) -> None:
+        self.store = store
+        self.bookies: dict[str, BookieRecord] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._changed = asyncio.Event()
+        self._listeners: list[Callable[[], None]] = []
+
+    async def start(self) -> None:
+        revision = await self._load()
+        watch = await self.store.watch(layout.BOOKIES_AVAILABLE, start_revision=revision + 1)
+        self._task = asyncio.create_task(self._follow(watch), name="bookie-view")
+
+    async def _load(self) -> int:
+        listing = await self.store.list(layout.BOOKIES_AVAILABLE)
+        self.bookies = {}
+        for record in listing.records:
+            self._put(record.value)
+        return listing.revision
+
+    def _put(self, value: bytes) -> None:
+        try:
+            record = BookieRecord.from_bytes(value)
+        except Exception:  # noqa: BLE001 - one bad record must not blind the client to others
+            log.warning("bookie_registration_unreadable")
+            return
+        self.bookies[record.bookie_id] = record
+
+    async def _follow(self, watch: Watch) -> None:
+        current = watch
+        while True:
+            try:
+                async with current:
+                    async for event in current:
+                        bookie_id = event.key.rsplit("/", 1)[1]
+                        if event.type == EventType.PUT:
+                            self._put(event.value)
+                        else:
+                            self.bookies.pop(bookie_id, None)
+                        self._notify()
+            except WatchCompactedError:
+                pass
+            except MetadataError as e:
+                if self.store.closed:
+                    return
+                log.info("bookie_view_retry", error=str(e))
+                await asyncio.sleep(0.5)
+            else:
+                return  # the watch was closed: the view is closing
+            while True:
+                try:
+                    revision = await self._load()
+                    current = await self.store.watch(
+                        layout.BOOKIES_AVAILABLE, start_revision=revision + 1
+                    )
+                    self._notify()
+                    break
+                except MetadataError:
+                    if self.store.closed:
+                        return
+                    await asyncio.sleep(0.5)
+
+    def _notify(self) -> None:
+        self._changed.set()
+        for listener in self._listeners:
+            listener()
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        self._listeners.append(listener)
+
+    async def wait_change(self, timeout_s: float) -> None:
+        self._changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout_s)
+
+    def candidates(self, extra_load: dict[str, int] | None = None) -> list[BookieCandidate]:
+        extra = extra_load or {}
+        return [
+            BookieCandidate(
+                r.bookie_id,
+                r.free_bytes,
+                r.total_bytes,
+                r.ledger_count + extra.get(r.bookie_id, 0),
+                r.zone,
+                r.writable,
+            )
+            for r in self.bookies.values()
+        ]
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+class BookiePool:
+    """One :class:`BookieClient` per live bookie, following address changes."""
+
+    def __init__(self, view: BookieView, *, timeout_s: float) -> None:
+        self.view = view
+        self.timeout_s = timeout_s
+        self._clients: dict[str, BookieClient] = {}
+        self._closing: set[asyncio.Future[None]] = set()
+
+    def client(self, bookie_id: str) -> BookieClient:
+        """The client for ``bookie_id``; raises BookieUnavailableError if it is not registered."""
+        record = self.view.bookies.get(bookie_id)
+        existing = self._clients.get(bookie_id)
+        if record is None:
+            if existing is not None:
+                return existing  # it may be briefly unregistered (a lease renewal race)
+            raise BookieUnavailableError(
+                f"bookie {bookie_id} is not registered (down, or never started)",
+                context={"bookie": bookie_id},
+            )
+        if existing is not None and existing.address == record.address:
+            return existing
+        if existing is not None:
+            self._closing.add(asyncio.ensure_future(existing.close()))
+        client = BookieClient(record.address, timeout_s=self.timeout_s)
+        self._clients[bookie_id] = client
+        return client
+
+    async def close(self) -> None:
+        for client in self._clients.values():
+            await client.close()
+        self._clients.clear()
+        for closing in self._closing:
+            await closing

@@ -1,0 +1,150 @@
+"""Where a ledger's replicas go: pure choice of ensembles and of replacement bookies.
+
+Only writable bookies are candidates. They are ranked by free space (in 1% steps, so that near
+identical disks tie) and then by load (ledgers stored, plus ledgers this client placed since the
+last registration refresh, so a burst of creations spreads out). Zones are honoured whenever
+enough of them exist. With at least E zones, all replicas of a ledger are in distinct zones.
+With at least Qw zones, every write quorum (the Qw consecutive positions that store one entry)
+has distinct zones. With fewer zones, zones are ignored, since the requirement cannot be met.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from magnetar.common.errors import NotEnoughBookiesError
+
+_MAX_SEARCH_STEPS = 20_000
+
+
+@dataclass(frozen=True, slots=True)
+class BookieCandidate:
+    bookie_id: str
+    free_bytes: int = 0
+    total_bytes: int = 0
+    load: int = 0
+    zone: str | None = None
+    writable: bool = True
+
+    @property
+    def free_fraction(self) -> float:
+        return self.free_bytes / self.total_bytes if self.total_bytes else 0.0
+
+
+def _rank(candidate: BookieCandidate) -> tuple[float, int, str]:
+    return (-round(candidate.free_fraction, 2), candidate.load, candidate.bookie_id)
+
+
+def _usable(candidates: Iterable[BookieCandidate], exclude: Iterable[str]) -> list[BookieCandidate]:
+    excluded = set(exclude)
+    return sorted((c for c in candidates if c.writable and c.bookie_id not in excluded), key=_rank)
+
+
+def _windows_ok(zones: Sequence[str | None], write_quorum: int, size: int) -> bool:
+    """Every cyclic window of ``write_quorum`` positions fully placed has distinct zones."""
+    if len(zones) < size:
+        # partial arrangement: check only windows that lie inside the placed prefix
+        for start in range(len(zones) - write_quorum + 1):
+            window = zones[start : start + write_quorum]
+            if len(set(window)) < write_quorum:
+                return False
+        return True
+    for start in range(size):
+        window = [zones[(start + k) % size] for k in range(write_quorum)]
+        if len(set(window)) < write_quorum:
+            return False
+    return True
+
+
+def choose_ensemble(
+    candidates: Iterable[BookieCandidate],
+    ensemble_size: int,
+    write_quorum: int,
+    *,
+    exclude: Iterable[str] = (),
+) -> list[str]:
+    """E bookie ids for a new ledger, in ensemble order."""
+    usable = _usable(candidates, exclude)
+    if len(usable) < ensemble_size:
+        names = ", ".join(c.bookie_id for c in usable) or "none"
+        raise NotEnoughBookiesError(
+            f"a ledger with ensemble size {ensemble_size} needs {ensemble_size} writable"
+            f" bookies; {len(usable)} available ({names})",
+            context={"needed": ensemble_size, "available": len(usable)},
+        )
+    zones = {c.zone for c in usable}
+    if None in zones or len(zones) < write_quorum:
+        return [c.bookie_id for c in usable[:ensemble_size]]
+    if len(zones) >= ensemble_size:
+        chosen: list[BookieCandidate] = []
+        used: set[str | None] = set()
+        for candidate in usable:
+            if candidate.zone not in used:
+                chosen.append(candidate)
+                used.add(candidate.zone)
+                if len(chosen) == ensemble_size:
+                    return [c.bookie_id for c in chosen]
+    arranged = _arrange(usable, ensemble_size, write_quorum)
+    if arranged is not None:
+        return [c.bookie_id for c in arranged]
+    return [c.bookie_id for c in usable[:ensemble_size]]
+
+
+def _arrange(
+    usable: list[BookieCandidate], ensemble_size: int, write_quorum: int
+) -> list[BookieCandidate] | None:
+    """Best-ranked arrangement whose every write quorum has distinct zones (or None)."""
+    steps = 0
+    chosen: list[BookieCandidate] = []
+
+    def search() -> bool:
+        nonlocal steps
+        if len(chosen) == ensemble_size:
+            return _windows_ok([c.zone for c in chosen], write_quorum, ensemble_size)
+        for candidate in usable:
+            steps += 1
+            if steps > _MAX_SEARCH_STEPS:
+                return False
+            if candidate in chosen:
+                continue
+            chosen.append(candidate)
+            if _windows_ok([c.zone for c in chosen], write_quorum, ensemble_size) and search():
+                return True
+            chosen.pop()
+        return False
+
+    return chosen if search() else None
+
+
+def choose_replacement(
+    candidates: Iterable[BookieCandidate],
+    ensemble: Sequence[str],
+    position: int,
+    write_quorum: int,
+    *,
+    exclude: Iterable[str] = (),
+) -> str:
+    """A bookie to take over ``ensemble[position]``: not one of the other positions, not
+    excluded, and in a zone none of its write-quorum neighbours use, when such a bookie exists.
+    (The bookie being replaced may be chosen again if it is not excluded: a restarted bookie
+    that kept its data.)"""
+    others = [b for i, b in enumerate(ensemble) if i != position]
+    usable = _usable(candidates, [*exclude, *others])
+    if not usable:
+        raise NotEnoughBookiesError(
+            f"no writable bookie can replace {ensemble[position]}: every writable bookie is"
+            " already in the ensemble or excluded",
+            context={"needed": 1, "available": 0},
+        )
+    size = len(ensemble)
+    by_id = {c.bookie_id: c for c in candidates}
+    neighbour_zones = {
+        by_id[ensemble[(position + k) % size]].zone
+        for k in range(-(write_quorum - 1), write_quorum)
+        if k and ensemble[(position + k) % size] in by_id
+    }
+    for candidate in usable:
+        if candidate.zone is None or candidate.zone not in neighbour_zones:
+            return candidate.bookie_id
+    return usable[0].bookie_id
