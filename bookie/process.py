@@ -20,6 +20,7 @@ import grpc.aio
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from bookie.autorecovery import Autorecovery, AutorecoveryConfig
 from bookie.grpc.servicer import BookieServicer
 from bookie.service.bookie import Bookie, DiskProbe
 from bookie.service.config import BookieConfig
@@ -56,6 +57,7 @@ class BookieProcess:
         self._health: health.aio.HealthServicer
         self._http: StatusServer
         self._registration: Registration
+        self._autorecovery: Autorecovery | None = None
         self.port = 0
         self.http_port = 0
         self.address = ""
@@ -130,6 +132,11 @@ class BookieProcess:
         )
         self.bookie.on_state_change(self._registration.changed)
         await self._registration.start()
+        if config.autorecovery:
+            self._autorecovery = await Autorecovery(
+                self.store,
+                AutorecoveryConfig(metadata=config.metadata, name=f"bookie:{identity.bookie_id}"),
+            ).start()
         log.info(
             "bookie_started",
             bookie=identity.bookie_id,
@@ -157,6 +164,8 @@ class BookieProcess:
         self._stopped.set()
         with contextlib.suppress(Exception):
             await self._health.enter_graceful_shutdown()
+        if self._autorecovery is not None:
+            await self._autorecovery.close()
         with contextlib.suppress(Exception):
             await self._registration.close()
         await self._server.stop(grace_s)

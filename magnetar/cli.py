@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -32,7 +33,6 @@ NOT_BUILT = {
     "subscriptions": "list, reset, delete subscriptions",
     "produce": "send messages from the command line",
     "consume": "receive messages on the command line",
-    "cluster": "brokers, bookies, ownership, ledgers",
     "perf": "produce / consume / end-to-end load with latency percentiles",
     "verify": "fault-injecting durability checker",
 }
@@ -72,6 +72,40 @@ def build_parser() -> argparse.ArgumentParser:
     _add_server_options(bookie)
     add_config_arguments(bookie, BookieConfig)
 
+    from bookie.autorecovery import AutorecoveryConfig  # noqa: PLC0415
+
+    autorecovery = commands.add_parser(
+        "autorecovery",
+        help="run the autorecovery role (re-replicates the ledgers of lost bookies)",
+        description="Run an autorecovery instance. One instance in the cluster is active at a"
+        " time (elected through the metadata store); the others wait to take over.",
+    )
+    _add_server_options(autorecovery)
+    add_config_arguments(autorecovery, AutorecoveryConfig)
+
+    cluster = commands.add_parser(
+        "cluster",
+        help="bookies, ledgers, under-replicated ledgers",
+        description="Inspect the cluster.",
+    )
+    cluster_commands = cluster.add_subparsers(dest="cluster_command", metavar="WHAT", required=True)
+    for name, summary in (
+        ("bookies", "bookies the cluster knows, and which are available"),
+        ("ledgers", "every ledger with its state and quorums"),
+        ("ledger", "one ledger's metadata: state, ensembles"),
+        ("under-replicated", "ledgers autorecovery still has to re-replicate"),
+    ):
+        sub = cluster_commands.add_parser(name, help=summary, description=summary)
+        sub.add_argument(
+            "--metadata",
+            default=os.environ.get("MAGNETAR_METADATA"),
+            required="MAGNETAR_METADATA" not in os.environ,
+            help="metadata URL (env MAGNETAR_METADATA)",
+        )
+        sub.add_argument("--json", action="store_true", help="one JSON document instead of a table")
+        if name == "ledger":
+            sub.add_argument("ledger_id", type=int)
+
     for name, summary in NOT_BUILT.items():
         sub = commands.add_parser(name, help=summary, description=summary)
         sub.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
@@ -92,6 +126,103 @@ def _run_bookie(args: argparse.Namespace) -> int:
     return asyncio.run(run_bookie(config))
 
 
+def _run_autorecovery(args: argparse.Namespace) -> int:
+    from bookie.autorecovery import AutorecoveryConfig, run_autorecovery  # noqa: PLC0415
+
+    configure_logging(mode=args.log_format, level=args.log_level, stream=sys.stderr)
+    config = load_config(
+        AutorecoveryConfig,
+        file=args.config,
+        overrides=config_overrides_from_args(args, AutorecoveryConfig),
+    )
+    return asyncio.run(run_autorecovery(config))
+
+
+def _table(rows: list[dict[str, object]], columns: list[str]) -> str:
+    if not rows:
+        return "(none)"
+    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
+    lines = ["  ".join(c.upper().ljust(widths[c]) for c in columns)]
+    lines += ["  ".join(str(r[c]).ljust(widths[c]) for c in columns) for r in rows]
+    return "\n".join(lines)
+
+
+async def _cluster(args: argparse.Namespace) -> int:
+    from bookie.autorecovery import list_under_replicated  # noqa: PLC0415
+    from bookie.client.bookies import BookieRecord  # noqa: PLC0415
+    from bookie.client.ledger_metadata import LedgerMetadataStore  # noqa: PLC0415
+    from metadata import layout, open_store  # noqa: PLC0415
+    from proto.format.v1 import cluster_pb2  # noqa: PLC0415
+
+    configure_logging(mode="console", level="warning", stream=sys.stderr)
+    store = await open_store(args.metadata)
+    try:
+        rows: list[dict[str, object]]
+        columns: list[str]
+        if args.cluster_command == "bookies":
+            available = {
+                r.key.rsplit("/", 1)[1]: BookieRecord.from_bytes(r.value)
+                for r in (await store.list(layout.BOOKIES_AVAILABLE)).records
+            }
+            rows = []
+            for record in (await store.list(layout.BOOKIE_COOKIES)).records:
+                bookie_id = record.key.rsplit("/", 1)[1]
+                live = available.get(bookie_id)
+                rows.append(
+                    {
+                        "bookie": bookie_id,
+                        "state": ("writable" if live.writable else "read-only") if live else "down",
+                        "address": live.address if live else "",
+                        "zone": (live.zone or "") if live else "",
+                        "ledgers": live.ledger_count if live else "",
+                        "free_gb": round(live.free_bytes / 1e9, 1) if live else "",
+                        "instance": cluster_pb2.BookieRegistration.FromString(
+                            record.value
+                        ).instance_id,
+                    }
+                )
+            columns = ["bookie", "state", "address", "zone", "ledgers", "free_gb"]
+        elif args.cluster_command in ("ledgers", "ledger"):
+            ledgers = LedgerMetadataStore(store)
+            ids = (
+                [args.ledger_id] if args.cluster_command == "ledger" else await ledgers.ledger_ids()
+            )
+            rows = []
+            for ledger_id in ids:
+                metadata = await ledgers.read(ledger_id)
+                rows.append(
+                    {
+                        "ledger": ledger_id,
+                        "state": metadata.state.name.lower(),
+                        "quorums": f"E{metadata.ensemble_size}/Qw{metadata.write_quorum}"
+                        f"/Qa{metadata.ack_quorum}",
+                        "last_entry": metadata.last_entry_id,
+                        "ensembles": " ".join(
+                            f"{s.first_entry_id}:{','.join(s.bookies)}" for s in metadata.segments
+                        ),
+                    }
+                )
+            columns = ["ledger", "state", "quorums", "last_entry", "ensembles"]
+        else:
+            rows = [
+                {
+                    "ledger": r.ledger_id,
+                    "lost_bookies": ",".join(r.lost_bookies),
+                    "fragments": r.fragments,
+                    "since_ms": r.since_ms,
+                }
+                for r in await list_under_replicated(store)
+            ]
+            columns = ["ledger", "lost_bookies", "fragments", "since_ms"]
+    finally:
+        await store.close()
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        print(_table(rows, columns))
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     parser = build_parser()
@@ -102,6 +233,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "bookie":
             return _run_bookie(args)
+        if args.command == "autorecovery":
+            return _run_autorecovery(args)
+        if args.command == "cluster":
+            return asyncio.run(_cluster(args))
     except MagnetarError as e:
         print(f"magnetar {args.command}: {e.message}", file=sys.stderr)
         return EXIT_FAILED

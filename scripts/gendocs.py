@@ -13,6 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from bookie.autorecovery import AutorecoveryConfig
+from bookie.client.config import LedgerClientConfig
 from bookie.service.config import BookieConfig
 from magnetar.common.config import config_reference
 from metadata.config import MetadataStoreConfig
@@ -25,6 +27,22 @@ SECTIONS: list[tuple[str, type, str]] = [
         "magnetar bookie",
         BookieConfig,
         "Settings of `magnetar bookie` (and of each bookie inside `magnetar standalone`).",
+    ),
+    (
+        "magnetar autorecovery",
+        AutorecoveryConfig,
+        (
+            "Settings of `magnetar autorecovery` (and of the instance a bookie runs with"
+            " `--autorecovery`)."
+        ),
+    ),
+    (
+        "Ledger client",
+        LedgerClientConfig,
+        (
+            "How brokers and autorecovery place, write and read ledgers (nested as `ledger` in"
+            " the autorecovery settings, and later in the broker's)."
+        ),
     ),
     (
         "Metadata store connection",

@@ -55,6 +55,9 @@ class BookieConfig:
     session_ttl_s: int = 10
     """TTL of the metadata session its registration is bound to."""
 
+    autorecovery: bool = False
+    """Also run an autorecovery instance in this bookie (one in the cluster is active at a time)."""
+
     max_inflight_bytes_per_stream: int = 64 * 1024 * 1024
     """Entry bytes one add stream may have in flight; the client waits beyond it."""
 
