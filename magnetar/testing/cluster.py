@@ -42,6 +42,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
 
+from magnetar.testing._processes import KILL_WAIT_S, kill_quietly, wait_exit, wait_state
 from magnetar.testing.etcd import HOST, EtcdCluster, EtcdServer
 from metadata import MetadataStore, layout, open_store
 from proto.format.v1 import cluster_pb2
@@ -55,31 +56,12 @@ _READY_LINE = re.compile(
 """What ``magnetar bookie`` prints to stdout, once, when it serves and is registered."""
 _POLL_INTERVAL_S = 0.02
 _REGISTRATION_POLL_INTERVAL_S = 0.1
-_KILL_WAIT_S = 10.0
 _DRAIN_WAIT_S = 2.0
 _LOG_TAIL_LINES = 20
 _LOG_TAIL_BYTES = 16_000
 # Logging stays configurable from the outside; every other MAGNETAR_* variable is a config
 # field, and a developer's own (say MAGNETAR_BOOKIE_ID) must not reach test bookies.
 _INHERITED_MAGNETAR_VARIABLES = frozenset({"MAGNETAR_LOG_LEVEL", "MAGNETAR_LOG_FORMAT"})
-
-
-def _kill_quietly(proc: subprocess.Popen[bytes]) -> None:
-    """Finalizer: SIGKILL a bookie a test left behind, and reap it."""
-    if proc.poll() is None:
-        with contextlib.suppress(OSError):
-            proc.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=_KILL_WAIT_S)
-
-
-def _process_state(pid: int) -> str | None:
-    """The one-letter state of a Linux process from /proc ("T" when stopped), or None."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rpartition(")")[2].split()[0]
 
 
 def _bookie_environment(env: Mapping[str, str] | None) -> dict[str, str]:
@@ -243,9 +225,9 @@ class BookieNode:
             if self._paused:
                 # a stopped process only acts on SIGTERM once continued
                 proc.send_signal(signal.SIGCONT)
-            if not await self._wait_exit(proc, timeout_s):
+            if not await wait_exit(proc, timeout_s, name=self._describe()):
                 proc.kill()
-                await self._wait_exit(proc, _KILL_WAIT_S, must=True)
+                await wait_exit(proc, KILL_WAIT_S, name=self._describe(), must=True)
         await self._forget_process()
 
     async def kill(self) -> None:
@@ -255,7 +237,7 @@ class BookieNode:
             return
         if proc.poll() is None:
             proc.kill()
-            await self._wait_exit(proc, _KILL_WAIT_S, must=True)
+            await wait_exit(proc, KILL_WAIT_S, name=self._describe(), must=True)
         await self._forget_process()
 
     async def restart(self, *, graceful: bool = True, timeout_s: float = 60) -> None:
@@ -274,14 +256,14 @@ class BookieNode:
         proc = self._require_running("pause")
         proc.send_signal(signal.SIGSTOP)
         self._paused = True
-        await self._wait_state(proc, stopped=True)
+        await wait_state(proc, stopped=True)
 
     async def resume(self) -> None:
         """SIGCONT a paused bookie."""
         proc = self._require_running("resume")
         proc.send_signal(signal.SIGCONT)
         self._paused = False
-        await self._wait_state(proc, stopped=False)
+        await wait_state(proc, stopped=False)
 
     async def aclose(self) -> None:
         await self.stop()
@@ -340,7 +322,7 @@ class BookieNode:
         assert proc.stdout is not None  # stdout=PIPE gives one
         self._proc = proc
         self._paused = False
-        self._reaper = weakref.finalize(self, _kill_quietly, proc)
+        self._reaper = weakref.finalize(self, kill_quietly, proc)
         self._reader = _StdoutReader(proc.stdout, self._log_path, self._describe())
         return proc, self._reader
 
@@ -390,32 +372,6 @@ class BookieNode:
     @staticmethod
     async def _wait_drained(reader: _StdoutReader) -> None:
         await asyncio.to_thread(reader.finished.wait, _DRAIN_WAIT_S)
-
-    async def _wait_exit(
-        self, proc: subprocess.Popen[bytes], timeout_s: float, *, must: bool = False
-    ) -> bool:
-        # Polling, not an asyncio child watcher: the process outlives the event loop that started
-        # it when a fixture spans several tests.
-        deadline = time.monotonic() + timeout_s
-        while proc.poll() is None:
-            if time.monotonic() >= deadline:
-                if must:
-                    raise RuntimeError(
-                        f"{self._describe()} (pid {proc.pid}) did not exit in {timeout_s}s"
-                    )
-                return False
-            await asyncio.sleep(_POLL_INTERVAL_S)
-        return True
-
-    @staticmethod
-    async def _wait_state(proc: subprocess.Popen[bytes], *, stopped: bool) -> None:
-        """Wait until the kernel shows the process stopped (or not), so a pause is in force."""
-        deadline = time.monotonic() + _KILL_WAIT_S
-        while proc.poll() is None and time.monotonic() < deadline:
-            state = _process_state(proc.pid)
-            if state is None or (state == "T") == stopped:
-                return
-            await asyncio.sleep(_POLL_INTERVAL_S)
 
     def _log_tail(self) -> str:
         """The last lines this incarnation wrote to the log."""

@@ -42,6 +42,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from magnetar.testing._processes import KILL_WAIT_S, kill_quietly, wait_exit, wait_state
+
 __all__ = [
     "DEFAULT_CLUSTER_TOKEN",
     "EtcdCluster",
@@ -65,8 +67,6 @@ _INSTALL_HINT = (
 )
 _PROBE_TIMEOUT_S = 1.0
 _POLL_INTERVAL_S = 0.05
-_EXIT_POLL_INTERVAL_S = 0.01
-_KILL_WAIT_S = 10.0
 _LOG_TAIL_BYTES = 4000
 _START_ATTEMPTS = 3
 # Ports below the kernel's ephemeral range cannot be taken by some process's outgoing connection
@@ -179,24 +179,6 @@ async def _http_json(
     _, _, response_body = rest.partition(b"\r\n\r\n")
     status = int(status_line.split(b" ", 2)[1])
     return status, json.loads(response_body)
-
-
-def _kill_quietly(proc: subprocess.Popen[bytes]) -> None:
-    """Finalizer: SIGKILL an etcd a test left behind, and reap it."""
-    if proc.poll() is None:
-        with contextlib.suppress(OSError):
-            proc.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=_KILL_WAIT_S)
-
-
-def _process_state(pid: int) -> str | None:
-    """The one-letter state of a Linux process from /proc ("T" when stopped), or None."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rpartition(")")[2].split()[0]
 
 
 def _etcd_free_environment() -> dict[str, str]:
@@ -360,9 +342,9 @@ class EtcdServer:
             if self._paused:
                 # a stopped process only acts on SIGTERM once continued
                 proc.send_signal(signal.SIGCONT)
-            if not await self._wait_exit(proc, timeout_s):
+            if not await wait_exit(proc, timeout_s, name=f"etcd {self._name}"):
                 proc.kill()
-                await self._wait_exit(proc, _KILL_WAIT_S, must=True)
+                await wait_exit(proc, KILL_WAIT_S, name=f"etcd {self._name}", must=True)
         self._forget_process()
 
     async def kill(self) -> None:
@@ -372,7 +354,7 @@ class EtcdServer:
             return
         if proc.poll() is None:
             proc.kill()
-            await self._wait_exit(proc, _KILL_WAIT_S, must=True)
+            await wait_exit(proc, KILL_WAIT_S, name=f"etcd {self._name}", must=True)
         self._forget_process()
 
     async def restart(self, *, graceful: bool = True, timeout_s: float = 20) -> None:
@@ -388,14 +370,14 @@ class EtcdServer:
         proc = self._require_running("pause")
         proc.send_signal(signal.SIGSTOP)
         self._paused = True
-        await self._wait_state(proc, stopped=True)
+        await wait_state(proc, stopped=True)
 
     async def resume(self) -> None:
         """SIGCONT a paused etcd. It does not wait for health; use :meth:`wait_healthy` for that."""
         proc = self._require_running("resume")
         proc.send_signal(signal.SIGCONT)
         self._paused = False
-        await self._wait_state(proc, stopped=False)
+        await wait_state(proc, stopped=False)
 
     async def aclose(self) -> None:
         """Stop for good, and remove the data dir if this object created it."""
@@ -507,7 +489,7 @@ class EtcdServer:
             )
         self._proc = proc
         self._paused = False
-        self._reaper = weakref.finalize(self, _kill_quietly, proc)
+        self._reaper = weakref.finalize(self, kill_quietly, proc)
 
     async def _wait_started(self, timeout_s: float) -> None:
         try:
@@ -543,31 +525,6 @@ class EtcdServer:
         self._reaper = None
         self._proc = None
         self._paused = False
-
-    async def _wait_exit(
-        self, proc: subprocess.Popen[bytes], timeout_s: float, *, must: bool = False
-    ) -> bool:
-        # Polling, not an asyncio child watcher: the process outlives the event loop that started
-        # it when a fixture spans several tests.
-        deadline = time.monotonic() + timeout_s
-        while proc.poll() is None:
-            if time.monotonic() >= deadline:
-                if must:
-                    raise RuntimeError(
-                        f"etcd {self._name} (pid {proc.pid}) did not exit in {timeout_s}s"
-                    )
-                return False
-            await asyncio.sleep(_EXIT_POLL_INTERVAL_S)
-        return True
-
-    async def _wait_state(self, proc: subprocess.Popen[bytes], *, stopped: bool) -> None:
-        """Wait until the kernel shows the process stopped (or not), so a pause is in force."""
-        deadline = time.monotonic() + _KILL_WAIT_S
-        while proc.poll() is None and time.monotonic() < deadline:
-            state = _process_state(proc.pid)
-            if state is None or (state == "T") == stopped:
-                return
-            await asyncio.sleep(_EXIT_POLL_INTERVAL_S)
 
     def _log_tail(self) -> str:
         try:
