@@ -718,6 +718,29 @@ def _ms(us: float) -> str:
     return f"{us / 1000:,.2f} ms"
 
 
+def report_preamble(results: dict[str, Any]) -> list[str]:
+    """The command, machine and file-system lines that open every benchmark report."""
+    m = results["machine"]
+    cores = m["cpu_count"]
+    return [
+        f"Command: `{results['command']}`  ",
+        (
+            f"Started {results['started_at']}, took {results['elapsed_s']:.0f} s. Git"
+            f" {m['git_commit'][:12]}{' (uncommitted changes)' if m['git_dirty'] else ''}.  "
+        ),
+        (
+            f"Machine: {cores} cores ({m['cpu_model']}), {m['memory_bytes'] / 2**30:.1f} GiB,"
+            f" kernel {m['kernel']}, Python {m['python']}, grpcio {m['grpcio']}.  "
+        ),
+        (
+            f"Data file system: {m['filesystem']['device']} ({m['filesystem']['type']}) on"
+            f" {m['filesystem']['mount_point']}, {m['filesystem']['free_bytes'] / 1e9:,.0f} GB free"
+            f" of {m['filesystem']['total_bytes'] / 1e9:,.0f} GB. Raw limits and bookie data are in"
+            " the same directory tree."
+        ),
+    ]
+
+
 def render_markdown(results: dict[str, Any]) -> str:
     start, end = results["raw_limits"]["start"], results["raw_limits"]["end"]
     m = results["machine"]
@@ -743,21 +766,7 @@ def render_markdown(results: dict[str, Any]) -> str:
     lines = [
         f"# Bookie benchmark, {results['date']}{title_tag}",
         "",
-        f"Command: `{results['command']}`  ",
-        (
-            f"Started {results['started_at']}, took {results['elapsed_s']:.0f} s. Git"
-            f" {m['git_commit'][:12]}{' (uncommitted changes)' if m['git_dirty'] else ''}.  "
-        ),
-        (
-            f"Machine: {cores} cores ({m['cpu_model']}), {m['memory_bytes'] / 2**30:.1f} GiB,"
-            f" kernel {m['kernel']}, Python {m['python']}, grpcio {m['grpcio']}.  "
-        ),
-        (
-            f"Data file system: {m['filesystem']['device']} ({m['filesystem']['type']}) on"
-            f" {m['filesystem']['mount_point']}, {m['filesystem']['free_bytes'] / 1e9:,.0f} GB free"
-            f" of {m['filesystem']['total_bytes'] / 1e9:,.0f} GB. Raw limits and bookie data are in"
-            " the same directory tree."
-        ),
+        *report_preamble(results),
         "",
         (
             "MB = 10^6 bytes of entry payload. Latency is per `add_entries` call (a batch of"

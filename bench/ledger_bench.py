@@ -57,6 +57,7 @@ from bookie_bench import (
     machine_info,
     measure_raw_limits,
     proc_cpu_seconds,
+    report_preamble,
 )
 
 from bookie.client.config import LedgerClientConfig
@@ -1054,21 +1055,7 @@ def render_markdown(results: dict[str, Any]) -> str:
     lines = [
         f"# Ledger-client benchmark, {results['date']}{title_tag}",
         "",
-        f"Command: `{results['command']}`  ",
-        (
-            f"Started {results['started_at']}, took {results['elapsed_s']:.0f} s. Git"
-            f" {m['git_commit'][:12]}{' (uncommitted changes)' if m['git_dirty'] else ''}.  "
-        ),
-        (
-            f"Machine: {cores} cores ({m['cpu_model']}), {m['memory_bytes'] / 2**30:.1f} GiB,"
-            f" kernel {m['kernel']}, Python {m['python']}, grpcio {m['grpcio']}.  "
-        ),
-        (
-            f"Data file system: {m['filesystem']['device']} ({m['filesystem']['type']}) on"
-            f" {m['filesystem']['mount_point']}, {m['filesystem']['free_bytes'] / 1e9:,.0f} GB free"
-            f" of {m['filesystem']['total_bytes'] / 1e9:,.0f} GB. Raw limits and bookie data are in"
-            " the same directory tree."
-        ),
+        *report_preamble(results),
         "",
         (
             f"One `LocalCluster`: its own etcd and {results['parameters']['bookies']} `magnetar"
