@@ -185,6 +185,7 @@ class BrokerLoadReport(_message.Message):
     BYTES_RATE_OUT_FIELD_NUMBER: _builtins.int
     CPU_PERCENT_FIELD_NUMBER: _builtins.int
     MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    PARTITIONS_FIELD_NUMBER: _builtins.int
     broker_id: _builtins.str
     timestamp_ms: _builtins.int
     owned_partitions: _builtins.int
@@ -194,6 +195,10 @@ class BrokerLoadReport(_message.Message):
     bytes_rate_out: _builtins.float
     cpu_percent: _builtins.float
     memory_bytes: _builtins.int
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionLoad]:
+        """Per owned partition, so the shedding leader can pick what to move."""
+
     def __init__(
         self,
         *,
@@ -206,14 +211,49 @@ class BrokerLoadReport(_message.Message):
         bytes_rate_out: _builtins.float = ...,
         cpu_percent: _builtins.float = ...,
         memory_bytes: _builtins.int = ...,
+        partitions: _abc.Iterable[Global___PartitionLoad] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "bytes_rate_in", b"bytes_rate_in", "bytes_rate_out", b"bytes_rate_out", "cpu_percent", b"cpu_percent", "memory_bytes", b"memory_bytes", "msg_rate_in", b"msg_rate_in", "msg_rate_out", b"msg_rate_out", "owned_partitions", b"owned_partitions", "timestamp_ms", b"timestamp_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "bytes_rate_in", b"bytes_rate_in", "bytes_rate_out", b"bytes_rate_out", "cpu_percent", b"cpu_percent", "memory_bytes", b"memory_bytes", "msg_rate_in", b"msg_rate_in", "msg_rate_out", b"msg_rate_out", "owned_partitions", b"owned_partitions", "partitions", b"partitions", "timestamp_ms", b"timestamp_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___BrokerLoadReport: _TypeAlias = BrokerLoadReport  # noqa: Y015
+
+@_typing.final
+class PartitionLoad(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITION_FIELD_NUMBER: _builtins.int
+    MSG_RATE_IN_FIELD_NUMBER: _builtins.int
+    MSG_RATE_OUT_FIELD_NUMBER: _builtins.int
+    BYTES_RATE_IN_FIELD_NUMBER: _builtins.int
+    BYTES_RATE_OUT_FIELD_NUMBER: _builtins.int
+    ACQUIRED_MS_FIELD_NUMBER: _builtins.int
+    partition: _builtins.str
+    msg_rate_in: _builtins.float
+    msg_rate_out: _builtins.float
+    bytes_rate_in: _builtins.float
+    bytes_rate_out: _builtins.float
+    acquired_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        partition: _builtins.str = ...,
+        msg_rate_in: _builtins.float = ...,
+        msg_rate_out: _builtins.float = ...,
+        bytes_rate_in: _builtins.float = ...,
+        bytes_rate_out: _builtins.float = ...,
+        acquired_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acquired_ms", b"acquired_ms", "bytes_rate_in", b"bytes_rate_in", "bytes_rate_out", b"bytes_rate_out", "msg_rate_in", b"msg_rate_in", "msg_rate_out", b"msg_rate_out", "partition", b"partition"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PartitionLoad: _TypeAlias = PartitionLoad  # noqa: Y015
 
 @_typing.final
 class OwnershipRecord(_message.Message):
@@ -241,3 +281,32 @@ class OwnershipRecord(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___OwnershipRecord: _TypeAlias = OwnershipRecord  # noqa: Y015
+
+@_typing.final
+class HandoverHint(_message.Message):
+    """At /magnetar/handover/<partition> (not lease-bound; expires by time): the broker a partition was
+    handed to by load shedding or a graceful shutdown. Lookups send clients there until it expires.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BROKER_ID_FIELD_NUMBER: _builtins.int
+    FROM_BROKER_ID_FIELD_NUMBER: _builtins.int
+    EXPIRES_MS_FIELD_NUMBER: _builtins.int
+    broker_id: _builtins.str
+    from_broker_id: _builtins.str
+    expires_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        broker_id: _builtins.str = ...,
+        from_broker_id: _builtins.str = ...,
+        expires_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "expires_ms", b"expires_ms", "from_broker_id", b"from_broker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HandoverHint: _TypeAlias = HandoverHint  # noqa: Y015

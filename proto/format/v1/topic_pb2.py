@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bproto/format/v1/topic.proto\x12\x12magnetar.format.v1\"\xd5\x02\n\rTopicPolicies\x12\x1e\n\x11retention_time_ms\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12!\n\x14retention_size_bytes\x18\x02 \x01(\x03H\x01\x88\x01\x01\x12\x1b\n\x0emessage_ttl_ms\x18\x03 \x01(\x03H\x02\x88\x01\x01\x12 \n\x13\x62\x61\x63klog_quota_bytes\x18\x04 \x01(\x03H\x03\x88\x01\x01\x12\x1a\n\rdeduplication\x18\x05 \x01(\x08H\x04\x88\x01\x01\x12!\n\x14max_redelivery_count\x18\x06 \x01(\x05H\x05\x88\x01\x01\x42\x14\n\x12_retention_time_msB\x17\n\x15_retention_size_bytesB\x11\n\x0f_message_ttl_msB\x16\n\x14_backlog_quota_bytesB\x10\n\x0e_deduplicationB\x17\n\x15_max_redelivery_count\"\xfe\x01\n\rTopicMetadata\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x12\n\npartitions\x18\x02 \x01(\x05\x12\x12\n\ncreated_ms\x18\x03 \x01(\x03\x12\x33\n\x08policies\x18\x04 \x01(\x0b\x32!.magnetar.format.v1.TopicPolicies\x12\x45\n\nproperties\x18\x05 \x03(\x0b\x32\x31.magnetar.format.v1.TopicMetadata.PropertiesEntry\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bproto/format/v1/topic.proto\x12\x12magnetar.format.v1\"\xd5\x02\n\rTopicPolicies\x12\x1e\n\x11retention_time_ms\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12!\n\x14retention_size_bytes\x18\x02 \x01(\x03H\x01\x88\x01\x01\x12\x1b\n\x0emessage_ttl_ms\x18\x03 \x01(\x03H\x02\x88\x01\x01\x12 \n\x13\x62\x61\x63klog_quota_bytes\x18\x04 \x01(\x03H\x03\x88\x01\x01\x12\x1a\n\rdeduplication\x18\x05 \x01(\x08H\x04\x88\x01\x01\x12!\n\x14max_redelivery_count\x18\x06 \x01(\x05H\x05\x88\x01\x01\x42\x14\n\x12_retention_time_msB\x17\n\x15_retention_size_bytesB\x11\n\x0f_message_ttl_msB\x16\n\x14_backlog_quota_bytesB\x10\n\x0e_deduplicationB\x17\n\x15_max_redelivery_count\"\xfe\x01\n\rTopicMetadata\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x12\n\npartitions\x18\x02 \x01(\x05\x12\x12\n\ncreated_ms\x18\x03 \x01(\x03\x12\x33\n\x08policies\x18\x04 \x01(\x0b\x32!.magnetar.format.v1.TopicPolicies\x12\x45\n\nproperties\x18\x05 \x03(\x0b\x32\x31.magnetar.format.v1.TopicMetadata.PropertiesEntry\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xe7\x01\n\x15\x44\x65\x64uplicationSnapshot\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x11\n\tledger_id\x18\x02 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x03 \x01(\x03\x12Y\n\x11last_sequence_ids\x18\x04 \x03(\x0b\x32>.magnetar.format.v1.DeduplicationSnapshot.LastSequenceIdsEntry\x1a\x36\n\x14LastSequenceIdsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,10 +33,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TOPICMETADATA_PROPERTIESENTRY']._loaded_options = None
   _globals['_TOPICMETADATA_PROPERTIESENTRY']._serialized_options = b'8\001'
+  _globals['_DEDUPLICATIONSNAPSHOT_LASTSEQUENCEIDSENTRY']._loaded_options = None
+  _globals['_DEDUPLICATIONSNAPSHOT_LASTSEQUENCEIDSENTRY']._serialized_options = b'8\001'
   _globals['_TOPICPOLICIES']._serialized_start=52
   _globals['_TOPICPOLICIES']._serialized_end=393
   _globals['_TOPICMETADATA']._serialized_start=396
   _globals['_TOPICMETADATA']._serialized_end=650
   _globals['_TOPICMETADATA_PROPERTIESENTRY']._serialized_start=601
   _globals['_TOPICMETADATA_PROPERTIESENTRY']._serialized_end=650
+  _globals['_DEDUPLICATIONSNAPSHOT']._serialized_start=653
+  _globals['_DEDUPLICATIONSNAPSHOT']._serialized_end=884
+  _globals['_DEDUPLICATIONSNAPSHOT_LASTSEQUENCEIDSENTRY']._serialized_start=830
+  _globals['_DEDUPLICATIONSNAPSHOT_LASTSEQUENCEIDSENTRY']._serialized_end=884
 # @@protoc_insertion_point(module_scope)

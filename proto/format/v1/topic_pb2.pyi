@@ -129,3 +129,56 @@ class TopicMetadata(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TopicMetadata: _TypeAlias = TopicMetadata  # noqa: Y015
+
+@_typing.final
+class DeduplicationSnapshot(_message.Message):
+    """At /magnetar/dedup/<partition>: the last sequence id stored for each producer of a partition, as
+    of `position`. A new owner loads it and replays the entries after `position` to complete it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class LastSequenceIdsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    FORMAT_VERSION_FIELD_NUMBER: _builtins.int
+    LEDGER_ID_FIELD_NUMBER: _builtins.int
+    ENTRY_ID_FIELD_NUMBER: _builtins.int
+    LAST_SEQUENCE_IDS_FIELD_NUMBER: _builtins.int
+    format_version: _builtins.int
+    ledger_id: _builtins.int
+    entry_id: _builtins.int
+    @_builtins.property
+    def last_sequence_ids(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        format_version: _builtins.int = ...,
+        ledger_id: _builtins.int = ...,
+        entry_id: _builtins.int = ...,
+        last_sequence_ids: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entry_id", b"entry_id", "format_version", b"format_version", "last_sequence_ids", b"last_sequence_ids", "ledger_id", b"ledger_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeduplicationSnapshot: _TypeAlias = DeduplicationSnapshot  # noqa: Y015
