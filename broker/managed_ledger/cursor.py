@@ -1,0 +1,360 @@
+"""A cursor: how far one subscription (or reader) has read and acknowledged a managed ledger.
+
+A cursor has a **read position** (the next entry :meth:`ManagedCursor.read` returns) and an
+acknowledgement state: a **mark-delete** position (everything at or before it is acknowledged)
+plus individually acknowledged ranges above it (:class:`~.ack_ranges.AckRanges`). A durable
+cursor persists the acknowledgement state, at most every ``cursor_persist_interval_ms``, on
+:meth:`flush` and on close. A new owner of the managed ledger loads it and redelivers whatever
+was not acknowledged in what was persisted.
+
+**Bounded ack state.** At most ``max_inline_ack_ranges`` ranges are persisted: the lowest ones,
+those next to mark-delete, which fill in first. If there are more, ``ack_ranges_over_limit``
+says so and the ranges above the limit are not persisted. A new owner then redelivers those
+acknowledged entries (a duplicate delivery, never a lost message). Nothing is ever persisted as
+acknowledged that was not.
+
+**Offsets.** ``mark_delete_offset`` is the offset of the last message covered by mark-delete.
+The cursor learns entries' offsets from the entries it reads, and the managed ledger knows the
+offsets at ledger ends and of cached entries. When mark-delete lands on an entry known in none
+of those ways (a cumulative ack of an entry this cursor never read), the value is a lower bound
+until the next flush, which reads that entry to make it exact. ``backlog_messages`` subtracts
+the messages of individually acknowledged entries whose sizes the cursor knows (those it read
+itself, up to :data:`MAX_TRACKED_ENTRIES` above mark-delete); others are counted as backlog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import structlog
+
+from broker.managed_ledger.ack_ranges import AckRanges
+from broker.managed_ledger.persistence import StoredCursor, encode_cursor
+from broker.managed_ledger.types import Entry, Position, check_position
+from magnetar.common.clock import Clock
+from magnetar.common.errors import (
+    InvalidArgumentError,
+    MagnetarError,
+    ManagedLedgerFencedError,
+)
+
+if TYPE_CHECKING:
+    from broker.managed_ledger.managed_ledger import ManagedLedger
+
+log = structlog.get_logger("magnetar.managed_ledger.cursor")
+
+MAX_TRACKED_ENTRIES = 100_000
+"""Entries above mark-delete whose offsets a cursor remembers (for offsets and backlog)."""
+
+
+@dataclass(slots=True)
+class _Known:
+    first_offset: int
+    num_messages: int
+    acked: bool = False
+
+
+class ManagedCursor:
+    """A read position and an acknowledgement state. Obtain from
+    :meth:`ManagedLedger.open_cursor` (durable) or :meth:`ManagedLedger.open_non_durable_cursor`."""
+
+    def __init__(
+        self,
+        ml: ManagedLedger,
+        name: str,
+        *,
+        durable: bool,
+        mark_delete: Position,
+        mark_delete_offset: int,
+        read_position: Position,
+        clock: Clock,
+        ranges: Iterable[tuple[Position, Position]] = (),
+        version: int = 0,
+    ) -> None:
+        self.name = name
+        self.durable = durable
+        self._ml = ml
+        self._clock = clock
+        self._acks = AckRanges(ml.next_position, mark_delete, ranges)
+        self._mark_delete_offset = mark_delete_offset
+        # folding restored ranges into mark-delete moved it past the entry whose offset we know
+        self._mark_delete_offset_exact = self._acks.mark_delete == mark_delete
+        self._read_position = max(read_position, ml.next_position(self._acks.mark_delete))
+        self.version = version
+        """Metadata version of the persisted cursor (0: not persisted)."""
+        self._changes = 0
+        self._persisted_changes = 0
+        self._last_persist = -math.inf
+        self._persist_task: asyncio.Task[None] | None = None
+        self._flush_lock = asyncio.Lock()
+        self._known: dict[Position, _Known] = {}
+        self._known_order: list[Position] = []  # a heap, for forgetting what mark-delete passed
+        self._acked_messages = 0
+        self._over_limit_logged = False
+        self._log = log.bind(managed_ledger=ml.name, cursor=name)
+
+    # --- state --------------------------------------------------------------------------------
+
+    @property
+    def mark_delete(self) -> Position:
+        """Everything at or before this position is acknowledged."""
+        return self._acks.mark_delete
+
+    @property
+    def mark_delete_offset(self) -> int:
+        """Offset of the last message covered by mark-delete (-1: none); see the module doc."""
+        return self._mark_delete_offset
+
+    @property
+    def read_position(self) -> Position:
+        """The next entry :meth:`read` returns (acknowledged entries are skipped)."""
+        return self._read_position
+
+    @property
+    def has_more(self) -> bool:
+        """Whether confirmed entries exist at or after the read position."""
+        return self._read_position <= self._ml.last_confirmed
+
+    @property
+    def ack_hole_ranges(self) -> int:
+        """Individually acknowledged ranges above mark-delete (the holes between them)."""
+        return len(self._acks)
+
+    @property
+    def ack_ranges_over_limit(self) -> bool:
+        """More ranges than ``max_inline_ack_ranges``: those above it are not persisted."""
+        return len(self._acks) > self._ml.config.max_inline_ack_ranges
+
+    @property
+    def ack_ranges(self) -> list[tuple[Position, Position]]:
+        return self._acks.ranges
+
+    @property
+    def backlog_messages(self) -> int:
+        """Confirmed messages not acknowledged (best effort; see the module doc)."""
+        unacked = self._ml.confirmed_next_offset - (self._mark_delete_offset + 1)
+        return max(0, unacked - self._acked_messages)
+
+    @property
+    def dirty(self) -> bool:
+        """Changes not persisted yet."""
+        return self._changes != self._persisted_changes
+
+    def is_acked(self, position: Position) -> bool:
+        return self._acks.contains(check_position(position))
+
+    # --- reading ------------------------------------------------------------------------------
+
+    async def read(self, *, max_entries: int, max_bytes: int) -> list[Entry]:
+        """Entries from the read position on, skipping acknowledged ones; advances the read
+        position past what was read. Limits as :meth:`ManagedLedger.read`."""
+        found: list[Entry] = []
+        size = 0
+        while len(found) < max_entries and (size < max_bytes or not found):
+            entries = await self._ml.read(
+                self._read_position,
+                max_entries=max_entries - len(found),
+                max_bytes=max(1, max_bytes - size),
+            )
+            if not entries:
+                break
+            self._read_position = self._ml.next_position(entries[-1].position)
+            for entry in entries:
+                if self._acks.contains(entry.position):
+                    continue
+                self._remember(entry)
+                found.append(entry)
+                size += len(entry.payload)
+            if not self.has_more:
+                break
+        return found
+
+    def _remember(self, entry: Entry) -> None:
+        if entry.position in self._known or len(self._known) >= MAX_TRACKED_ENTRIES:
+            return
+        self._known[entry.position] = _Known(entry.first_offset, entry.num_messages)
+        heapq.heappush(self._known_order, entry.position)
+
+    def rewind(self) -> None:
+        """Read again from the first unacknowledged entry (redeliver what is not acked)."""
+        self._read_position = self._ml.next_position(self._acks.mark_delete)
+
+    def seek(self, position: Position) -> None:
+        """Move the read position only; acknowledgements stay."""
+        self._read_position = check_position(position)
+
+    async def reset(self, position: Position) -> None:
+        """Start over at ``position``: everything before it counts as acknowledged, nothing after
+        it does, reads go from there; persisted at once."""
+        position = check_position(position)
+        mark_delete, offset, read_position = await self._ml._start_state(position)
+        self._acks.reset(mark_delete)
+        self._mark_delete_offset = offset
+        self._mark_delete_offset_exact = True
+        self._known.clear()
+        self._known_order.clear()
+        self._acked_messages = 0
+        self._read_position = read_position
+        self._changes += 1
+        self._log.info("cursor_reset", mark_delete=tuple(mark_delete), offset=offset)
+        await self.flush()
+        self._ml._cursor_moved(self, mark_delete)
+
+    # --- acknowledging ------------------------------------------------------------------------
+
+    def ack(self, positions: Iterable[Position]) -> None:
+        """Acknowledge entries individually; mark-delete advances over the contiguous ones.
+
+        Entries at or before mark-delete are ignored. Raises :class:`InvalidArgumentError`,
+        acknowledging nothing, if any position is not a confirmed entry.
+        """
+        if isinstance(positions, tuple) and len(positions) == 2 and isinstance(positions[0], int):
+            raise InvalidArgumentError(
+                f"ack() takes an iterable of positions, got the single position {positions!r}"
+            )
+        checked = [self._ml._check_ackable(p) for p in positions]
+        before = self._acks.mark_delete
+        changed = False
+        for position in checked:
+            if position <= self._acks.mark_delete or position < self._ml.first_position:
+                continue
+            if self._acks.add(position):
+                changed = True
+                known = self._known.get(position)
+                if known is not None and not known.acked:
+                    known.acked = True
+                    self._acked_messages += known.num_messages
+        if changed:
+            self._changed(before)
+
+    def ack_cumulative(self, position: Position) -> None:
+        """Acknowledge every entry up to and including ``position``."""
+        checked = self._ml._check_ackable(position)
+        before = self._acks.mark_delete
+        if self._acks.ack_cumulative(checked):
+            self._changed(before)
+
+    def _changed(self, before: Position) -> None:
+        mark_delete = self._acks.mark_delete
+        if mark_delete != before:
+            known = self._known.get(mark_delete)
+            if known is not None:
+                self._mark_delete_offset = known.first_offset + known.num_messages - 1
+                self._mark_delete_offset_exact = True
+            else:
+                hint = self._ml._offset_hint(mark_delete)
+                if hint is not None:
+                    self._mark_delete_offset = hint
+                    self._mark_delete_offset_exact = True
+                else:  # keep the old value: a lower bound until flush() reads the entry
+                    self._mark_delete_offset_exact = False
+            self._forget_through(mark_delete)
+            if self._read_position <= mark_delete:
+                self._read_position = self._ml.next_position(mark_delete)
+            self._ml._cursor_moved(self, mark_delete)
+        self._changes += 1
+        if len(self._acks) > self._ml.config.max_inline_ack_ranges and not self._over_limit_logged:
+            self._over_limit_logged = True
+            self._log.warning(
+                "cursor_ack_ranges_over_limit",
+                ranges=len(self._acks),
+                limit=self._ml.config.max_inline_ack_ranges,
+            )
+        elif len(self._acks) <= self._ml.config.max_inline_ack_ranges:
+            self._over_limit_logged = False
+        self._schedule_persist()
+
+    def _forget_through(self, mark_delete: Position) -> None:
+        while self._known_order and self._known_order[0] <= mark_delete:
+            position = heapq.heappop(self._known_order)
+            known = self._known.pop(position, None)
+            if known is not None and known.acked:
+                self._acked_messages -= known.num_messages
+
+    # --- persisting ---------------------------------------------------------------------------
+
+    def stored(self) -> StoredCursor:
+        """The state as persisted: the lowest ``max_inline_ack_ranges`` ranges only."""
+        return StoredCursor(
+            mark_delete=self._acks.mark_delete,
+            mark_delete_offset=self._mark_delete_offset,
+            acked_ranges=tuple(self._acks.ranges[: self._ml.config.max_inline_ack_ranges]),
+            last_active_ms=self._clock.time_ms(),
+        )
+
+    def _schedule_persist(self) -> None:
+        if not self.durable or (self._persist_task is not None and not self._persist_task.done()):
+            return
+        self._persist_task = asyncio.ensure_future(self._persist_later())
+
+    async def _persist_later(self) -> None:
+        interval = self._ml.config.cursor_persist_interval_ms / 1000
+        delay = self._last_persist + interval - self._clock.monotonic()
+        if delay > 0:
+            await self._clock.sleep(delay)
+        try:
+            await self.flush()
+        except ManagedLedgerFencedError:
+            return
+        except MagnetarError as e:
+            self._log.warning("cursor_persist_failed", error=e.message)
+            self._last_persist = self._clock.monotonic()  # try again after an interval
+        self._persist_task = None
+        if self.dirty and not self._ml.closed:
+            self._schedule_persist()
+
+    async def flush(self) -> None:
+        """Persist now if anything changed (a lost compare-and-swap fences the managed ledger:
+        :class:`ManagedLedgerFencedError`)."""
+        if not self.durable:
+            return
+        async with self._flush_lock:
+            if not self.dirty:
+                return
+            if not self._mark_delete_offset_exact:
+                await self._resolve_mark_delete_offset()
+            changes = self._changes
+            stored = self.stored()
+            await self._ml._write_cursor(self, stored)
+            self._persisted_changes = max(self._persisted_changes, changes)
+            self._last_persist = self._clock.monotonic()
+            self._log.debug(
+                "cursor_persisted",
+                mark_delete=tuple(stored.mark_delete),
+                ranges=len(stored.acked_ranges),
+                bytes=len(encode_cursor(stored)),
+            )
+
+    async def _resolve_mark_delete_offset(self) -> None:
+        mark_delete = self._acks.mark_delete
+        offset = await self._ml._offset_through(mark_delete)
+        if self._acks.mark_delete == mark_delete:
+            self._mark_delete_offset = offset
+            self._mark_delete_offset_exact = True
+
+    async def close(self) -> None:
+        """Persist what changed; the cursor stays in its managed ledger."""
+        self._cancel_persist()
+        await self.flush()
+
+    async def _stop(self) -> None:
+        self._cancel_persist()
+        async with self._flush_lock:
+            pass  # let a flush in progress finish
+
+    def _cancel_persist(self) -> None:
+        if self._persist_task is not None and self._persist_task is not asyncio.current_task():
+            self._persist_task.cancel()
+        self._persist_task = None
+
+    def __repr__(self) -> str:
+        kind = "durable" if self.durable else "non-durable"
+        return (
+            f"ManagedCursor({self.name!r}, {kind}, mark_delete={tuple(self.mark_delete)},"
+            f" read_position={tuple(self._read_position)}, holes={len(self._acks)})"
+        )

@@ -1,0 +1,194 @@
+"""The persisted forms of a managed ledger (its info) and of its cursors, and their keys.
+
+This is the only module of the managed ledger that handles protobuf classes: everything else
+works with the plain values below. The formats are ``magnetar.format.v1.ManagedLedgerInfo`` and
+``CursorInfo`` (``proto/format/v1/managed_ledger.proto``), stored at the keys of
+:mod:`metadata.layout`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from broker.managed_ledger.types import LedgerInfo, Position
+from magnetar.common.errors import InvalidArgumentError, ManagedLedgerError
+from proto.common.v1 import types_pb2
+from proto.format.v1 import managed_ledger_pb2
+
+FORMAT_VERSION = 1
+
+MAX_NAME_BYTES = 512
+MAX_CURSOR_NAME_BYTES = 256
+
+
+@dataclass(frozen=True, slots=True)
+class StoredInfo:
+    """A managed ledger's info record."""
+
+    ledgers: tuple[LedgerInfo, ...] = ()
+    terminated: bool = False
+    terminated_position: Position | None = None
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredCursor:
+    """A durable cursor's record."""
+
+    mark_delete: Position
+    mark_delete_offset: int
+    acked_ranges: tuple[tuple[Position, Position], ...] = ()
+    properties: Mapping[str, int] = field(default_factory=dict)
+    last_active_ms: int = 0
+
+
+def _position_pb(position: Position) -> types_pb2.Position:
+    return types_pb2.Position(ledger_id=position.ledger_id, entry_id=position.entry_id)
+
+
+def _position(message: types_pb2.Position) -> Position:
+    return Position(message.ledger_id, message.entry_id)
+
+
+def encode_info(info: StoredInfo) -> bytes:
+    message = managed_ledger_pb2.ManagedLedgerInfo(
+        format_version=FORMAT_VERSION,
+        terminated=info.terminated,
+        properties=dict(info.properties),
+    )
+    if info.terminated_position is not None:
+        message.terminated_position.CopyFrom(_position_pb(info.terminated_position))
+    for ledger in info.ledgers:
+        message.ledgers.add(
+            ledger_id=ledger.ledger_id,
+            entries=ledger.entries,
+            size_bytes=ledger.size_bytes,
+            first_offset=ledger.first_offset,
+            messages=ledger.messages,
+            created_ms=ledger.created_ms,
+            last_publish_time_ms=ledger.last_publish_time_ms,
+        )
+    return message.SerializeToString()
+
+
+def decode_info(name: str, data: bytes) -> StoredInfo:
+    try:
+        message = managed_ledger_pb2.ManagedLedgerInfo.FromString(data)
+    except Exception as e:  # noqa: BLE001 - protobuf's DecodeError, under any name it has
+        raise ManagedLedgerError(
+            f"the info of managed ledger {name!r} cannot be decoded: {e}", context={"name": name}
+        ) from None
+    _check_format(message.format_version, f"the info of managed ledger {name!r}")
+    return StoredInfo(
+        ledgers=tuple(
+            LedgerInfo(
+                ledger_id=ledger.ledger_id,
+                entries=ledger.entries,
+                size_bytes=ledger.size_bytes,
+                first_offset=ledger.first_offset,
+                messages=ledger.messages,
+                created_ms=ledger.created_ms,
+                last_publish_time_ms=ledger.last_publish_time_ms,
+            )
+            for ledger in message.ledgers
+        ),
+        terminated=message.terminated,
+        terminated_position=(
+            _position(message.terminated_position)
+            if message.HasField("terminated_position")
+            else None
+        ),
+        properties=dict(message.properties),
+    )
+
+
+def encode_cursor(cursor: StoredCursor) -> bytes:
+    message = managed_ledger_pb2.CursorInfo(
+        format_version=FORMAT_VERSION,
+        mark_delete=_position_pb(cursor.mark_delete),
+        mark_delete_offset=cursor.mark_delete_offset,
+        state_ledger_id=-1,
+        properties=dict(cursor.properties),
+        last_active_ms=cursor.last_active_ms,
+    )
+    for start, end in cursor.acked_ranges:
+        message.acked_ranges.add(start=_position_pb(start), end=_position_pb(end))
+    return message.SerializeToString()
+
+
+def decode_cursor(name: str, data: bytes) -> StoredCursor:
+    try:
+        message = managed_ledger_pb2.CursorInfo.FromString(data)
+    except Exception as e:  # noqa: BLE001 - protobuf's DecodeError, under any name it has
+        raise ManagedLedgerError(
+            f"cursor {name!r} cannot be decoded: {e}", context={"cursor": name}
+        ) from None
+    _check_format(message.format_version, f"cursor {name!r}")
+    return StoredCursor(
+        mark_delete=_position(message.mark_delete),
+        mark_delete_offset=message.mark_delete_offset,
+        acked_ranges=tuple((_position(r.start), _position(r.end)) for r in message.acked_ranges),
+        properties=dict(message.properties),
+        last_active_ms=message.last_active_ms,
+    )
+
+
+def _check_format(version: int, what: str) -> None:
+    if version > FORMAT_VERSION:
+        raise ManagedLedgerError(
+            f"{what} is in format version {version}; this broker reads up to {FORMAT_VERSION}"
+            " (a newer broker wrote it)",
+            context={"format_version": version},
+        )
+
+
+# --- names ---------------------------------------------------------------------------------
+
+
+def check_name(name: object) -> str:
+    """A managed ledger name: ``/``-separated segments such as ``public/default/t-partition-0``."""
+    if not isinstance(name, str):
+        raise InvalidArgumentError(
+            f"a managed ledger name is a str, got {type(name).__name__}: {name!r}"
+        )
+    problem = _name_problem(name, MAX_NAME_BYTES)
+    if problem is None:
+        segments = name.split("/")
+        if any(s == "" for s in segments):
+            problem = "it may not start or end with '/' or contain '//'"
+        elif any(s in (".", "..") for s in segments):
+            problem = "it may not contain a '.' or '..' segment"
+    if problem is not None:
+        raise InvalidArgumentError(
+            f"invalid managed ledger name {name!r}: {problem}", context={"name": name}
+        )
+    return name
+
+
+def check_cursor_name(name: object) -> str:
+    """A cursor name: one segment, no ``/``."""
+    if not isinstance(name, str):
+        raise InvalidArgumentError(f"a cursor name is a str, got {type(name).__name__}: {name!r}")
+    problem = _name_problem(name, MAX_CURSOR_NAME_BYTES)
+    if problem is None and "/" in name:
+        problem = "it may not contain '/'"
+    if problem is None and name in (".", ".."):
+        problem = "'.' and '..' are not names"
+    if problem is not None:
+        raise InvalidArgumentError(
+            f"invalid cursor name {name!r}: {problem}", context={"name": name}
+        )
+    return name
+
+
+def _name_problem(name: str, limit: int) -> str | None:
+    if not name:
+        return "it is empty"
+    size = len(name.encode("utf-8", errors="surrogatepass"))
+    if size > limit:
+        return f"it is {size} bytes of UTF-8; the limit is {limit}"
+    for ch in name:
+        if ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F or 0xD800 <= ord(ch) <= 0xDFFF:
+            return f"it may not contain whitespace or control characters (found {ch!r})"
+    return None

@@ -1,0 +1,217 @@
+"""Cursors: reading, individual and cumulative acks, persistence and reload, repositioning."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from broker.managed_ledger import ManagedLedger, Position
+from broker.managed_ledger.persistence import decode_cursor
+from magnetar.common.clock import ManualClock
+from magnetar.common.errors import CursorNotFoundError
+from metadata import layout
+from tests.broker.managed_ledger.conftest import FAST, Env, append_all, body_of, wait_until
+
+SMALL_LEDGERS = replace(FAST, max_entries_per_ledger=5)
+
+
+async def written(ml: ManagedLedger, count: int, num_messages: int = 2) -> list[Position]:
+    results = await append_all(ml, [b"m%d" % i for i in range(count)], num_messages)
+    return [r.position for r in results]
+
+
+async def stored_cursor(env: Env, ml: str, name: str):
+    record = await env.store.get(layout.managed_ledger_cursor(ml, name))
+    assert record is not None
+    return decode_cursor(name, record.value)
+
+
+async def test_read_ack_and_mark_delete_across_ledger_ends(ml_env: Env) -> None:
+    ml = await ml_env.factory(config=SMALL_LEDGERS).open("t")
+    cursor = await ml.open_cursor("sub", start="earliest")
+    positions = await written(ml, 12)  # ledgers of 5, 5, 2 entries
+    more_before_reading = cursor.has_more
+    assert more_before_reading
+    assert cursor.backlog_messages == 24
+
+    entries = await cursor.read(max_entries=100, max_bytes=1 << 20)
+    assert [e.position for e in entries] == positions
+    assert not cursor.has_more
+    assert cursor.read_position == ml.next_position(positions[-1])
+
+    # holes: ack 1..6 individually (entry 0 still missing), across the first ledger's end
+    cursor.ack(positions[1:7])
+    assert cursor.mark_delete < positions[0]
+    assert cursor.ack_hole_ranges == 1
+    assert cursor.is_acked(positions[5])
+    assert not cursor.is_acked(positions[0])
+    assert cursor.backlog_messages == 24 - 12
+    cursor.ack([positions[0]])  # fills the hole: mark-delete jumps into the second ledger
+    assert cursor.mark_delete == positions[6]
+    assert positions[6].ledger_id != positions[0].ledger_id
+    assert cursor.mark_delete_offset == 13
+    assert cursor.ack_hole_ranges == 0
+    assert cursor.backlog_messages == 10
+
+    cursor.ack_cumulative(positions[9])  # the last entry of the second ledger
+    assert cursor.mark_delete == positions[9]
+    assert cursor.mark_delete_offset == 19
+    cursor.ack([positions[10], positions[4]])  # the first is next; the second is old news
+    assert cursor.mark_delete == positions[10]
+    assert cursor.backlog_messages == 2
+
+
+async def test_state_persists_and_a_new_owner_reloads_it(ml_env: Env) -> None:
+    config = replace(SMALL_LEDGERS, max_inline_ack_ranges=2)
+    ml = await ml_env.factory(config=config).open("t")
+    cursor = await ml.open_cursor("sub", start="earliest")
+    positions = await written(ml, 14)
+    await cursor.read(max_entries=100, max_bytes=1 << 20)
+    cursor.ack_cumulative(positions[2])
+    cursor.ack([positions[4], positions[6], positions[7], positions[10], positions[12]])
+    assert cursor.ack_hole_ranges == 4
+    assert cursor.ack_ranges_over_limit  # four ranges, two are kept inline
+    await cursor.flush()
+    stored = await stored_cursor(ml_env, "t", "sub")
+    assert stored.mark_delete == positions[2]
+    assert stored.mark_delete_offset == 5
+    # the lowest ranges are persisted; those above the limit are not (redelivered, not lost)
+    assert list(stored.acked_ranges) == [
+        (positions[4], positions[4]),
+        (positions[6], positions[7]),
+    ]
+    await ml.close()
+
+    new = await ml_env.factory(await ml_env.new_client(), config=config).open("t")
+    reloaded = new.cursors["sub"]
+    assert reloaded.mark_delete == positions[2]
+    assert reloaded.mark_delete_offset == 5
+    assert reloaded.read_position == positions[3]
+    entries = await reloaded.read(max_entries=100, max_bytes=1 << 20)
+    # acked entries are skipped; 10 and 12's acks were above the inline limit: redelivered
+    assert [e.position for e in entries] == [positions[i] for i in (3, 5, 8, 9, 10, 11, 12, 13)]
+    assert await new.open_cursor("sub", start="latest") is reloaded  # existing: start ignored
+
+
+async def test_persisting_is_rate_limited_and_flushed_on_close(ml_env: Env) -> None:
+    clock = ManualClock()
+    config = replace(FAST, cursor_persist_interval_ms=1000)
+    factory = ml_env.factory(config=config, clock=clock)
+    ml = await factory.open("t")
+    cursor = await ml.open_cursor("sub", start="earliest")
+    positions = await written(ml, 10)
+
+    cursor.ack([positions[0]])
+    await clock.advance(0)  # the first change after a quiet spell is written at once
+    for _ in range(20):
+        await clock.advance(0)
+    assert (await stored_cursor(ml_env, "t", "sub")).mark_delete == positions[0]
+    version = cursor.version
+    for p in positions[1:6]:
+        cursor.ack([p])
+        await clock.advance(0.1)
+    # within the interval: nothing more was written
+    assert cursor.version == version
+    dirty_within_the_interval = cursor.dirty
+    assert dirty_within_the_interval
+    await clock.advance(0.6)
+    for _ in range(20):
+        await clock.advance(0)
+    stored = await stored_cursor(ml_env, "t", "sub")
+    assert stored.mark_delete == positions[5]
+    assert cursor.version != version
+    assert not cursor.dirty
+
+    cursor.ack([positions[6]])
+    await ml.close()  # persisted on close, without waiting for the interval
+    assert (await stored_cursor(ml_env, "t", "sub")).mark_delete == positions[6]
+
+
+async def test_reset_seek_and_rewind(ml_env: Env) -> None:
+    ml = await ml_env.factory(config=SMALL_LEDGERS).open("t")
+    cursor = await ml.open_cursor("sub", start="earliest")
+    positions = await written(ml, 12)
+    await cursor.read(max_entries=4, max_bytes=1 << 20)
+    assert cursor.read_position == positions[4]
+
+    cursor.rewind()  # nothing acked: back to the start
+    assert cursor.read_position == positions[0]
+    cursor.ack_cumulative(positions[1])
+    cursor.ack([positions[3]])
+    cursor.rewind()
+    assert cursor.read_position == positions[2]
+    assert [e.position for e in await cursor.read(max_entries=2, max_bytes=1 << 20)] == [
+        positions[2],
+        positions[4],  # 3 was acked
+    ]
+
+    cursor.seek(positions[8])  # read position only
+    assert cursor.mark_delete == positions[1]
+    assert (await cursor.read(max_entries=1, max_bytes=1))[0].position == positions[8]
+
+    await cursor.reset(positions[6])  # everything before 6 acked, nothing after; persisted now
+    assert cursor.mark_delete == Position(positions[6].ledger_id, positions[6].entry_id - 1)
+    assert cursor.mark_delete_offset == 11
+    assert cursor.read_position == positions[6]
+    assert not cursor.is_acked(positions[6])
+    assert cursor.ack_hole_ranges == 0
+    assert (await stored_cursor(ml_env, "t", "sub")).mark_delete == cursor.mark_delete
+    await cursor.reset(positions[0])
+    assert cursor.backlog_messages == 24
+    assert [e.position for e in await cursor.read(max_entries=100, max_bytes=1 << 30)] == positions
+
+
+async def test_start_positions(ml_env: Env) -> None:
+    ml = await ml_env.factory(config=SMALL_LEDGERS).open("t")
+    positions = await written(ml, 8)
+    latest = await ml.open_cursor("latest")
+    assert latest.mark_delete == positions[-1]
+    assert latest.backlog_messages == 0
+    assert not latest.has_more
+    earliest = await ml.open_cursor("earliest", start="earliest")
+    assert earliest.backlog_messages == 16
+    at = await ml.open_cursor("at", start=positions[6])
+    assert at.read_position == positions[6]
+    assert at.mark_delete_offset == 11
+    assert at.backlog_messages == 4
+    later = await written(ml, 1)
+    assert [e.position for e in await latest.read(max_entries=10, max_bytes=1 << 20)] == later
+
+
+async def test_a_non_durable_cursor_holds_nothing_back(ml_env: Env) -> None:
+    config = replace(SMALL_LEDGERS, retention_time_ms=0, retention_size_bytes=0)
+    ml = await ml_env.factory(config=config).open("t")
+    reader = ml.open_non_durable_cursor("earliest")
+    assert not reader.durable
+    assert ml.cursors == {}
+    positions = await written(ml, 12)
+    # no durable cursor: everything but the current ledger counts as consumed, and goes
+    await wait_until(lambda: ml.first_position == positions[10])
+    assert len(ml.ledgers) == 1
+    # the reader goes on from what is still stored
+    rest = await reader.read(max_entries=100, max_bytes=1 << 20)
+    assert [e.position for e in rest] == positions[10:]
+    reader.ack([positions[10]])
+    await reader.flush()  # nothing to persist
+    assert (await ml_env.store.list(layout.managed_ledger_cursors("t"))).records == ()
+
+
+async def test_delete_cursor(ml_env: Env) -> None:
+    ml = await ml_env.factory().open("t")
+    await ml.open_cursor("sub")
+    await ml.delete_cursor("sub")
+    assert "sub" not in ml.cursors
+    assert await ml_env.store.get(layout.managed_ledger_cursor("t", "sub")) is None
+    with pytest.raises(CursorNotFoundError, match="has no cursor 'sub'"):
+        await ml.delete_cursor("sub")
+
+
+async def test_reading_skips_acked_entries_and_payloads_are_intact(ml_env: Env) -> None:
+    ml = await ml_env.factory(config=SMALL_LEDGERS).open("t")
+    cursor = await ml.open_cursor("sub", start="earliest")
+    positions = await written(ml, 10)
+    cursor.ack(positions[0:4])
+    cursor.ack(positions[5:9])
+    entries = await cursor.read(max_entries=100, max_bytes=1 << 20)
+    assert [body_of(e.payload) for e in entries] == [b"m4", b"m9"]

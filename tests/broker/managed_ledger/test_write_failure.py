@@ -1,0 +1,105 @@
+"""A ledger's writer fails (not fenced): recover it, complete what is in it, move the rest.
+
+Three bookies and E=Qw=Qa=3, so a writer that loses a bookie has no replacement to change its
+ensemble to: after ``ensemble_change_timeout_ms`` it fails every pending add. Both ways an
+unconfirmed entry can end are shown:
+
+- one bookie down: entries sent during the outage reached the other two; recovery (once the
+  bookie is back, so that re-adding them reaches Qa) finds them, so they complete in the old
+  ledger;
+- every bookie down: entries sent during the outage reached none; recovery closes the old ledger
+  before them, so they are written again, same bytes and same offsets, to the new ledger.
+
+Either way every append completes, once, with dense offsets in call order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+from bookie.client.ledger_metadata import LedgerState
+from broker.managed_ledger import AppendResult, ManagedLedger
+from tests.broker.managed_ledger.conftest import FAST, Env, HeaderCodec, append, body_of, wait_until
+
+QUORUMS = replace(FAST, ensemble_size=3, write_quorum=3, ack_quorum=3)
+
+
+async def open_fragile(env: Env) -> ManagedLedger:
+    client = await env.new_client(
+        ensemble_change_timeout_ms=300, add_timeout_ms=1000, read_timeout_ms=1000
+    )
+    return await env.factory(client, config=QUORUMS).open("t")
+
+
+async def check_log(ml: ManagedLedger, results: list[AppendResult], count: int) -> None:
+    """Every append exactly once, in order, with the offsets its payload was built with."""
+    assert [r.first_offset for r in results] == list(range(count))
+    assert [r.position for r in results] == sorted(r.position for r in results)
+    entries = await ml.read(ml.first_position, max_entries=10_000, max_bytes=1 << 30)
+    assert [body_of(e.payload) for e in entries] == [b"m%d" % i for i in range(count)]
+    assert [e.position for e in entries] == [r.position for r in results]
+    codec = HeaderCodec()
+    assert [codec.describe(e.payload).first_offset for e in entries] == list(range(count))
+
+
+async def in_recovery(env: Env, ledger_id: int) -> bool:
+    return (await env.client.ledgers.read(ledger_id)).state is LedgerState.IN_RECOVERY
+
+
+async def test_entries_that_reached_some_bookies_complete_in_the_recovered_ledger(
+    ml_env: Env,
+) -> None:
+    ml = await open_fragile(ml_env)
+    before = [await f for f in [append(ml, b"m%d" % i) for i in range(20)]]
+    failing = ml.ledgers[-1].ledger_id
+
+    await ml_env.stop_bookie("b2")
+    during = [append(ml, b"m%d" % i) for i in range(20, 30)]
+    # the writer gives up on b2, the managed ledger starts recovering the ledger (which cannot
+    # finish while b2 is away: re-added entries need all three acks)
+    async with asyncio.timeout(10):
+        while not await in_recovery(ml_env, failing):
+            await asyncio.sleep(0.05)
+    assert not any(f.done() for f in during)
+    queued = [append(ml, b"m%d" % i) for i in range(30, 40)]  # go to the next ledger
+
+    await ml_env.start_bookie("b2")  # same data, new port
+    results = before + [await f for f in during + queued]
+
+    assert all(r.position.ledger_id == failing for r in results[:30])
+    assert all(r.position.ledger_id != failing for r in results[30:])
+    metadata = await ml_env.client.ledgers.read(failing)
+    assert metadata.closed
+    assert metadata.last_entry_id == 29
+    assert [lg.entries for lg in ml.ledgers][-2:] == [30, 10]
+    await check_log(ml, results, 40)
+    assert not ml.fenced.is_set()
+
+
+async def test_entries_that_reached_no_bookie_move_to_a_new_ledger_unchanged(
+    ml_env: Env,
+) -> None:
+    ml = await open_fragile(ml_env)
+    before = [await f for f in [append(ml, b"m%d" % i) for i in range(20)]]
+    failing = ml.ledgers[-1].ledger_id
+
+    for bookie in ("b0", "b1", "b2"):
+        await ml_env.stop_bookie(bookie)
+    during = [append(ml, b"m%d" % i) for i in range(20, 35)]
+    await wait_until(lambda: ml.pending_appends == 15 and ml._state.value == "switching")
+    await asyncio.sleep(0.5)  # recovery attempts fail: nothing to fence
+    assert not any(f.done() for f in during)
+
+    for bookie in ("b0", "b1", "b2"):
+        await ml_env.start_bookie(bookie)
+    results = before + [await f for f in during]
+
+    metadata = await ml_env.client.ledgers.read(failing)
+    assert metadata.closed
+    assert metadata.last_entry_id == 19  # nothing sent during the outage reached a bookie
+    moved = results[20:]
+    assert {r.position.ledger_id for r in moved} == {ml.ledgers[-1].ledger_id}
+    assert [r.position.entry_id for r in moved] == list(range(15))
+    assert [lg.entries for lg in ml.ledgers][-2:] == [20, 15]
+    await check_log(ml, results, 35)
