@@ -1,1 +1,72 @@
-"""The asyncio client library (the core the sync `magnetar.Client` wraps)."""
+"""The asyncio client library (the core the sync ``magnetar.Client`` wraps).
+
+::
+
+    import magnetar.aio
+
+    async with magnetar.aio.Client("magnetar://localhost:6650") as client:
+        producer = await client.create_producer("my-topic")
+        await producer.send(b"hello", partition_key="k1", properties={"a": "b"})
+
+        consumer = await client.subscribe("my-topic", "my-sub", initial_position="earliest")
+        msg = await consumer.receive(timeout_millis=5000)
+        await consumer.acknowledge(msg)
+
+Errors are the :mod:`magnetar.common.errors` tree (re-exported here for the ones a client user
+meets); each has a ``retriable`` flag. See ``docs/client.md``.
+"""
+
+from magnetar.aio.client import Client
+from magnetar.aio.config import ClientConfig, ConsumerConfig, ProducerConfig
+from magnetar.aio.consumer import Consumer
+from magnetar.aio.message import Message
+from magnetar.aio.message_id import MessageId
+from magnetar.aio.producer import Producer, SendCallback
+from magnetar.aio.reader import Reader
+from magnetar.common.errors import (
+    ClientClosedError,
+    ClientConnectionError,
+    ClientError,
+    ConsumerBusyError,
+    ConsumerClosedError,
+    InvalidServiceUrlError,
+    InvalidTopicNameError,
+    MagnetarError,
+    MessageTooLargeError,
+    OperationTimeoutError,
+    ProducerBusyError,
+    ProducerClosedError,
+    ProducerQueueFullError,
+    ReceiveTimeoutError,
+    TopicLookupError,
+    TopicNotFoundError,
+)
+
+__all__ = [
+    "Client",
+    "ClientClosedError",
+    "ClientConfig",
+    "ClientConnectionError",
+    "ClientError",
+    "Consumer",
+    "ConsumerBusyError",
+    "ConsumerClosedError",
+    "ConsumerConfig",
+    "InvalidServiceUrlError",
+    "InvalidTopicNameError",
+    "MagnetarError",
+    "Message",
+    "MessageId",
+    "MessageTooLargeError",
+    "OperationTimeoutError",
+    "Producer",
+    "ProducerBusyError",
+    "ProducerClosedError",
+    "ProducerConfig",
+    "ProducerQueueFullError",
+    "Reader",
+    "ReceiveTimeoutError",
+    "SendCallback",
+    "TopicLookupError",
+    "TopicNotFoundError",
+]

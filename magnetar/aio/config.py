@@ -1,0 +1,199 @@
+"""Settings of the client, its producers and its consumers: frozen dataclasses, checked on creation.
+
+``Client(...)``, ``create_producer(...)``, ``subscribe(...)`` and ``create_reader(...)`` take these
+settings as keyword arguments and build the dataclasses; they can also be built directly and
+loaded with :func:`magnetar.common.config.load_config` (``MAGNETAR_*`` environment variables).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from magnetar.common.config import config_error
+
+__all__ = [
+    "ClientConfig",
+    "CompressionName",
+    "ConsumerConfig",
+    "InitialPositionName",
+    "ProducerConfig",
+    "SubscriptionTypeName",
+]
+
+CompressionName = Literal["none", "zlib"]
+SubscriptionTypeName = Literal["exclusive", "failover", "shared", "key_shared"]
+InitialPositionName = Literal["latest", "earliest"]
+
+_COMPRESSIONS = ("none", "zlib")
+_SUBSCRIPTION_TYPES = ("exclusive", "failover", "shared", "key_shared")
+_INITIAL_POSITIONS = ("latest", "earliest")
+
+
+def _at_least(config: object, names: tuple[str, ...], minimum: float) -> None:
+    for name in names:
+        value = getattr(config, name)
+        if value < minimum:
+            raise config_error(name, value, f"must be >= {minimum}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClientConfig:
+    """How the client reaches the brokers."""
+
+    service_url: str = "magnetar://localhost:6650"
+    """Brokers to look topics up on: ``magnetar://host:port[,host:port...]``."""
+
+    operation_timeout_s: float = 30.0
+    """Limit for creating a producer, consumer or reader, a lookup, a seek, and for close."""
+
+    connection_timeout_ms: int = 10_000
+    """Limit for one lookup call or for a broker to answer the opening of a stream."""
+
+    initial_backoff_ms: int = 50
+    """First pause before reconnecting a producer or consumer; doubles on every failure."""
+
+    max_backoff_ms: int = 1000
+    """Longest pause between reconnection attempts."""
+
+    max_message_size_bytes: int = 64 * 1024 * 1024
+    """Largest gRPC message sent to or accepted from a broker."""
+
+    keepalive_time_ms: int = 10_000
+    """Ping an idle broker connection this often, to notice a broker that vanished."""
+
+    keepalive_timeout_ms: int = 5_000
+    """A ping unanswered for this long closes the connection (its streams then reconnect)."""
+
+    def __post_init__(self) -> None:
+        _at_least(self, ("operation_timeout_s",), 0.001)
+        _at_least(
+            self,
+            (
+                "connection_timeout_ms",
+                "initial_backoff_ms",
+                "max_backoff_ms",
+                "max_message_size_bytes",
+                "keepalive_time_ms",
+                "keepalive_timeout_ms",
+            ),
+            1,
+        )
+        if self.max_backoff_ms < self.initial_backoff_ms:
+            raise config_error(
+                "max_backoff_ms", self.max_backoff_ms, "must be >= initial_backoff_ms"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProducerConfig:
+    """How a producer batches, bounds and retries its messages."""
+
+    producer_name: str | None = None
+    """Name used for deduplication; None: the broker assigns one, reused on every reconnect."""
+
+    batching_max_messages: int = 1000
+    """A batch is sent once it holds this many messages."""
+
+    batching_max_bytes: int = 128 * 1024
+    """A batch is sent once its messages hold this many bytes."""
+
+    batching_max_publish_delay_ms: float = 1.0
+    """A batch is sent at the latest this long after its first message (0: at once)."""
+
+    send_timeout_ms: int = 30_000
+    """A message not confirmed this long after send() fails with a timeout (0: never)."""
+
+    max_pending_messages: int = 10_000
+    """Messages sent but not yet confirmed; send() waits for room, send_async() fails."""
+
+    compression: CompressionName = "none"
+    """How batches are compressed on the wire and in storage."""
+
+    max_request_bytes: int = 4 * 1024 * 1024
+    """Batches travel together in one stream message up to this many bytes."""
+
+    properties: dict[str, str] = field(default_factory=dict)
+    """Free-form properties given to the broker when the producer opens."""
+
+    def __post_init__(self) -> None:
+        _at_least(
+            self,
+            ("batching_max_messages", "batching_max_bytes", "max_pending_messages"),
+            1,
+        )
+        _at_least(self, ("batching_max_publish_delay_ms", "send_timeout_ms"), 0)
+        _at_least(self, ("max_request_bytes",), 1024)
+        if self.compression not in _COMPRESSIONS:
+            raise config_error("compression", self.compression, f"must be one of {_COMPRESSIONS}")
+        if self.producer_name == "":
+            raise config_error("producer_name", self.producer_name, "must be None or non-empty")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConsumerConfig:
+    """How a consumer subscribes, prefetches and acknowledges."""
+
+    subscription_name: str
+    """The subscription (the durable cursor on the broker) this consumer attaches to."""
+
+    subscription_type: SubscriptionTypeName = "exclusive"
+    """exclusive, failover, shared or key_shared."""
+
+    initial_position: InitialPositionName = "latest"
+    """Where a subscription that does not exist yet starts: latest or earliest."""
+
+    receiver_queue_size: int = 1000
+    """Messages prefetched ahead of receive(), split over the partitions."""
+
+    consumer_name: str | None = None
+    """Name shown in the broker's stats and used to order failover consumers."""
+
+    priority_level: int = 0
+    """Failover: lower is preferred as the active consumer."""
+
+    negative_ack_redelivery_delay_ms: int = 60_000
+    """How long after negative_acknowledge() a message comes again."""
+
+    ack_group_time_ms: float = 10.0
+    """Acknowledgements are gathered for this long into one stream message."""
+
+    ack_group_max_ids: int = 100
+    """... or until this many entries are waiting."""
+
+    ack_receipts: bool = False
+    """acknowledge() waits until the broker confirms it applied the acknowledgement."""
+
+    max_redelivery_count: int = 0
+    """Deliveries after which a message goes to the dead-letter topic (0: never)."""
+
+    dead_letter_topic: str = ""
+    """Where those messages go; empty: ``<topic>-DLQ``."""
+
+    properties: dict[str, str] = field(default_factory=dict)
+    """Free-form properties given to the broker on subscribe."""
+
+    def __post_init__(self) -> None:
+        if not self.subscription_name:
+            raise config_error("subscription_name", self.subscription_name, "must not be empty")
+        if self.subscription_type not in _SUBSCRIPTION_TYPES:
+            raise config_error(
+                "subscription_type",
+                self.subscription_type,
+                f"must be one of {_SUBSCRIPTION_TYPES}",
+            )
+        if self.initial_position not in _INITIAL_POSITIONS:
+            raise config_error(
+                "initial_position", self.initial_position, f"must be one of {_INITIAL_POSITIONS}"
+            )
+        _at_least(self, ("receiver_queue_size", "ack_group_max_ids"), 1)
+        _at_least(
+            self,
+            (
+                "negative_ack_redelivery_delay_ms",
+                "ack_group_time_ms",
+                "max_redelivery_count",
+                "priority_level",
+            ),
+            0,
+        )

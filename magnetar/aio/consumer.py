@@ -1,0 +1,1000 @@
+"""Consumers: one Consume stream per partition, merged into one bounded receive queue.
+
+Each :class:`_PartitionConsumer` owns the stream to its partition's owner. Flow control counts
+messages: after every (re)subscribe the broker holds no permits, the client grants the
+partition's share of ``receiver_queue_size`` and grants more once the application has taken half
+of it. Every message the broker sent gives its permit back when it leaves the client: taken by
+the application, or dropped by the client (acknowledged already, before a seek target).
+
+Acknowledgements go through :mod:`magnetar.aio.acks`: batch messages are tracked per entry and
+the entry is acked once all its delivered messages are; acks are gathered for
+``ack_group_time_ms`` (or ``ack_group_max_ids`` entries) into one stream message, and flushed on
+close.
+
+Failover: when the stream ends (``ConsumerClosed``, a transport error) the partition consumer
+drops its queued but not yet received messages, looks the topic up again and resubscribes. A
+durable subscription resumes from its cursor on the broker, so messages not acknowledged may come
+again (at-least-once). A reader (non-durable) resubscribes at the entry of the last message it
+handed out and skips everything up to that message. Acks waiting to be sent are sent on the new
+stream before any permit, so the broker does not redeliver what was already acknowledged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import math
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from magnetar.aio.acks import AckGroup, BatchAckTracker, Entry
+from magnetar.aio.backoff import Backoff
+from magnetar.aio.codec import decode_entry
+from magnetar.aio.config import ClientConfig, ConsumerConfig
+from magnetar.aio.connection import ConnectionPool, PartitionOwner, is_transient
+from magnetar.aio.message import Message
+from magnetar.aio.message_id import MessageId
+from magnetar.aio.names import TopicName
+from magnetar.common.errors import (
+    ClientConnectionError,
+    ConsumerBusyError,
+    ConsumerClosedError,
+    CorruptionError,
+    InvalidArgumentError,
+    MagnetarError,
+    OperationTimeoutError,
+    ProtocolError,
+    ReceiveTimeoutError,
+    ServiceNotReadyError,
+    TopicLookupError,
+)
+from magnetar.common.grpc_errors import error_from_detail, error_from_rpc_error
+from magnetar.common.log import get_logger
+from proto.broker.v1 import broker_pb2
+from proto.common.v1 import errors_pb2, types_pb2
+
+__all__ = ["Consumer", "start_position"]
+
+log = get_logger("magnetar.aio.consumer", component="client")
+
+_SUBSCRIPTION_TYPES = {
+    "exclusive": types_pb2.SUBSCRIPTION_TYPE_EXCLUSIVE,
+    "failover": types_pb2.SUBSCRIPTION_TYPE_FAILOVER,
+    "shared": types_pb2.SUBSCRIPTION_TYPE_SHARED,
+    "key_shared": types_pb2.SUBSCRIPTION_TYPE_KEY_SHARED,
+}
+_INITIAL_POSITIONS = {
+    "latest": types_pb2.INITIAL_POSITION_LATEST,
+    "earliest": types_pb2.INITIAL_POSITION_EARLIEST,
+}
+_WHOLE_ENTRY = 2**31
+"""A batch index above any real one: a floor of ``(L, E, _WHOLE_ENTRY)`` skips all of entry E."""
+
+Floor = tuple[int, int, int]
+"""Messages whose ``(ledger_id, entry_id, batch_index)`` is below the floor are skipped."""
+
+
+def start_position(target: MessageId | int | None, publish_time_ms: int | None) -> Any:
+    """The wire ``StartPosition`` for a message id (or sentinel), an offset or a publish time."""
+    if publish_time_ms is not None:
+        if target is not None:
+            raise InvalidArgumentError("seek to a message id/offset or a publish time, not both")
+        return types_pb2.StartPosition(publish_time_ms=publish_time_ms)
+    if isinstance(target, MessageId):
+        if target.is_earliest():
+            return types_pb2.StartPosition(initial=types_pb2.INITIAL_POSITION_EARLIEST)
+        if target.is_latest():
+            return types_pb2.StartPosition(initial=types_pb2.INITIAL_POSITION_LATEST)
+        return types_pb2.StartPosition(
+            message_id=types_pb2.MessageId(
+                ledger_id=target.ledger_id,
+                entry_id=target.entry_id,
+                batch_index=-1,
+                partition=target.partition,
+            )
+        )
+    if isinstance(target, int) and not isinstance(target, bool):
+        if target < 0:
+            raise InvalidArgumentError(f"an offset is >= 0, got {target}")
+        return types_pb2.StartPosition(offset=target)
+    raise InvalidArgumentError(
+        f"seek needs a MessageId, an offset (int) or publish_time_ms=..., got {target!r}"
+    )
+
+
+def floor_of(target: MessageId, *, inclusive: bool) -> Floor | None:
+    """The floor that starts delivery at ``target`` (inclusive) or just after it."""
+    if target.is_earliest() or target.is_latest():
+        return None
+    if target.batch_index < 0:
+        index = -1 if inclusive else _WHOLE_ENTRY
+    else:
+        index = target.batch_index if inclusive else target.batch_index + 1
+    return (target.ledger_id, target.entry_id, index)
+
+
+class _ReceiveQueue:
+    """Messages of every partition in arrival order; bounded by the permits given out."""
+
+    def __init__(self) -> None:
+        self._items: deque[tuple[_PartitionConsumer, Message]] = deque()
+        self._nonempty = asyncio.Event()
+        self._error: MagnetarError | None = None
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, owner: _PartitionConsumer, messages: list[Message]) -> None:
+        self._items.extend((owner, m) for m in messages)
+        self._nonempty.set()
+
+    def purge(self, owner: _PartitionConsumer) -> int:
+        """Drop the messages of one partition; how many."""
+        before = len(self._items)
+        if before:
+            self._items = deque(item for item in self._items if item[0] is not owner)
+            if not self._items and self._error is None:
+                self._nonempty.clear()
+        return before - len(self._items)
+
+    def fail(self, error: MagnetarError) -> None:
+        """After what is queued, every get raises ``error``."""
+        if self._error is None:
+            self._error = error
+        self._nonempty.set()
+
+    async def get(self, timeout_s: float | None) -> tuple[_PartitionConsumer, Message]:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        while True:
+            if self._items:
+                item = self._items.popleft()
+                if not self._items and self._error is None:
+                    self._nonempty.clear()
+                return item
+            if self._error is not None:
+                raise self._error
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await self._nonempty.wait()
+            except TimeoutError:
+                raise ReceiveTimeoutError(
+                    f"no message within {timeout_s * 1000:.0f} ms" if timeout_s else "no message",
+                    context={"timeout_ms": round((timeout_s or 0) * 1000)},
+                ) from None
+
+
+@dataclass(slots=True, eq=False)
+class _AckFlush:
+    """Acks sent with request ids, waiting for their receipts (kept for resending)."""
+
+    individual: list[Entry]
+    cumulative: Entry | None
+    waiters: list[asyncio.Future[None]]
+    request_ids: set[int] = field(default_factory=set)
+
+
+@dataclass(slots=True, eq=False)
+class _SeekRequest:
+    future: asyncio.Future[None]
+    target: Any
+    floor: Floor | None
+    offset_floor: int | None
+
+
+class _PartitionConsumer:
+    """One partition's subscription stream, resubscribed until closed or failed."""
+
+    def __init__(
+        self,
+        consumer: Consumer,
+        *,
+        partition_topic: str,
+        partition: int,
+        queue_size: int,
+    ) -> None:
+        self._consumer = consumer
+        self._config = consumer.config
+        self._client_config = consumer.client_config
+        self._pool = consumer.pool
+        self._queue = consumer.queue
+        self._durable = consumer.durable
+        self.partition_topic = partition_topic
+        self.partition = partition
+        self._queue_size = queue_size
+        self._refill_at = max(1, queue_size // 2)
+        self._consumed = 0
+        """Permits given back by the application since the last Flow."""
+        self._tracker = BatchAckTracker()
+        self._acks = AckGroup()
+        self._ack_timer: asyncio.TimerHandle | None = None
+        self._ack_waiters: list[asyncio.Future[None]] = []
+        self._unconfirmed: dict[int, _AckFlush] = {}
+        self._requests: dict[int, _SeekRequest] = {}
+        self._request_ids = consumer.request_ids
+        self._outbox: deque[broker_pb2.ConsumeRequest] = deque()
+        self._outbox_ready = asyncio.Event()
+        self._outbox_empty = asyncio.Event()
+        self.connected = False
+        self._connected_event = asyncio.Event()
+        self.broker: str | None = None
+        self._opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._ever_opened = False
+        self.error: MagnetarError | None = None
+        self.last_error: MagnetarError | None = None
+        self._closing = False
+        self.end_of_topic = False
+        self._call: Any = None
+        self._run_task: asyncio.Task[None] | None = None
+        # where (re)subscribing starts, and what the client skips
+        self._start: Any = types_pb2.StartPosition(
+            initial=_INITIAL_POSITIONS[self._config.initial_position]
+        )
+        self._floor: Floor | None = None
+        self._offset_floor: int | None = None
+        self._log = log.bind(topic=partition_topic, subscription=self._config.subscription_name)
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> asyncio.Future[None]:
+        self._run_task = asyncio.create_task(self._run(), name=f"consumer:{self.partition_topic}")
+        return self._opened
+
+    def set_start(self, start: Any, floor: Floor | None) -> None:
+        self._start = start
+        self._floor = floor
+
+    async def close(self, timeout_s: float) -> None:
+        """Flush acks (waiting up to ``timeout_s`` for the broker to confirm), then close."""
+        if self.connected and len(self._acks):
+            waiter = self._ack_waiter()
+            self._flush_acks(receipt=True)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(waiter, timeout_s)
+        self._closing = True
+        if self.connected:
+            self._send(broker_pb2.ConsumeRequest(close=broker_pb2.ConsumerClose()))
+            # let the writer put the close on the wire
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._outbox_empty.wait(), 1.0)
+        if self._run_task is not None:
+            self._run_task.cancel()
+            await asyncio.gather(self._run_task, return_exceptions=True)
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
+        closed = ConsumerClosedError(f"the consumer on {self.partition_topic} was closed")
+        self._fail_waiters(closed)
+
+    def _fail(self, error: MagnetarError) -> None:
+        self.error = error
+        self._closing = True
+        self._log.warning("consumer_failed", error=repr(error))
+        if not self._opened.done():
+            self._opened.set_exception(error)
+            self._opened.exception()
+        self._fail_waiters(error)
+        self._consumer.partition_failed(self, error)
+
+    def _fail_waiters(self, error: MagnetarError) -> None:
+        waiters = self._ack_waiters + [w for f in self._unconfirmed.values() for w in f.waiters]
+        self._ack_waiters = []
+        self._unconfirmed.clear()
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_exception(error)
+                waiter.exception()
+        for request in self._requests.values():
+            if not request.future.done():
+                request.future.set_exception(error)
+        self._requests.clear()
+
+    # --- the application's side ------------------------------------------------------------
+
+    def taken(self, message: Message) -> None:
+        """The application received ``message``: its permit comes back."""
+        if not self._durable:
+            message_id = message.message_id()
+            self._floor = (message_id.ledger_id, message_id.entry_id, message_id.batch_index + 1)
+            self._offset_floor = None
+        self._credit(1)
+
+    def _credit(self, permits: int) -> None:
+        self._consumed += permits
+        if self._consumed >= self._refill_at and self.connected:
+            self._send(broker_pb2.ConsumeRequest(flow=broker_pb2.Flow(permits=self._consumed)))
+            self._consumed = 0
+
+    def acknowledge(self, message_id: MessageId) -> asyncio.Future[None] | None:
+        """Mark one message; a waiter when acks wait for receipts and an entry ack was queued."""
+        if not self._tracker.ack(message_id.entry, message_id.batch_index):
+            return None
+        self._acks.add_individual(message_id.entry)
+        return self._queue_ack()
+
+    def acknowledge_cumulative(self, message_id: MessageId) -> asyncio.Future[None] | None:
+        entry = self._tracker.ack_cumulative(message_id.entry, message_id.batch_index)
+        if entry is None:
+            return None
+        self._acks.set_cumulative(entry)
+        return self._queue_ack()
+
+    def negative_acknowledge(self, message_id: MessageId) -> None:
+        self._acks.add_nack(message_id.entry)
+        self._queue_ack(waiter=False)
+
+    def _ack_waiter(self) -> asyncio.Future[None]:
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._ack_waiters.append(waiter)
+        return waiter
+
+    def _queue_ack(self, *, waiter: bool = True) -> asyncio.Future[None] | None:
+        future = self._ack_waiter() if waiter and self._config.ack_receipts else None
+        if len(self._acks) >= self._config.ack_group_max_ids:
+            self._flush_acks()
+        elif self._ack_timer is None:
+            self._ack_timer = asyncio.get_running_loop().call_later(
+                self._config.ack_group_time_ms / 1000, self._flush_acks
+            )
+        return future
+
+    def _flush_acks(self, *, receipt: bool = False) -> None:
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
+        if not self.connected:
+            return  # kept; sent first thing after resubscribing
+        individual, cumulative, nacks = self._acks.take()
+        waiters, self._ack_waiters = self._ack_waiters, []
+        want_receipt = receipt or self._config.ack_receipts
+        flush = _AckFlush(individual, cumulative, waiters)
+        partition = self.partition
+        if individual:
+            request_id = next(self._request_ids) if want_receipt else 0
+            self._send(
+                broker_pb2.ConsumeRequest(
+                    ack=broker_pb2.Ack(
+                        ack_type=broker_pb2.ACK_TYPE_INDIVIDUAL,
+                        message_ids=[_wire_id(e, partition) for e in individual],
+                        request_id=request_id,
+                    )
+                )
+            )
+            if request_id:
+                flush.request_ids.add(request_id)
+        if cumulative is not None:
+            request_id = next(self._request_ids) if want_receipt else 0
+            self._send(
+                broker_pb2.ConsumeRequest(
+                    ack=broker_pb2.Ack(
+                        ack_type=broker_pb2.ACK_TYPE_CUMULATIVE,
+                        message_ids=[_wire_id(cumulative, partition)],
+                        request_id=request_id,
+                    )
+                )
+            )
+            if request_id:
+                flush.request_ids.add(request_id)
+        if nacks:
+            self._send(
+                broker_pb2.ConsumeRequest(
+                    nack=broker_pb2.Nack(
+                        message_ids=[_wire_id(e, partition) for e in nacks],
+                        delay_ms=self._config.negative_ack_redelivery_delay_ms,
+                    )
+                )
+            )
+        if flush.request_ids:
+            for request_id in flush.request_ids:
+                self._unconfirmed[request_id] = flush
+        else:
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    async def seek(self, target: Any, floor: Floor | None, offset_floor: int | None) -> None:
+        """Move the subscription (or reader) to ``target``; retried across reconnects."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._client_config.operation_timeout_s
+        try:
+            async with asyncio.timeout_at(deadline):
+                while True:
+                    if self.error is not None:
+                        raise self.error
+                    await self._connected_event.wait()
+                    self._flush_acks()  # acks made before the seek belong to the old position
+                    request_id = next(self._request_ids)
+                    request = _SeekRequest(loop.create_future(), target, floor, offset_floor)
+                    self._requests[request_id] = request
+                    self._send(
+                        broker_pb2.ConsumeRequest(
+                            seek=broker_pb2.Seek(request_id=request_id, target=target)
+                        )
+                    )
+                    try:
+                        await request.future
+                    except ClientConnectionError:
+                        continue  # the stream broke: seek again on the next one
+                    return
+        except TimeoutError:
+            raise OperationTimeoutError(
+                f"seek on {self.partition_topic} did not complete within"
+                f" {self._client_config.operation_timeout_s} s (last problem: {self.last_error})"
+            ) from None
+
+    # --- the connection -------------------------------------------------------------------
+
+    def _send(self, request: broker_pb2.ConsumeRequest) -> None:
+        if self.connected:
+            self._outbox.append(request)
+            self._outbox_ready.set()
+            self._outbox_empty.clear()
+
+    def _retriable(self, error: MagnetarError) -> bool:
+        if is_transient(error):
+            return True
+        # after a failover the old owner may not have dropped our previous stream yet
+        return self._ever_opened and isinstance(error, ConsumerBusyError)
+
+    def _stopping(self) -> bool:
+        # a method, not the attribute: close() flips it while _run awaits
+        return self._closing
+
+    async def _run(self) -> None:
+        backoff = Backoff(
+            self._client_config.initial_backoff_ms, self._client_config.max_backoff_ms
+        )
+        while not self._closing:
+            try:
+                error = await self._connect_and_serve(backoff)
+            except asyncio.CancelledError:
+                raise
+            except MagnetarError as e:
+                error = e
+            except Exception as e:  # noqa: BLE001 - a bug must not stop reconnecting; it is logged
+                self._log.exception("consumer_stream_crashed")
+                error = ClientConnectionError(f"the consumer stream failed: {e!r}")
+            self.last_error = error
+            if self._stopping():
+                return
+            if self.end_of_topic:
+                self._log.info("consumer_end_of_topic")
+                return
+            if not self._retriable(error):
+                self._fail(error)
+                return
+            delay_s = backoff.next_delay_s()
+            self._log.info(
+                "consumer_reconnecting",
+                error=repr(error),
+                delay_ms=round(delay_s * 1000),
+                attempt=backoff.attempts,
+            )
+            await asyncio.sleep(delay_s)
+
+    def _subscribe_request(self) -> broker_pb2.ConsumeRequest:
+        start = self._start
+        if not self._durable and self._floor is not None:
+            ledger_id, entry_id, _ = self._floor
+            start = types_pb2.StartPosition(
+                message_id=types_pb2.MessageId(
+                    ledger_id=ledger_id, entry_id=entry_id, batch_index=-1, partition=self.partition
+                )
+            )
+        config = self._config
+        return broker_pb2.ConsumeRequest(
+            subscribe=broker_pb2.Subscribe(
+                topic=self.partition_topic,
+                subscription=config.subscription_name,
+                subscription_type=_SUBSCRIPTION_TYPES[config.subscription_type],
+                consumer_name=self._consumer.consumer_name(),
+                priority_level=config.priority_level,
+                start=start,
+                durable=self._durable,
+                max_redelivery_count=config.max_redelivery_count,
+                dead_letter_topic=config.dead_letter_topic,
+                properties=config.properties,
+            )
+        )
+
+    async def _connect_and_serve(self, backoff: Backoff) -> MagnetarError:
+        # a partition is looked up on its own: only its owner is assigned and returned
+        lookup = await self._pool.lookup(self.partition_topic)
+        owner = lookup.owner_of(self.partition_topic)
+        if owner is None and len(lookup.owners) == 1:
+            owner = lookup.owners[0]
+        if owner is None:
+            return TopicLookupError(
+                f"the lookup of {self.partition_topic!r} names no owner for it",
+                context={"topic": self.partition_topic},
+            )
+        call: Any = self._pool.stub(owner.address).Consume()
+        self._call = call
+        try:
+            try:
+                await call.write(self._subscribe_request())
+                first = await asyncio.wait_for(
+                    call.read(), self._client_config.connection_timeout_ms / 1000
+                )
+            except TimeoutError:
+                return ClientConnectionError(
+                    f"broker {owner.address} did not answer the subscribe on"
+                    f" {self.partition_topic} within"
+                    f" {self._client_config.connection_timeout_ms} ms",
+                    context={"broker": owner.address},
+                )
+            if first is grpc.aio.EOF:
+                return ClientConnectionError(
+                    f"broker {owner.address} ended the consumer stream before subscribing",
+                    context={"broker": owner.address},
+                )
+            kind = first.WhichOneof("kind")
+            if kind == "closed":
+                self.end_of_topic = first.closed.end_of_topic
+                return _closed_reason(first.closed.reason, owner.address)
+            if kind != "subscribed":
+                return ProtocolError(
+                    f"broker {owner.address} answered a subscribe with {kind!r}",
+                    context={"broker": owner.address},
+                )
+            self._on_subscribed(owner)
+            backoff.reset()
+            return await self._serve(call, owner.address)
+        except grpc.aio.AioRpcError as e:
+            return error_from_rpc_error(e, owner.address)
+        finally:
+            self._on_disconnected()
+            call.cancel()
+
+    def _on_subscribed(self, owner: PartitionOwner) -> None:
+        self.connected = True
+        self._connected_event.set()
+        self.broker = owner.address
+        self._outbox.clear()
+        self._consumed = 0
+        # acks that never reached the broker, or whose receipt never came, go first
+        for flush in {id(f): f for f in self._unconfirmed.values()}.values():
+            self._acks.extend(flush.individual, flush.cumulative)
+            self._ack_waiters.extend(flush.waiters)
+        self._unconfirmed.clear()
+        if len(self._acks) or self._ack_waiters:
+            self._flush_acks()
+        self._send(broker_pb2.ConsumeRequest(flow=broker_pb2.Flow(permits=self._queue_size)))
+        if not self._ever_opened:
+            self._ever_opened = True
+            if not self._opened.done():
+                self._opened.set_result(None)
+        self._log.info("consumer_subscribed", broker=owner.address)
+
+    def _on_disconnected(self) -> None:
+        was_connected = self.connected
+        self.connected = False
+        self._connected_event.clear()
+        self._call = None
+        self._outbox.clear()
+        dropped = self._queue.purge(self)
+        self._consumed = 0
+        broken = ClientConnectionError(f"the consumer stream of {self.partition_topic} ended")
+        for request in self._requests.values():
+            if not request.future.done():
+                request.future.set_exception(broken)
+                request.future.exception()
+        self._requests.clear()
+        if was_connected:
+            self._log.info("consumer_disconnected", dropped_queued_messages=dropped)
+
+    async def _serve(self, call: Any, address: str) -> MagnetarError:
+        writer = asyncio.create_task(self._write_loop(call, address))
+        reader = asyncio.create_task(self._read_loop(call, address))
+        try:
+            done, _ = await asyncio.wait({writer, reader}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (writer, reader):
+                task.cancel()
+            await asyncio.gather(writer, reader, return_exceptions=True)
+        return done.pop().result()
+
+    async def _write_loop(self, call: Any, address: str) -> MagnetarError:
+        outbox = self._outbox
+        try:
+            while True:
+                await self._outbox_ready.wait()
+                self._outbox_ready.clear()
+                while outbox:
+                    await call.write(outbox[0])
+                    outbox.popleft()
+                self._outbox_empty.set()
+        except grpc.aio.AioRpcError as e:
+            return error_from_rpc_error(e, address)
+        except (asyncio.InvalidStateError, grpc.aio.UsageError) as e:
+            return ClientConnectionError(f"the consumer stream to {address} ended: {e}")
+
+    async def _read_loop(self, call: Any, address: str) -> MagnetarError:
+        try:
+            while True:
+                response = await call.read()
+                if response is grpc.aio.EOF:
+                    return ClientConnectionError(
+                        f"broker {address} ended the consumer stream of {self.partition_topic}",
+                        context={"broker": address},
+                    )
+                kind = response.WhichOneof("kind")
+                if kind == "deliveries":
+                    self._on_deliveries(response.deliveries.deliveries)
+                elif kind == "ack_receipt":
+                    self._on_ack_receipt(response.ack_receipt.request_id)
+                elif kind == "seek_complete":
+                    self._on_seek_complete(response.seek_complete.request_id)
+                elif kind == "error":
+                    self._on_error(response.error)
+                elif kind == "closed":
+                    self.end_of_topic = response.closed.end_of_topic
+                    return _closed_reason(response.closed.reason, address)
+                elif kind == "active_change":
+                    self._log.info(
+                        "consumer_active_change", active=response.active_change.is_active
+                    )
+        except grpc.aio.AioRpcError as e:
+            return error_from_rpc_error(e, address)
+
+    def _on_deliveries(self, deliveries: Any) -> None:
+        messages: list[Message] = []
+        credit = 0
+        tracker = self._tracker
+        partition = self.partition
+        topic = self.partition_topic
+        for delivery in deliveries:
+            wire_id = delivery.message_id
+            entry: Entry = (wire_id.ledger_id, wire_id.entry_id)
+            try:
+                decoded = decode_entry(delivery.entry)
+            except CorruptionError as e:
+                # nothing to hand over; the entry stays unacknowledged and is reported
+                self._log.error("entry_undecodable", entry=entry, error=str(e))
+                credit += len(delivery.batch_indexes) or max(wire_id.batch_size, 1)
+                continue
+            batch = decoded.messages
+            size = len(batch)
+            if self._durable:
+                indexes, acked_already = tracker.delivered(entry, size, delivery.batch_indexes)
+            else:  # a reader acknowledges nothing: nothing to track
+                wanted = delivery.batch_indexes
+                indexes = (
+                    sorted(i for i in wanted if 0 <= i < size) if wanted else list(range(size))
+                )
+                acked_already = False
+            credit += (len(delivery.batch_indexes) or size) - len(indexes)
+            if acked_already:
+                self._acks.add_individual(entry)
+                self._queue_ack(waiter=False)
+                continue
+            ledger_id, entry_id = entry
+            first_offset = decoded.first_offset
+            for index in indexes:
+                offset = first_offset + index
+                if not self._passes(ledger_id, entry_id, index, offset):
+                    credit += 1
+                    if self._durable and tracker.ack(entry, index):
+                        # skipped on purpose (before a seek target): consumed for the cursor
+                        self._acks.add_individual(entry)
+                        self._queue_ack(waiter=False)
+                    continue
+                messages.append(
+                    Message(
+                        message=batch[index],
+                        message_id=MessageId(ledger_id, entry_id, index, partition, size),
+                        offset=offset,
+                        publish_time_ms=decoded.publish_time_ms,
+                        redelivery_count=delivery.redelivery_count,
+                        topic=topic,
+                        producer_name=decoded.producer_name,
+                        sequence_id=decoded.sequence_id + index,
+                    )
+                )
+        if messages:
+            self._queue.put(self, messages)
+        if credit:
+            self._credit(credit)
+
+    def _passes(self, ledger_id: int, entry_id: int, index: int, offset: int) -> bool:
+        floor = self._floor
+        if floor is not None and (ledger_id, entry_id, index) < floor:
+            return False
+        if self._offset_floor is not None and offset < self._offset_floor:
+            return False
+        if self._durable:
+            # a durable subscription's floor only trims the first entry after a seek
+            self._floor = None
+            self._offset_floor = None
+        return True
+
+    def _on_ack_receipt(self, request_id: int) -> None:
+        flush = self._unconfirmed.pop(request_id, None)
+        if flush is None:
+            return
+        flush.request_ids.discard(request_id)
+        if flush.request_ids:
+            return
+        for waiter in flush.waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _on_seek_complete(self, request_id: int) -> None:
+        request = self._requests.pop(request_id, None)
+        if request is None:
+            return
+        dropped = self._queue.purge(self)
+        self._tracker.clear()
+        self._floor = request.floor
+        self._offset_floor = request.offset_floor
+        if not self._durable:
+            self._start = request.target
+        # the broker holds no permits after a seek, as after a subscribe
+        self._consumed = 0
+        self._send(broker_pb2.ConsumeRequest(flow=broker_pb2.Flow(permits=self._queue_size)))
+        self._log.info("consumer_seek_complete", dropped_queued_messages=dropped)
+        if not request.future.done():
+            request.future.set_result(None)
+
+    def _on_error(self, wire: broker_pb2.ConsumeError) -> None:
+        error = error_from_detail(wire.error)
+        flush = self._unconfirmed.pop(wire.request_id, None)
+        if flush is not None:
+            for other in flush.request_ids:
+                self._unconfirmed.pop(other, None)
+            for waiter in flush.waiters:
+                if not waiter.done():
+                    waiter.set_exception(error)
+                    waiter.exception()
+            return
+        request = self._requests.pop(wire.request_id, None)
+        if request is not None:
+            if not request.future.done():
+                request.future.set_exception(error)
+            return
+        self._log.warning("consumer_request_failed", request_id=wire.request_id, error=repr(error))
+
+
+def _wire_id(entry: Entry, partition: int) -> types_pb2.MessageId:
+    return types_pb2.MessageId(
+        ledger_id=entry[0], entry_id=entry[1], batch_index=-1, partition=partition
+    )
+
+
+def _closed_reason(detail: errors_pb2.ErrorDetail, address: str) -> MagnetarError:
+    if detail.code == errors_pb2.ERROR_CODE_UNSPECIFIED:
+        return ServiceNotReadyError(
+            f"broker {address} closed the stream", context={"broker": address}
+        )
+    return error_from_detail(detail)
+
+
+class Consumer:
+    """Receives from one topic (all its partitions) on one subscription.
+
+    Create it with ``client.subscribe``; readers use the same machinery without a durable cursor.
+    """
+
+    def __init__(
+        self,
+        *,
+        topic: TopicName,
+        config: ConsumerConfig,
+        client_config: ClientConfig,
+        pool: ConnectionPool,
+        durable: bool = True,
+        on_close: Callable[[Consumer], None] | None = None,
+    ) -> None:
+        self._topic = topic
+        self.config = config
+        self.client_config = client_config
+        self.pool = pool
+        self.durable = durable
+        self.queue = _ReceiveQueue()
+        self.request_ids = itertools.count(1)
+        self._partitions: dict[int, _PartitionConsumer] = {}
+        self._consumer_name = config.consumer_name or f"consumer-{uuid.uuid4().hex[:10]}"
+        self._closed = False
+        self._on_close = on_close
+
+    # --- creation ----------------------------------------------------------------------------
+
+    async def _start(
+        self, start: MessageId | None = None, *, start_inclusive: bool = False
+    ) -> None:
+        timeout_s = self.client_config.operation_timeout_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        targets = await self.pool.partitions_of(self._topic, timeout_s)
+        try:
+            await asyncio.wait_for(
+                self._open_partitions(targets, start, start_inclusive), deadline - loop.time()
+            )
+        except TimeoutError:
+            last = next((p.last_error for p in self._partitions.values() if p.last_error), None)
+            await self._abandon()
+            raise OperationTimeoutError(
+                f"could not subscribe to {self._topic} within {timeout_s} s (last problem: {last})",
+                context={"topic": str(self._topic)},
+            ) from None
+        except BaseException:
+            await self._abandon()
+            raise
+
+    async def _open_partitions(
+        self, targets: list[tuple[str, int]], start: MessageId | None, start_inclusive: bool
+    ) -> None:
+        topic = self._topic
+        if (
+            start is not None
+            and not (start.is_earliest() or start.is_latest())
+            and len(targets) > 1
+        ):
+            raise InvalidArgumentError(
+                f"{topic} has {len(targets)} partitions: start a reader of a partitioned topic"
+                " at MessageId.earliest or MessageId.latest, or read one partition"
+                " ('topic-partition-N') from a message id"
+            )
+        queue_size = max(1, math.ceil(self.config.receiver_queue_size / len(targets)))
+        for partition_topic, partition in targets:
+            partition_consumer = _PartitionConsumer(
+                self,
+                partition_topic=partition_topic,
+                partition=partition,
+                queue_size=queue_size,
+            )
+            if start is not None:
+                partition_consumer.set_start(
+                    start_position(start, None), floor_of(start, inclusive=start_inclusive)
+                )
+            self._partitions[partition] = partition_consumer
+        await asyncio.gather(*(p.start() for p in self._partitions.values()))
+
+    async def _abandon(self) -> None:
+        self._closed = True
+        await asyncio.gather(
+            *(p.close(0) for p in self._partitions.values()), return_exceptions=True
+        )
+
+    # --- what users call ---------------------------------------------------------------------
+
+    def topic(self) -> str:
+        return self._topic.full
+
+    def subscription_name(self) -> str:
+        return self.config.subscription_name
+
+    def consumer_name(self) -> str:
+        return self._consumer_name
+
+    def is_connected(self) -> bool:
+        return not self._closed and all(p.connected for p in self._partitions.values())
+
+    def has_reached_end_of_topic(self) -> bool:
+        """The topic was terminated and every partition delivered its last message."""
+        return bool(self._partitions) and all(p.end_of_topic for p in self._partitions.values())
+
+    async def receive(self, timeout_millis: int | None = None) -> Message:
+        """The next message; :class:`ReceiveTimeoutError` when none comes in ``timeout_millis``."""
+        if self._closed:
+            raise ConsumerClosedError(f"the consumer on {self._topic} is closed")
+        owner, message = await self.queue.get(
+            None if timeout_millis is None else timeout_millis / 1000
+        )
+        owner.taken(message)
+        return message
+
+    def __aiter__(self) -> Consumer:
+        return self
+
+    async def __anext__(self) -> Message:
+        try:
+            return await self.receive()
+        except ConsumerClosedError:
+            raise StopAsyncIteration from None
+
+    async def acknowledge(self, message: Message | MessageId) -> None:
+        """Acknowledge one message. Returns once queued (acks are grouped), or once the broker
+        confirmed when ``ack_receipts`` is on."""
+        message_id = self._id_of(message)
+        waiter = self._partition_of(message_id).acknowledge(message_id)
+        if waiter is not None:
+            await self._wait_ack(waiter)
+
+    async def acknowledge_cumulative(self, message: Message | MessageId) -> None:
+        """Acknowledge this message and every earlier one of its partition."""
+        if self.config.subscription_type in ("shared", "key_shared"):
+            raise InvalidArgumentError(
+                f"cumulative acknowledgement is not allowed on a {self.config.subscription_type}"
+                " subscription (acknowledge messages individually)"
+            )
+        message_id = self._id_of(message)
+        waiter = self._partition_of(message_id).acknowledge_cumulative(message_id)
+        if waiter is not None:
+            await self._wait_ack(waiter)
+
+    def negative_acknowledge(self, message: Message | MessageId) -> None:
+        """Ask for the message again after ``negative_ack_redelivery_delay_ms``."""
+        message_id = self._id_of(message)
+        self._partition_of(message_id).negative_acknowledge(message_id)
+
+    async def seek(
+        self, target: MessageId | int | None = None, *, publish_time_ms: int | None = None
+    ) -> None:
+        """Move the subscription: to a message id (that message comes next), an offset (the first
+        message at or after it, on every partition) or ``publish_time_ms=`` (the first message
+        published at or after it, on every partition). ``MessageId.earliest``/``latest`` apply
+        to every partition; any other message id to its own partition only."""
+        if self._closed:
+            raise ConsumerClosedError(f"the consumer on {self._topic} is closed")
+        position = start_position(target, publish_time_ms)
+        partitions = list(self._partitions.values())
+        floor: Floor | None = None
+        offset_floor: int | None = None
+        if isinstance(target, MessageId):
+            floor = floor_of(target, inclusive=True)
+            if floor is not None:
+                partitions = [self._partition_of(target)]
+        elif isinstance(target, int):
+            offset_floor = target
+        await asyncio.gather(*(p.seek(position, floor, offset_floor) for p in partitions))
+
+    async def close(self) -> None:
+        """Flush acknowledgements, then close every partition's stream. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._on_close is not None:
+            self._on_close(self)
+        timeout_s = min(self.client_config.operation_timeout_s, 5.0)
+        await asyncio.gather(*(p.close(timeout_s) for p in self._partitions.values()))
+        self.queue.fail(ConsumerClosedError(f"the consumer on {self._topic} was closed"))
+        log.info("consumer_closed", topic=self._topic.full, subscription=self.subscription_name())
+
+    async def __aenter__(self) -> Consumer:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # --- internals -------------------------------------------------------------------------
+
+    def partition_failed(self, partition: _PartitionConsumer, error: MagnetarError) -> None:
+        log.warning("consumer_partition_failed", topic=partition.partition_topic, error=repr(error))
+        self.queue.fail(error)
+
+    @staticmethod
+    def _id_of(message: Message | MessageId) -> MessageId:
+        if isinstance(message, Message):
+            return message.message_id()
+        if isinstance(message, MessageId):
+            return message
+        raise InvalidArgumentError(f"expected a Message or a MessageId, got {message!r}")
+
+    def _partition_of(self, message_id: MessageId) -> _PartitionConsumer:
+        if self._closed:
+            raise ConsumerClosedError(f"the consumer on {self._topic} is closed")
+        found = self._partitions.get(message_id.partition)
+        if found is None and len(self._partitions) == 1:
+            found = next(iter(self._partitions.values()))
+        if found is None:
+            raise InvalidArgumentError(
+                f"message id {message_id} is not from a partition of {self._topic}"
+            )
+        return found
+
+    async def _wait_ack(self, waiter: asyncio.Future[None]) -> None:
+        timeout_s = self.client_config.operation_timeout_s
+        try:
+            await asyncio.wait_for(waiter, timeout_s)
+        except TimeoutError:
+            raise OperationTimeoutError(
+                f"the broker did not confirm an acknowledgement within {timeout_s} s"
+            ) from None

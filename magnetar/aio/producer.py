@@ -1,0 +1,840 @@
+"""Producers: batching, routing, back-pressure, and a per-partition stream that survives failover.
+
+A :class:`Producer` routes each message to a partition (:mod:`magnetar.aio.routing`) and hands it
+to that partition's :class:`_PartitionProducer`, which owns one Produce stream on the partition's
+owner. Messages gather in a batch until it is full or ``batching_max_publish_delay_ms`` passed;
+a sealed batch gets sequence ids and a request id and stays *pending* until the broker's receipt
+says it is durable. The stream's sender writes every batch ready at that moment in one stream
+message.
+
+Failover: when the stream ends (``ProducerClosed``: the partition moved or the broker stops; a
+transport error: the broker died), the partition producer looks the topic up again, reopens on
+the new owner with the same producer name, and resends every pending batch in order with the
+same sequence ids; the broker stores each (producer name, sequence id) once and answers resends
+of stored batches with duplicate receipts. Attempts back off from ``initial_backoff_ms`` to
+``max_backoff_ms``. A batch still unconfirmed ``send_timeout_ms`` after its first message was
+sent fails with :class:`OperationTimeoutError`; an error the broker calls final (no such topic,
+a bad name, a producer of that name already connected at first open) fails the partition.
+
+Bounds: at most ``max_pending_messages`` messages are pending over all partitions; ``send()``
+waits for room and ``send_async()`` fails at once with :class:`ProducerQueueFullError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import grpc.aio
+
+from magnetar.aio.backoff import Backoff
+from magnetar.aio.codec import BatchBuilder, SealedBatch, message_size
+from magnetar.aio.config import ClientConfig, ProducerConfig
+from magnetar.aio.connection import ConnectionPool, is_transient
+from magnetar.aio.message_id import MessageId
+from magnetar.aio.names import TopicName
+from magnetar.aio.routing import PartitionRouter
+from magnetar.common.errors import (
+    ClientConnectionError,
+    InvalidArgumentError,
+    MagnetarError,
+    MessageTooLargeError,
+    OperationTimeoutError,
+    ProducerBusyError,
+    ProducerClosedError,
+    ProducerQueueFullError,
+    ProtocolError,
+    ServiceNotReadyError,
+    TopicLookupError,
+)
+from magnetar.common.grpc_errors import error_from_detail, error_from_rpc_error
+from magnetar.common.log import get_logger
+from proto.broker.v1 import broker_pb2
+from proto.common.v1 import errors_pb2
+
+if TYPE_CHECKING:
+    from magnetar.aio.connection import PartitionOwner
+
+__all__ = ["Producer", "SendCallback"]
+
+log = get_logger("magnetar.aio.producer", component="client")
+
+SendCallback = Callable[[MagnetarError | None, MessageId | None], None]
+"""``callback(error, message_id)``: exactly one of the two is None."""
+
+_Handle = tuple["asyncio.Future[MessageId]", SendCallback | None]
+_DEFAULT_MAX_MESSAGE_BYTES = 5 * 1024 * 1024
+_ENVELOPE_ROOM_BYTES = 1024
+"""Kept free under the broker's max_message_bytes for the entry envelope around a batch."""
+
+
+def _run_callback(
+    callback: SendCallback, error: MagnetarError | None, message_id: MessageId | None
+) -> None:
+    try:
+        callback(error, message_id)
+    except Exception:  # an application callback must not break the producer
+        log.exception("send_callback_failed")
+
+
+def _fail_handle(handle: _Handle, error: MagnetarError) -> None:
+    future, callback = handle
+    if callback is not None:
+        _run_callback(callback, error, None)
+    if not future.done():
+        future.set_exception(error)
+        if callback is not None:
+            future.exception()  # the callback reported it: no "never retrieved" warning
+
+
+class _Capacity:
+    """The producer's bound on pending messages, shared by its partitions; waiters are FIFO."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    def try_acquire(self) -> bool:
+        if self.used < self.limit and not self._waiters:
+            self.used += 1
+            return True
+        return False
+
+    async def acquire(self) -> None:
+        if self.try_acquire():
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release(1)  # the slot was handed over just as we were cancelled
+            raise
+
+    def release(self, count: int) -> None:
+        for _ in range(count):
+            while self._waiters:
+                waiter = self._waiters.popleft()
+                if not waiter.done():
+                    waiter.set_result(None)  # the slot passes to the waiter: used stays
+                    break
+            else:
+                self.used -= 1
+
+    def fail_waiters(self, error: MagnetarError) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(error)
+
+
+@dataclass(slots=True, eq=False)
+class _PendingBatch:
+    request_id: int
+    batch: SealedBatch[_Handle]
+    deadline: float
+    """Monotonic time after which its messages fail with a timeout."""
+    done: bool = False
+
+    def to_wire(self) -> broker_pb2.ProduceBatch:
+        batch = self.batch
+        return broker_pb2.ProduceBatch(
+            request_id=self.request_id,
+            sequence_id=batch.sequence_id,
+            last_sequence_id=batch.last_sequence_id,
+            num_messages=batch.num_messages,
+            batch=batch.payload,
+            compression=batch.compression,  # type: ignore[arg-type]
+            uncompressed_size=batch.uncompressed_size,
+        )
+
+
+class _PartitionProducer:
+    """One partition's batches and its Produce stream, reconnected until closed or failed."""
+
+    def __init__(
+        self,
+        producer: Producer,
+        *,
+        partition_topic: str,
+        partition: int,
+        producer_name: str | None,
+    ) -> None:
+        self._producer = producer
+        self._config = producer.config
+        self._client_config = producer.client_config
+        self._pool = producer.pool
+        self.partition_topic = partition_topic
+        self.partition = partition
+        """Partition index; -1 for a non-partitioned topic."""
+        self.producer_name = producer_name
+        self._builder: BatchBuilder[_Handle] = BatchBuilder(
+            max_messages=self._config.batching_max_messages,
+            max_bytes=self._config.batching_max_bytes,
+            compression=self._config.compression,
+        )
+        self._seal_timer: asyncio.TimerHandle | asyncio.Handle | None = None
+        self._pending: dict[int, _PendingBatch] = {}
+        """Sealed, not yet confirmed, in sequence order (request ids grow with it)."""
+        self._unsent: deque[_PendingBatch] = deque()
+        """Pending batches not yet written on the current stream."""
+        self._wake_sender = asyncio.Event()
+        self._drain_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._next_sequence_id = 0
+        self.max_message_bytes = _DEFAULT_MAX_MESSAGE_BYTES
+        self.connected = False
+        self.broker: str | None = None
+        self._opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._ever_opened = False
+        self.error: MagnetarError | None = None
+        """Set when the partition failed for good."""
+        self.last_error: MagnetarError | None = None
+        """The last reason a connection attempt failed or a stream ended."""
+        self._closing = False
+        self._call: Any = None
+        self._run_task: asyncio.Task[None] | None = None
+        self._expiry_task: asyncio.Task[None] | None = None
+        self._log = log.bind(topic=partition_topic)
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> asyncio.Future[None]:
+        """Start connecting; the future completes when the first open succeeded (or failed)."""
+        self._run_task = asyncio.create_task(self._run(), name=f"producer:{self.partition_topic}")
+        if self._config.send_timeout_ms > 0:
+            self._expiry_task = asyncio.create_task(
+                self._expire_loop(), name=f"producer-expiry:{self.partition_topic}"
+            )
+        return self._opened
+
+    async def close(self, timeout_s: float) -> None:
+        """Send what is batched, wait up to ``timeout_s`` for receipts, then close the stream."""
+        self.seal()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.flush(), timeout_s)
+        self._closing = True
+        call = self._call
+        if call is not None and self.connected:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(
+                    call.write(broker_pb2.ProduceRequest(close=broker_pb2.ProducerClose())), 1.0
+                )
+                await asyncio.wait_for(call.done_writing(), 1.0)
+        await self._stop_tasks()
+        self._fail_everything(
+            ProducerClosedError(
+                f"the producer on {self.partition_topic} was closed before the broker confirmed"
+                " this message",
+                context={"topic": self.partition_topic},
+            )
+        )
+
+    async def _stop_tasks(self) -> None:
+        tasks = [t for t in (self._run_task, self._expiry_task) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._seal_timer is not None:
+            self._seal_timer.cancel()
+            self._seal_timer = None
+
+    def _fail(self, error: MagnetarError) -> None:
+        """A final error: the partition takes no more messages and fails what it holds."""
+        self.error = error
+        self._closing = True
+        self._log.warning("producer_failed", error=repr(error))
+        if not self._opened.done():
+            self._opened.set_exception(error)
+            self._opened.exception()
+        self._fail_everything(error)
+
+    def _fail_everything(self, error: MagnetarError) -> None:
+        if self._seal_timer is not None:
+            self._seal_timer.cancel()
+            self._seal_timer = None
+        handles: list[_Handle] = []
+        for op in self._pending.values():
+            op.done = True
+            handles.extend(op.batch.handles)
+        handles.extend(self._builder.take_handles())
+        self._pending.clear()
+        self._unsent.clear()
+        for handle in handles:
+            _fail_handle(handle, error)
+        self._producer.capacity.release(len(handles))
+        self._check_drained()
+
+    # --- messages --------------------------------------------------------------------------
+
+    def add(
+        self,
+        content: bytes,
+        handle: _Handle,
+        *,
+        partition_key: str | None,
+        properties: Mapping[str, str] | None,
+        event_time_ms: int,
+        size: int,
+    ) -> None:
+        builder = self._builder
+        if not builder.has_room_for(size):
+            self.seal()
+        builder.add(
+            content,
+            handle,
+            partition_key=partition_key,
+            properties=properties,
+            event_time_ms=event_time_ms,
+            size=size,
+            now=time.monotonic(),
+        )
+        if builder.is_full():
+            self.seal()
+        elif len(builder) == 1:
+            loop = asyncio.get_running_loop()
+            delay_s = self._config.batching_max_publish_delay_ms / 1000
+            # delay 0: seal once the current loop iteration has added what it will
+            self._seal_timer = (
+                loop.call_later(delay_s, self.seal) if delay_s > 0 else loop.call_soon(self.seal)
+            )
+
+    def seal(self) -> None:
+        """Close the current batch and queue it for the stream."""
+        if self._seal_timer is not None:
+            self._seal_timer.cancel()
+            self._seal_timer = None
+        if not len(self._builder):
+            return
+        batch = self._builder.seal(self._next_sequence_id)
+        self._next_sequence_id = batch.last_sequence_id + 1
+        timeout_ms = self._config.send_timeout_ms
+        deadline = batch.first_added_at + timeout_ms / 1000 if timeout_ms > 0 else math.inf
+        op = _PendingBatch(next(self._producer.request_ids), batch, deadline)
+        self._pending[op.request_id] = op
+        if self.connected:
+            self._unsent.append(op)
+            self._wake_sender.set()
+        self._producer.batch_sealed(self.partition)
+
+    async def flush(self) -> None:
+        """Wait until every message sent so far is confirmed or failed."""
+        self.seal()
+        if not self._pending:
+            return
+        last_request_id = next(reversed(self._pending))
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._drain_waiters.append((last_request_id, waiter))
+        await waiter
+
+    def _check_drained(self) -> None:
+        if not self._drain_waiters:
+            return
+        oldest = next(iter(self._pending), None)
+        still: list[tuple[int, asyncio.Future[None]]] = []
+        for request_id, waiter in self._drain_waiters:
+            if oldest is None or oldest > request_id:
+                if not waiter.done():
+                    waiter.set_result(None)
+            else:
+                still.append((request_id, waiter))
+        self._drain_waiters = still
+
+    @property
+    def pending_messages(self) -> int:
+        return len(self._builder) + sum(op.batch.num_messages for op in self._pending.values())
+
+    # --- the connection -------------------------------------------------------------------
+
+    def _retriable(self, error: MagnetarError) -> bool:
+        if is_transient(error):
+            return True
+        # after a failover the old owner may not have dropped our previous stream yet
+        return self._ever_opened and isinstance(error, ProducerBusyError)
+
+    def _stopping(self) -> bool:
+        # a method, not the attribute: close() flips it while _run awaits
+        return self._closing
+
+    async def _run(self) -> None:
+        backoff = Backoff(
+            self._client_config.initial_backoff_ms, self._client_config.max_backoff_ms
+        )
+        while not self._closing:
+            try:
+                error = await self._connect_and_serve(backoff)
+            except asyncio.CancelledError:
+                raise
+            except MagnetarError as e:
+                error = e
+            except Exception as e:  # noqa: BLE001 - a bug must not stop reconnecting; it is logged
+                self._log.exception("producer_stream_crashed")
+                error = ClientConnectionError(f"the producer stream failed: {e!r}")
+            self.last_error = error
+            if self._stopping():
+                return
+            if not self._retriable(error):
+                self._fail(error)
+                return
+            delay_s = backoff.next_delay_s()
+            self._log.info(
+                "producer_reconnecting",
+                error=repr(error),
+                delay_ms=round(delay_s * 1000),
+                attempt=backoff.attempts,
+                pending_batches=len(self._pending),
+            )
+            await asyncio.sleep(delay_s)
+
+    async def _connect_and_serve(self, backoff: Backoff) -> MagnetarError:
+        """One connection: look up, open, serve until the stream ends; why it ended."""
+        # a partition is looked up on its own: only its owner is assigned and returned
+        lookup = await self._pool.lookup(self.partition_topic)
+        owner = lookup.owner_of(self.partition_topic)
+        if owner is None and len(lookup.owners) == 1:
+            owner = lookup.owners[0]
+        if owner is None:
+            return TopicLookupError(
+                f"the lookup of {self.partition_topic!r} names no owner for it",
+                context={"topic": self.partition_topic},
+            )
+        call: Any = self._pool.stub(owner.address).Produce()
+        self._call = call
+        try:
+            try:
+                await call.write(
+                    broker_pb2.ProduceRequest(
+                        open=broker_pb2.ProducerOpen(
+                            topic=self.partition_topic,
+                            producer_name=self.producer_name or "",
+                            properties=self._config.properties,
+                        )
+                    )
+                )
+                first = await asyncio.wait_for(
+                    call.read(), self._client_config.connection_timeout_ms / 1000
+                )
+            except TimeoutError:
+                return ClientConnectionError(
+                    f"broker {owner.address} did not open the producer on {self.partition_topic}"
+                    f" within {self._client_config.connection_timeout_ms} ms",
+                    context={"broker": owner.address},
+                )
+            if first is grpc.aio.EOF:
+                return ClientConnectionError(
+                    f"broker {owner.address} ended the producer stream before opening it",
+                    context={"broker": owner.address},
+                )
+            kind = first.WhichOneof("kind")
+            if kind == "closed":
+                return _closed_reason(first.closed.reason, owner.address)
+            if kind != "opened":
+                return ProtocolError(
+                    f"broker {owner.address} answered a producer open with {kind!r}",
+                    context={"broker": owner.address},
+                )
+            self._on_opened(first.opened, owner)
+            backoff.reset()
+            return await self._serve(call, owner.address)
+        except grpc.aio.AioRpcError as e:
+            return error_from_rpc_error(e, owner.address)
+        finally:
+            self.connected = False
+            self._call = None
+            self._unsent.clear()
+            call.cancel()
+
+    def _on_opened(self, opened: broker_pb2.ProducerOpened, owner: PartitionOwner) -> None:
+        self.producer_name = opened.producer_name or self.producer_name
+        if opened.max_message_bytes:
+            self.max_message_bytes = opened.max_message_bytes
+        self._builder.max_bytes = max(
+            1,
+            min(self._config.batching_max_bytes, self.max_message_bytes - _ENVELOPE_ROOM_BYTES),
+        )
+        resent = len(self._pending)
+        if not self._ever_opened:
+            # a producer name used before (a restarted application) continues its sequence
+            self._next_sequence_id = max(self._next_sequence_id, opened.last_sequence_id + 1)
+            self._ever_opened = True
+            if not self._opened.done():
+                self._opened.set_result(None)
+        self.broker = owner.address
+        self._unsent = deque(self._pending.values())
+        self.connected = True
+        self._wake_sender.set()
+        self._log.info(
+            "producer_connected",
+            broker=owner.address,
+            producer_name=self.producer_name,
+            last_sequence_id=opened.last_sequence_id,
+            resending_batches=resent,
+        )
+
+    async def _serve(self, call: Any, address: str) -> MagnetarError:
+        sender = asyncio.create_task(self._send_loop(call, address))
+        receiver = asyncio.create_task(self._receive_loop(call, address))
+        try:
+            done, _ = await asyncio.wait({sender, receiver}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (sender, receiver):
+                task.cancel()
+            await asyncio.gather(sender, receiver, return_exceptions=True)
+        return done.pop().result()
+
+    async def _send_loop(self, call: Any, address: str) -> MagnetarError:
+        limit = self._config.max_request_bytes
+        unsent = self._unsent
+        try:
+            while True:
+                await self._wake_sender.wait()
+                self._wake_sender.clear()
+                while unsent:
+                    batches: list[broker_pb2.ProduceBatch] = []
+                    size = 0
+                    while unsent:
+                        op = unsent[0]
+                        if op.done:
+                            unsent.popleft()
+                            continue
+                        if batches and size + len(op.batch.payload) > limit:
+                            break
+                        unsent.popleft()
+                        batches.append(op.to_wire())
+                        size += len(op.batch.payload)
+                    if batches:
+                        await call.write(
+                            broker_pb2.ProduceRequest(send=broker_pb2.ProduceSend(batches=batches))
+                        )
+        except grpc.aio.AioRpcError as e:
+            return error_from_rpc_error(e, address)
+        except (asyncio.InvalidStateError, grpc.aio.UsageError) as e:
+            return ClientConnectionError(f"the producer stream to {address} ended: {e}")
+
+    async def _receive_loop(self, call: Any, address: str) -> MagnetarError:
+        try:
+            while True:
+                response = await call.read()
+                if response is grpc.aio.EOF:
+                    return ClientConnectionError(
+                        f"broker {address} ended the producer stream of {self.partition_topic}",
+                        context={"broker": address},
+                    )
+                kind = response.WhichOneof("kind")
+                if kind == "receipts":
+                    self._on_receipts(response.receipts.receipts)
+                elif kind == "error":
+                    error = self._on_produce_error(response.error)
+                    if error is not None:
+                        return error
+                elif kind == "closed":
+                    return _closed_reason(response.closed.reason, address)
+        except grpc.aio.AioRpcError as e:
+            return error_from_rpc_error(e, address)
+
+    def _on_receipts(self, receipts: Any) -> None:
+        confirmed = 0
+        partition = self.partition
+        for receipt in receipts:
+            op = self._pending.pop(receipt.request_id, None)
+            if op is None:
+                continue  # timed out already, or a late receipt of a previous stream
+            op.done = True
+            ledger_id = receipt.message_id.ledger_id
+            entry_id = receipt.message_id.entry_id
+            handles = op.batch.handles
+            size = len(handles)
+            for index, (future, callback) in enumerate(handles):
+                message_id = MessageId(ledger_id, entry_id, index, partition, size)
+                if callback is not None:
+                    _run_callback(callback, None, message_id)
+                if not future.done():
+                    future.set_result(message_id)
+            confirmed += size
+        if confirmed:
+            self._producer.capacity.release(confirmed)
+            self._check_drained()
+
+    def _on_produce_error(self, wire: broker_pb2.ProduceError) -> MagnetarError | None:
+        """A batch was refused. A final error fails its messages and the stream goes on; a
+        retriable one ends this stream so that the batch is resent in order after reconnecting."""
+        op = self._pending.get(wire.request_id)
+        if op is None:
+            return None
+        error = error_from_detail(wire.error)
+        if is_transient(error):
+            return error
+        del self._pending[wire.request_id]
+        op.done = True
+        for handle in op.batch.handles:
+            _fail_handle(handle, error)
+        self._producer.capacity.release(op.batch.num_messages)
+        self._check_drained()
+        return None
+
+    async def _expire_loop(self) -> None:
+        timeout_s = self._config.send_timeout_ms / 1000
+        period_s = min(0.1, timeout_s / 4)
+        while True:
+            await asyncio.sleep(period_s)
+            now = time.monotonic()
+            expired: list[_PendingBatch] = []
+            for op in self._pending.values():
+                if op.deadline > now:
+                    break  # batches are sealed in order, so deadlines only grow
+                expired.append(op)
+            if not expired:
+                continue
+            state = f"connected to {self.broker}" if self.connected else "not connected"
+            error = OperationTimeoutError(
+                f"not confirmed within send_timeout_ms={self._config.send_timeout_ms} on"
+                f" {self.partition_topic} ({state}; last problem: {self.last_error})",
+                context={"topic": self.partition_topic, "timeout_ms": self._config.send_timeout_ms},
+            )
+            failed = 0
+            for op in expired:
+                del self._pending[op.request_id]
+                op.done = True
+                for handle in op.batch.handles:
+                    _fail_handle(handle, error)
+                failed += op.batch.num_messages
+            self._log.warning("producer_send_timeout", messages=failed)
+            self._producer.capacity.release(failed)
+            self._check_drained()
+
+
+def _closed_reason(detail: errors_pb2.ErrorDetail, address: str) -> MagnetarError:
+    if detail.code == errors_pb2.ERROR_CODE_UNSPECIFIED:
+        return ServiceNotReadyError(
+            f"broker {address} closed the stream", context={"broker": address}
+        )
+    return error_from_detail(detail)
+
+
+class Producer:
+    """Publishes to one topic (all its partitions). Create it with ``client.create_producer``."""
+
+    def __init__(
+        self,
+        *,
+        topic: TopicName,
+        config: ProducerConfig,
+        client_config: ClientConfig,
+        pool: ConnectionPool,
+        on_close: Callable[[Producer], None] | None = None,
+    ) -> None:
+        self._topic = topic
+        self.config = config
+        self.client_config = client_config
+        self.pool = pool
+        self.capacity = _Capacity(config.max_pending_messages)
+        self.request_ids = itertools.count(1)
+        self._partitions: list[_PartitionProducer] = []
+        self._router = PartitionRouter(1)
+        self._closed = False
+        self._on_close = on_close
+
+    # --- creation ----------------------------------------------------------------------------
+
+    async def _start(self) -> None:
+        timeout_s = self.client_config.operation_timeout_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        targets = await self.pool.partitions_of(self._topic, timeout_s)
+        try:
+            await asyncio.wait_for(self._open_partitions(targets), deadline - loop.time())
+        except TimeoutError:
+            last = next((p.last_error for p in self._partitions if p.last_error), None)
+            await self._abandon()
+            raise OperationTimeoutError(
+                f"could not open a producer on {self._topic} within {timeout_s} s"
+                f" (last problem: {last})",
+                context={"topic": str(self._topic)},
+            ) from None
+        except BaseException:
+            await self._abandon()
+            raise
+
+    async def _open_partitions(self, targets: list[tuple[str, int]]) -> None:
+        self._router = PartitionRouter(len(targets))
+        self._partitions = [
+            _PartitionProducer(
+                self,
+                partition_topic=partition_topic,
+                partition=partition,
+                producer_name=self.config.producer_name,
+            )
+            for partition_topic, partition in targets
+        ]
+        first, *rest = self._partitions
+        await first.start()
+        # every partition uses the name the broker gave the first one (dedup is by name)
+        for partition_producer in rest:
+            partition_producer.producer_name = first.producer_name
+        await asyncio.gather(*(p.start() for p in rest))
+
+    async def _abandon(self) -> None:
+        self._closed = True
+        await asyncio.gather(*(p.close(0) for p in self._partitions), return_exceptions=True)
+
+    # --- what users call ---------------------------------------------------------------------
+
+    def topic(self) -> str:
+        return self._topic.full
+
+    def producer_name(self) -> str:
+        """The name the producer publishes under (given, or assigned by the broker)."""
+        return next((p.producer_name for p in self._partitions if p.producer_name), None) or ""
+
+    def is_connected(self) -> bool:
+        return not self._closed and all(p.connected for p in self._partitions)
+
+    def pending_messages(self) -> int:
+        """Messages sent and not yet confirmed or failed."""
+        return self.capacity.used
+
+    def send_async(
+        self,
+        content: bytes,
+        callback: SendCallback | None = None,
+        properties: Mapping[str, str] | None = None,
+        partition_key: str | None = None,
+        event_timestamp: int | None = None,
+    ) -> asyncio.Future[MessageId]:
+        """Queue a message; the future gives its id once the broker stored it durably.
+
+        Never waits: when ``max_pending_messages`` are pending the future fails with
+        :class:`ProducerQueueFullError` (``send`` waits for room instead). ``callback(error,
+        message_id)`` is called too, when given.
+        """
+        future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
+        handle: _Handle = (future, callback)
+        error = self._unusable()
+        if error is None and not self.capacity.try_acquire():
+            error = ProducerQueueFullError(
+                f"{self.config.max_pending_messages} messages are pending on {self._topic}"
+                " (max_pending_messages); send() waits for room, send_async() does not",
+                context={"max_pending_messages": self.config.max_pending_messages},
+            )
+        if error is not None:
+            _fail_handle(handle, error)
+            return future
+        self._add(content, handle, properties, partition_key, event_timestamp)
+        return future
+
+    async def send(
+        self,
+        content: bytes,
+        properties: Mapping[str, str] | None = None,
+        partition_key: str | None = None,
+        event_timestamp: int | None = None,
+    ) -> MessageId:
+        """Publish a message and wait until the broker stored it durably; its id.
+
+        Waits for room while ``max_pending_messages`` are pending (back-pressure).
+        """
+        error = self._unusable()
+        if error is not None:
+            raise error
+        await self.capacity.acquire()
+        error = self._unusable()
+        if error is not None:
+            self.capacity.release(1)
+            raise error
+        future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
+        self._add(content, (future, None), properties, partition_key, event_timestamp)
+        return await future
+
+    async def flush(self) -> None:
+        """Send every batched message now and wait until all sent so far are confirmed or
+        failed (their own futures carry any error)."""
+        await asyncio.gather(*(p.flush() for p in self._partitions))
+
+    async def close(self) -> None:
+        """Flush (waiting at most ``send_timeout_ms``, or the operation timeout when sends
+        never time out), then close every partition's stream. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._on_close is not None:
+            self._on_close(self)
+        send_timeout_s = self.config.send_timeout_ms / 1000
+        timeout_s = send_timeout_s or self.client_config.operation_timeout_s
+        await asyncio.gather(*(p.close(timeout_s) for p in self._partitions))
+        self.capacity.fail_waiters(ProducerClosedError(f"the producer on {self._topic} was closed"))
+        log.info("producer_closed", topic=self._topic.full, producer_name=self.producer_name())
+
+    async def __aenter__(self) -> Producer:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # --- internals -------------------------------------------------------------------------
+
+    def batch_sealed(self, partition: int) -> None:
+        self._router.batch_sealed(max(partition, 0))
+
+    def _unusable(self) -> MagnetarError | None:
+        if self._closed:
+            return ProducerClosedError(
+                f"the producer on {self._topic} is closed", context={"topic": str(self._topic)}
+            )
+        return None
+
+    def _add(
+        self,
+        content: bytes,
+        handle: _Handle,
+        properties: Mapping[str, str] | None,
+        partition_key: str | None,
+        event_timestamp: int | None,
+    ) -> None:
+        given: object = content
+        if not isinstance(given, bytes):
+            if not isinstance(given, bytearray | memoryview):
+                self.capacity.release(1)
+                _fail_handle(
+                    handle,
+                    InvalidArgumentError(
+                        f"message content must be bytes, got {type(given).__name__}"
+                    ),
+                )
+                return
+            content = bytes(given)
+        if properties and not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in properties.items()
+        ):
+            self.capacity.release(1)
+            _fail_handle(handle, InvalidArgumentError("message properties must map str to str"))
+            return
+        partition = self._partitions[self._router.partition_for(partition_key)]
+        error = partition.error
+        size = message_size(content, partition_key, properties)
+        if error is None and size > partition.max_message_bytes - _ENVELOPE_ROOM_BYTES:
+            error = MessageTooLargeError(
+                f"a message of about {size} bytes is over the broker's limit of"
+                f" {partition.max_message_bytes} bytes per entry on {partition.partition_topic}",
+                context={"size": size, "max_message_bytes": partition.max_message_bytes},
+            )
+        if error is not None:
+            self.capacity.release(1)
+            _fail_handle(handle, error)
+            return
+        partition.add(
+            content,
+            handle,
+            partition_key=partition_key,
+            properties=properties,
+            event_time_ms=event_timestamp or 0,
+            size=size,
+        )
