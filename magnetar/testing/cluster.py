@@ -1,32 +1,43 @@
-"""A Magnetar cluster of real OS processes for tests: etcd, and bookies (brokers will follow).
+"""A Magnetar cluster of real OS processes for tests: etcd, bookies and brokers.
 
-This module owns starting ``magnetar bookie`` processes, knowing when each is ready (its one
-stdout line), where its log goes, the faults tests inject into it (graceful stop, SIGKILL,
-restart on the same data dir, SIGSTOP/SIGCONT), and waiting until the metadata store shows the
-bookies registered or gone. :class:`BookieNode` is one bookie process; :class:`LocalCluster` is
-an etcd (its own, or a shared one it is handed) with a set of bookies.
+This module owns starting ``magnetar bookie`` and ``magnetar broker`` processes, knowing when
+each is ready (its one stdout line), where its log goes, the faults tests inject into it
+(graceful stop, SIGKILL, restart, SIGSTOP/SIGCONT), and waiting until the metadata store shows
+the servers registered or gone. :class:`ServerNode` is what both kinds share;
+:class:`BookieNode` is one bookie process (on a data dir fixed for its life),
+:class:`BrokerNode` one broker process (stateless: it only has a log). :class:`LocalCluster` is
+an etcd (its own, or a shared one it is handed) with a set of bookies and brokers.
 
 Typical use in a test::
 
-    async with LocalCluster(tmp_path, bookies=3, zones=["a", "b"]) as cluster:
+    async with LocalCluster(tmp_path, bookies=3, brokers=2, zones=["a", "b"]) as cluster:
         victim = cluster.bookies[0]
         await victim.kill()  # SIGKILL: its registration lingers until its session expires
         await victim.restart()  # same data dir, so the same bookie id; likely a new port
         await cluster.wait_registered([victim.bookie_id])
         await cluster.add_bookie()  # bookie-3
 
-Several clusters may share one etcd in a session: pass its URL as ``metadata_url`` and a
-``bookie_id_prefix`` of the test's own, so that bookie ids never clash.
+        client_url = cluster.service_url  # "magnetar://127.0.0.1:p1,127.0.0.1:p2"
+        broker = cluster.brokers[0]
+        await broker.kill()  # its partitions move once its session expires
+        await cluster.wait_broker_unregistered("broker-0")
+        await broker.restart()  # the same broker id (the cluster names its brokers)
+        await cluster.add_broker(extra_args=["--load-shedding-interval-ms", "2000"])
 
-Each bookie's stderr (JSON logs) goes to ``<data_dir>.log``, never to the test's output; a
-failed start quotes the log's last lines. The processes are polled (``Popen``), not watched by
-an asyncio child watcher, so one object can be started in a session-scoped fixture's event loop
-and killed from a test's. A process a test forgets is SIGKILLed when its :class:`BookieNode` is
-garbage-collected or the interpreter exits.
+Several clusters may share one etcd in a session: pass its URL as ``metadata_url`` and a
+``bookie_id_prefix`` and ``broker_id_prefix`` of the test's own, so that ids never clash.
+
+Each server's stderr (JSON logs) goes to a log file (``<data_dir>.log`` for a bookie,
+``root/broker-<i>.log`` for a cluster's broker), never to the test's output; a failed start
+quotes the log's last lines. The processes are polled (``Popen``), not watched by an asyncio
+child watcher, so one object can be started in a session-scoped fixture's event loop and killed
+from a test's. A process a test forgets is SIGKILLed when its node object is garbage-collected
+or the interpreter exits.
 """
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import os
@@ -37,34 +48,42 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Self
+from typing import IO, ClassVar, Self, TypeVar
 
 from magnetar.testing._processes import KILL_WAIT_S, kill_quietly, wait_exit, wait_state
 from magnetar.testing.etcd import HOST, EtcdCluster, EtcdServer
 from metadata import MetadataStore, layout, open_store
 from proto.format.v1 import cluster_pb2
 
-__all__ = ["BookieNode", "LocalCluster"]
+__all__ = ["BookieNode", "BrokerNode", "LocalCluster", "ServerNode"]
 
-_READY_LINE = re.compile(
-    r"^bookie (?P<bookie_id>\S+) serving on (?P<address>\S+) "
-    r"\(metrics: http://(?P<http_host>\S+):(?P<http_port>\d+)/metrics\)$"
-)
-"""What ``magnetar bookie`` prints to stdout, once, when it serves and is registered."""
+_Node = TypeVar("_Node", bound="ServerNode")
+
 _POLL_INTERVAL_S = 0.02
 _REGISTRATION_POLL_INTERVAL_S = 0.1
 _DRAIN_WAIT_S = 2.0
 _LOG_TAIL_LINES = 20
 _LOG_TAIL_BYTES = 16_000
 # Logging stays configurable from the outside; every other MAGNETAR_* variable is a config
-# field, and a developer's own (say MAGNETAR_BOOKIE_ID) must not reach test bookies.
+# field, and a developer's own (say MAGNETAR_BOOKIE_ID) must not reach test servers.
 _INHERITED_MAGNETAR_VARIABLES = frozenset({"MAGNETAR_LOG_LEVEL", "MAGNETAR_LOG_FORMAT"})
 
+_RegistryReader = Callable[[MetadataStore], Awaitable[dict[str, str]]]
+"""Reads one kind of registration: id -> address (bookies) or service URL (brokers)."""
 
-def _bookie_environment(env: Mapping[str, str] | None) -> dict[str, str]:
+
+def _ready_line_pattern(kind: str) -> re.Pattern[str]:
+    """What ``magnetar <kind>`` prints to stdout, once, when it serves and is registered."""
+    return re.compile(
+        rf"^{kind} (?P<node_id>\S+) serving on (?P<address>\S+) "
+        r"\(metrics: http://(?P<http_host>\S+):(?P<http_port>\d+)/metrics\)$"
+    )
+
+
+def _server_environment(env: Mapping[str, str] | None) -> dict[str, str]:
     inherited = {
         key: value
         for key, value in os.environ.items()
@@ -74,16 +93,19 @@ def _bookie_environment(env: Mapping[str, str] | None) -> dict[str, str]:
 
 
 class _StdoutReader:
-    """Drains a bookie's stdout on a daemon thread, so the child never blocks on a full pipe.
+    """Drains a server's stdout on a daemon thread, so the child never blocks on a full pipe.
 
     A thread rather than the event loop: the process may outlive the loop that started it. The
-    ready line is kept; any other output is appended to the bookie's log. Holds no reference
-    to the :class:`BookieNode`, so the node can still be garbage-collected.
+    ready line is kept; any other output is appended to the server's log. Holds no reference
+    to the node, so the node can still be garbage-collected.
     """
 
-    def __init__(self, stream: IO[bytes], log_path: Path, name: str) -> None:
+    def __init__(
+        self, stream: IO[bytes], log_path: Path, name: str, ready_line: re.Pattern[str]
+    ) -> None:
         self._stream = stream
         self._log_path = log_path
+        self._ready_line = ready_line
         self.ready: re.Match[str] | None = None
         self.finished = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"{name}-stdout", daemon=True)
@@ -94,7 +116,7 @@ class _StdoutReader:
             with self._stream:
                 for raw in self._stream:
                     line = raw.decode(errors="replace").rstrip("\r\n")
-                    match = _READY_LINE.match(line) if self.ready is None else None
+                    match = self._ready_line.match(line) if self.ready is None else None
                     if match is not None:
                         self.ready = match
                         continue
@@ -106,56 +128,49 @@ class _StdoutReader:
             self.finished.set()
 
 
-class BookieNode:
-    """One ``magnetar bookie`` OS process on 127.0.0.1, on a data dir fixed for its life.
+class ServerNode(abc.ABC):
+    """One ``magnetar <kind>`` server OS process on 127.0.0.1: what bookies and brokers share.
 
-    The bookie keeps its identity in its data dir, so every :meth:`start` after the first is
-    the same bookie, usually on a new port (each incarnation listens on port 0).
+    The process listens on port 0 for gRPC and HTTP, and prints one ready line
+    (``<kind> <id> serving on <host:port> (metrics: http://<host>:<port>/metrics)``) once it
+    serves and is registered; :meth:`start` waits for that line. Each :meth:`start` is a new
+    incarnation, usually on new ports.
     """
+
+    _kind: ClassVar[str]
+    """The ``magnetar`` subcommand, which is also the first word of the ready line."""
+    _ready_line: ClassVar[re.Pattern[str]]
+    _stop_timeout_s: ClassVar[float]
+    """How long :meth:`stop` waits after SIGTERM, by default, before it SIGKILLs."""
 
     def __init__(
         self,
-        data_dir: Path,
         metadata_url: str,
         *,
-        bookie_id: str | None = None,
-        zone: str | None = None,
-        log_path: Path | None = None,
-        extra_args: Sequence[str] = (),
-        env: Mapping[str, str] | None = None,
+        node_id: str | None,
+        log_path: Path,
+        extra_args: Sequence[str],
+        env: Mapping[str, str] | None,
     ) -> None:
-        """Describe the bookie; nothing runs until :meth:`start`.
-
-        ``bookie_id`` is passed as ``--bookie-id``; without it the bookie picks one at its first
-        start. ``extra_args`` follow the harness's own flags, so they override them (the last
-        value of a flag wins). ``env`` is added to this process's environment, with
-        ``GRPC_VERBOSITY=ERROR`` and without ``MAGNETAR_*`` config variables.
-        ``log_path`` defaults to ``data_dir.with_suffix(".log")``.
-        """
-        self._data_dir = data_dir
         self._metadata_url = metadata_url
-        self._configured_id = bookie_id
-        self._bookie_id = bookie_id
-        self._zone = zone
-        self._log_path = log_path or data_dir.with_suffix(".log")
+        self._configured_id = node_id
+        self._node_id = node_id
+        self._log_path = log_path
         self._extra_args = tuple(extra_args)
         self._env = dict(env) if env is not None else None
         self._proc: subprocess.Popen[bytes] | None = None
         self._reader: _StdoutReader | None = None
-        self._reaper: weakref.finalize[..., BookieNode] | None = None
+        self._reaper: weakref.finalize[..., ServerNode] | None = None
         self._paused = False
         self._address: str | None = None
         self._http_port: int | None = None
+        self._exit_code: int | None = None
         self._log_offset = 0
 
-    def __repr__(self) -> str:
-        where = self._address if self.is_running else "not running"
-        return f"BookieNode(bookie_id={self._bookie_id!r}, {where}, data_dir={self._data_dir})"
-
     @property
-    def bookie_id(self) -> str | None:
+    def node_id(self) -> str | None:
         """The id from the ready line; before the first start, the one given (or None)."""
-        return self._bookie_id
+        return self._node_id
 
     @property
     def address(self) -> str:
@@ -186,8 +201,13 @@ class BookieNode:
         return self._paused and self.is_running
 
     @property
-    def data_dir(self) -> Path:
-        return self._data_dir
+    def exit_code(self) -> int | None:
+        """How the last incarnation ended: its exit status, or ``-signal`` (``-9`` after a
+        SIGKILL, also when :meth:`stop` had to send one). None while it runs and before the
+        first start."""
+        if self._proc is not None:
+            return self._proc.poll()
+        return self._exit_code
 
     @property
     def log_path(self) -> Path:
@@ -200,7 +220,7 @@ class BookieNode:
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self, timeout_s: float = 60) -> None:
-        """Start the bookie and wait for its ready line (it serves and is registered by then).
+        """Start the process and wait for its ready line (it serves and is registered by then).
 
         Raises RuntimeError, quoting the last lines of its log, if the process exits first, and
         TimeoutError (after killing it) if no ready line comes within ``timeout_s``.
@@ -211,12 +231,14 @@ class BookieNode:
         except BaseException:
             await self.kill()
             raise
-        self._bookie_id = ready["bookie_id"]
+        self._node_id = ready["node_id"]
         self._address = ready["address"]
         self._http_port = int(ready["http_port"])
 
-    async def stop(self, timeout_s: float = 30) -> None:
-        """SIGTERM (the bookie deregisters and closes its files), SIGKILL after ``timeout_s``."""
+    async def stop(self, timeout_s: float | None = None) -> None:
+        """SIGTERM (a graceful shutdown: the server deregisters and hands its work over), then
+        SIGKILL if it has not exited after ``timeout_s`` (default: the kind's own, generous
+        enough for its shutdown). :attr:`exit_code` tells which of the two ended it."""
         proc = self._proc
         if proc is None:
             return
@@ -225,13 +247,17 @@ class BookieNode:
             if self._paused:
                 # a stopped process only acts on SIGTERM once continued
                 proc.send_signal(signal.SIGCONT)
-            if not await wait_exit(proc, timeout_s, name=self._describe()):
+            wait_s = self._stop_timeout_s if timeout_s is None else timeout_s
+            if not await wait_exit(proc, wait_s, name=self._describe()):
                 proc.kill()
                 await wait_exit(proc, KILL_WAIT_S, name=self._describe(), must=True)
         await self._forget_process()
 
     async def kill(self) -> None:
-        """SIGKILL the bookie (paused or not), a crash, and wait until it has exited."""
+        """SIGKILL the process (paused or not), a crash, and wait until it has exited.
+
+        The signal is sent before the first await.
+        """
         proc = self._proc
         if proc is None:
             return
@@ -241,7 +267,7 @@ class BookieNode:
         await self._forget_process()
 
     async def restart(self, *, graceful: bool = True, timeout_s: float = 60) -> None:
-        """Stop (or with ``graceful=False`` SIGKILL) and start again on the same data dir."""
+        """Stop (or with ``graceful=False`` SIGKILL) and start again with the same arguments."""
         if graceful:
             await self.stop()
         else:
@@ -249,7 +275,7 @@ class BookieNode:
         await self.start(timeout_s)
 
     async def pause(self) -> None:
-        """SIGSTOP the bookie: it keeps its sockets and lease but answers nothing until resumed.
+        """SIGSTOP the process: it keeps its sockets and lease but answers nothing until resumed.
 
         Its registration expires after the session TTL if the pause lasts that long.
         """
@@ -259,7 +285,7 @@ class BookieNode:
         await wait_state(proc, stopped=True)
 
     async def resume(self) -> None:
-        """SIGCONT a paused bookie."""
+        """SIGCONT a paused process."""
         proc = self._require_running("resume")
         proc.send_signal(signal.SIGCONT)
         self._paused = False
@@ -280,23 +306,36 @@ class BookieNode:
     ) -> None:
         await self.aclose()
 
+    # -- what each kind adds -----------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _kind_args(self) -> list[str]:
+        """The flags of this kind (data dir, id, zone), before the caller's ``extra_args``."""
+
+    @abc.abstractmethod
+    def _unnamed(self) -> str:
+        """How to name the process in messages before it has an id."""
+
+    def _prepare(self) -> None:
+        """Create what must exist before the process starts."""
+        self._log_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def _where(self) -> str:
+        return str(self._address) if self.is_running else "not running"
+
     # -- internals ---------------------------------------------------------------------------
 
     def _command(self) -> list[str]:
-        command = [
-            sys.executable, "-m", "magnetar.cli", "bookie",
-            "--data-dir", str(self._data_dir),
+        return [
+            sys.executable, "-m", "magnetar.cli", self._kind,
             "--metadata", self._metadata_url,
             "--port", "0",
             "--http-port", "0",
             "--bind-host", HOST,
             "--advertised-host", HOST,
+            *self._kind_args(),
+            *self._extra_args,
         ]  # fmt: skip
-        if self._configured_id is not None:
-            command += ["--bookie-id", self._configured_id]
-        if self._zone is not None:
-            command += ["--zone", self._zone]
-        return command + list(self._extra_args)
 
     def _spawn(self) -> tuple[subprocess.Popen[bytes], _StdoutReader]:
         if self.is_running:
@@ -304,8 +343,7 @@ class BookieNode:
         if self._proc is not None:
             # it died on its own; poll() has reaped it, and its stdout is at EOF
             self._detach_process()
-        self._data_dir.parent.mkdir(parents=True, exist_ok=True)
-        self._log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._prepare()
         command = self._command()
         with self._log_path.open("ab") as log:
             self._log_offset = log.tell()
@@ -316,14 +354,17 @@ class BookieNode:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=log,
-                env=_bookie_environment(self._env),
+                env=_server_environment(self._env),
                 close_fds=True,
             )
         assert proc.stdout is not None  # stdout=PIPE gives one
         self._proc = proc
         self._paused = False
+        self._exit_code = None
         self._reaper = weakref.finalize(self, kill_quietly, proc)
-        self._reader = _StdoutReader(proc.stdout, self._log_path, self._describe())
+        self._reader = _StdoutReader(
+            proc.stdout, self._log_path, self._describe(), self._ready_line
+        )
         return proc, self._reader
 
     async def _wait_ready(
@@ -347,7 +388,7 @@ class BookieNode:
         return ready
 
     def _describe(self) -> str:
-        return f"bookie {self._bookie_id}" if self._bookie_id else f"bookie at {self._data_dir}"
+        return f"{self._kind} {self._node_id}" if self._node_id else self._unnamed()
 
     def _require_running(self, action: str) -> subprocess.Popen[bytes]:
         proc = self._proc
@@ -364,6 +405,8 @@ class BookieNode:
     def _detach_process(self) -> None:
         if self._reaper is not None:
             self._reaper.detach()
+        if self._proc is not None:
+            self._exit_code = self._proc.returncode
         self._reaper = None
         self._proc = None
         self._reader = None
@@ -384,12 +427,145 @@ class BookieNode:
         return "\n".join(text.splitlines()[-_LOG_TAIL_LINES:])
 
 
+class BookieNode(ServerNode):
+    """One ``magnetar bookie`` OS process on 127.0.0.1, on a data dir fixed for its life.
+
+    The bookie keeps its identity in its data dir, so every :meth:`start` after the first is
+    the same bookie, usually on a new port (each incarnation listens on port 0). On SIGTERM
+    it deregisters and closes its files; :meth:`stop` waits 30 s for that by default.
+    """
+
+    _kind = "bookie"
+    _ready_line = _ready_line_pattern("bookie")
+    _stop_timeout_s = 30.0
+
+    def __init__(
+        self,
+        data_dir: Path,
+        metadata_url: str,
+        *,
+        bookie_id: str | None = None,
+        zone: str | None = None,
+        log_path: Path | None = None,
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        """Describe the bookie; nothing runs until :meth:`start`.
+
+        ``bookie_id`` is passed as ``--bookie-id``; without it the bookie picks one at its first
+        start. ``extra_args`` follow the harness's own flags, so they override them (the last
+        value of a flag wins). ``env`` is added to this process's environment, with
+        ``GRPC_VERBOSITY=ERROR`` and without ``MAGNETAR_*`` config variables.
+        ``log_path`` defaults to ``data_dir.with_suffix(".log")``.
+        """
+        super().__init__(
+            metadata_url,
+            node_id=bookie_id,
+            log_path=log_path or data_dir.with_suffix(".log"),
+            extra_args=extra_args,
+            env=env,
+        )
+        self._data_dir = data_dir
+        self._zone = zone
+
+    def __repr__(self) -> str:
+        return (
+            f"BookieNode(bookie_id={self._node_id!r}, {self._where()}, data_dir={self._data_dir})"
+        )
+
+    @property
+    def bookie_id(self) -> str | None:
+        """The id from the ready line; before the first start, the one given (or None)."""
+        return self._node_id
+
+    @property
+    def data_dir(self) -> Path:
+        return self._data_dir
+
+    def _kind_args(self) -> list[str]:
+        args = ["--data-dir", str(self._data_dir)]
+        if self._configured_id is not None:
+            args += ["--bookie-id", self._configured_id]
+        if self._zone is not None:
+            args += ["--zone", self._zone]
+        return args
+
+    def _unnamed(self) -> str:
+        return f"bookie at {self._data_dir}"
+
+    def _prepare(self) -> None:
+        self._data_dir.parent.mkdir(parents=True, exist_ok=True)
+        super()._prepare()
+
+
+class BrokerNode(ServerNode):
+    """One ``magnetar broker`` OS process on 127.0.0.1.
+
+    A broker keeps nothing on disk: its identity is ``broker_id`` when one is given (then every
+    :meth:`start` is the same broker, usually on a new port), else the broker names itself
+    ``<host>-<port>`` and each incarnation is a new broker. On SIGTERM it deregisters and hands
+    its partitions over to other brokers, which may take a few seconds; :meth:`stop` waits 75 s
+    for that by default (the broker's own ``--shutdown-timeout-s`` is 60 s).
+    """
+
+    _kind = "broker"
+    _ready_line = _ready_line_pattern("broker")
+    # the broker's own shutdown_timeout_s (60 s by default) plus its gRPC grace and closing
+    _stop_timeout_s = 75.0
+
+    def __init__(
+        self,
+        metadata_url: str,
+        *,
+        log_path: Path,
+        broker_id: str | None = None,
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        """Describe the broker; nothing runs until :meth:`start`.
+
+        ``broker_id`` is passed as ``--broker-id``. ``extra_args`` follow the harness's own
+        flags, so they override them (the last value of a flag wins): any ``BrokerConfig``
+        flag, say ``["--session-ttl-s", "2", "--load-shedding-interval-ms", "2000"]``. ``env``
+        is added to this process's environment, with ``GRPC_VERBOSITY=ERROR`` and without
+        ``MAGNETAR_*`` config variables. The broker's stderr goes to ``log_path``.
+        """
+        super().__init__(
+            metadata_url, node_id=broker_id, log_path=log_path, extra_args=extra_args, env=env
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"BrokerNode(broker_id={self._node_id!r}, {self._where()}, log_path={self._log_path})"
+        )
+
+    @property
+    def broker_id(self) -> str | None:
+        """The id from the ready line; before the first start, the one given (or None)."""
+        return self._node_id
+
+    @property
+    def service_url(self) -> str:
+        """``"magnetar://127.0.0.1:PORT"`` of the current (or last) incarnation."""
+        return f"magnetar://{self.address}"
+
+    def _kind_args(self) -> list[str]:
+        if self._configured_id is None:
+            return []
+        return ["--broker-id", self._configured_id]
+
+    def _unnamed(self) -> str:
+        return f"broker logging to {self._log_path}"
+
+
 class LocalCluster:
-    """An etcd (owned, or shared through ``metadata_url``) and ``bookies`` bookie processes.
+    """An etcd (owned, or shared through ``metadata_url``), ``bookies`` bookie processes and
+    ``brokers`` broker processes.
 
     Bookie ``i`` runs on ``root / f"bookie-{i}"`` as ``f"{bookie_id_prefix}-{i}"``, in zone
-    ``zones[i % len(zones)]`` when zones are given. The :class:`BookieNode` objects exist once
-    :meth:`start` has run (an owned etcd's URL is known only then).
+    ``zones[i % len(zones)]`` when zones are given. Broker ``i`` runs as
+    ``f"{broker_id_prefix}-{i}"`` and logs to ``root / f"broker-{i}.log"``. The node objects
+    exist once :meth:`start` has run (an owned etcd's URL is known only then).
     """
 
     def __init__(
@@ -402,15 +578,21 @@ class LocalCluster:
         zones: Sequence[str] | None = None,
         bookie_args: Sequence[str] = (),
         bookie_id_prefix: str = "bookie",
+        brokers: int = 0,
+        broker_args: Sequence[str] = (),
+        broker_id_prefix: str = "broker",
     ) -> None:
         """Describe the cluster; nothing runs until :meth:`start`.
 
         Without ``metadata_url`` the cluster starts its own etcd under ``root / "etcd"`` (one
-        server, or ``etcd_members`` of them) and stops it with the bookies; with one it uses
-        that store and leaves it alone. ``bookie_args`` go to every bookie's command line.
+        server, or ``etcd_members`` of them) and stops it with the servers; with one it uses
+        that store and leaves it alone. ``bookie_args`` go to every bookie's command line,
+        ``broker_args`` to every broker's (say ``["--session-ttl-s", "2"]``).
         """
         if bookies < 0:
             raise ValueError(f"a cluster cannot have {bookies} bookies")
+        if brokers < 0:
+            raise ValueError(f"a cluster cannot have {brokers} brokers")
         if zones is not None and not zones:
             raise ValueError("zones, when given, must name at least one zone")
         self._root = root
@@ -419,6 +601,10 @@ class LocalCluster:
         self._bookie_args = tuple(bookie_args)
         self._bookie_id_prefix = bookie_id_prefix
         self._bookies: list[BookieNode] = []
+        self._initial_brokers = brokers
+        self._broker_args = tuple(broker_args)
+        self._broker_id_prefix = broker_id_prefix
+        self._brokers: list[BrokerNode] = []
         self._given_metadata_url = metadata_url
         self._etcd: EtcdServer | EtcdCluster | None = None
         if metadata_url is None:
@@ -428,7 +614,10 @@ class LocalCluster:
                 self._etcd = EtcdCluster(data_dir=root / "etcd", size=etcd_members)
 
     def __repr__(self) -> str:
-        return f"LocalCluster(root={self._root}, bookies={[b.bookie_id for b in self._bookies]})"
+        return (
+            f"LocalCluster(root={self._root}, bookies={[b.bookie_id for b in self._bookies]}, "
+            f"brokers={[b.broker_id for b in self._brokers]})"
+        )
 
     @property
     def metadata_url(self) -> str:
@@ -444,6 +633,26 @@ class LocalCluster:
         return list(self._bookies)
 
     @property
+    def brokers(self) -> list[BrokerNode]:
+        """The broker nodes, in index order (a new list; the nodes are shared)."""
+        return list(self._brokers)
+
+    @property
+    def service_url(self) -> str:
+        """What a client connects to: ``"magnetar://h1:p1,h2:p2"``, the brokers running now.
+
+        A paused broker is left out (it would only make clients time out). Computed at each
+        call, so read it again after a broker restarts on a new port. RuntimeError if no
+        broker runs.
+        """
+        addresses = [
+            node.address for node in self._brokers if node.is_running and not node.is_paused
+        ]
+        if not addresses:
+            raise RuntimeError(f"{self!r} has no running broker, so no service URL")
+        return "magnetar://" + ",".join(addresses)
+
+    @property
     def etcd(self) -> EtcdServer | EtcdCluster | None:
         """The etcd this cluster started and owns, or None when it was handed a URL."""
         return self._etcd
@@ -453,7 +662,8 @@ class LocalCluster:
         return self._root
 
     async def start(self, timeout_s: float = 60) -> None:
-        """Start etcd, then every bookie not running (in parallel); wait until all registered.
+        """Start etcd, then every bookie not running (in parallel) and wait until all are
+        registered, then every broker not running likewise.
 
         On failure every process of the cluster is killed and the first error is raised.
         """
@@ -461,9 +671,13 @@ class LocalCluster:
             if self._etcd is not None:
                 await self._etcd.start()
             while len(self._bookies) < self._initial_bookies:
-                self._bookies.append(self._new_node())
-            await self._start_bookies(timeout_s)
+                self._bookies.append(self._new_bookie())
+            await self._start_nodes(self._bookies, timeout_s)
             await self.wait_registered(timeout_s=timeout_s)
+            while len(self._brokers) < self._initial_brokers:
+                self._brokers.append(self._new_broker())
+            await self._start_nodes(self._brokers, timeout_s)
+            await self.wait_brokers_registered(timeout_s=timeout_s)
         except BaseException:
             await self._kill_all()
             raise
@@ -480,14 +694,33 @@ class LocalCluster:
     ) -> BookieNode:
         """Start one more bookie (next index; id, zone and args as for the others unless given)
         and wait until it is registered. ``extra_args`` follow the cluster's ``bookie_args``."""
-        if self._etcd is not None and not self._etcd_running():
-            raise RuntimeError(f"{self!r}: start the cluster before adding bookies")
-        node = self._new_node(
+        self._require_started("bookies")
+        node = self._new_bookie(
             bookie_id=bookie_id, zone=zone, log_path=log_path, extra_args=extra_args, env=env
         )
         self._bookies.append(node)
         await node.start(timeout_s)
         await self.wait_registered([self._id_of(node)], timeout_s=timeout_s)
+        return node
+
+    async def add_broker(
+        self,
+        *,
+        broker_id: str | None = None,
+        log_path: Path | None = None,
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        timeout_s: float = 60,
+    ) -> BrokerNode:
+        """Start one more broker (next index; id, log and args as for the others unless given)
+        and wait until it is registered. ``extra_args`` follow the cluster's ``broker_args``."""
+        self._require_started("brokers")
+        node = self._new_broker(
+            broker_id=broker_id, log_path=log_path, extra_args=extra_args, env=env
+        )
+        self._brokers.append(node)
+        await node.start(timeout_s)
+        await self.wait_brokers_registered([self._id_of(node)], timeout_s=timeout_s)
         return node
 
     async def wait_registered(
@@ -498,44 +731,76 @@ class LocalCluster:
         For a running bookie of this cluster the record must carry its current address, so a
         registration a killed incarnation left behind does not count.
         """
-        running = {self._id_of(node): node for node in self._bookies if node.is_running}
-        wanted = set(running) if bookie_ids is None else set(bookie_ids)
-
-        def missing(found: dict[str, str]) -> set[str]:
-            return {
-                bookie_id
-                for bookie_id in wanted
-                if found.get(bookie_id) is None
-                or (bookie_id in running and found[bookie_id] != running[bookie_id].address)
-            }
-
-        await self._poll_available(missing, "registered", timeout_s)
+        await self._wait_present(
+            self._bookies,
+            bookie_ids,
+            kind="bookies",
+            published=lambda node: node.address,
+            read=self._read_bookies,
+            timeout_s=timeout_s,
+        )
 
     async def wait_unregistered(self, bookie_id: str, timeout_s: float = 30) -> None:
         """Wait until ``bookie_id`` is gone from the available list (stopped, or session expired:
         about the bookies' ``session_ttl_s`` after a SIGKILL)."""
-        await self._poll_available(
-            lambda found: {bookie_id} & found.keys(), "unregistered", timeout_s
+        await self._poll(
+            self._read_bookies,
+            lambda found: {bookie_id} & found.keys(),
+            "bookies",
+            "unregistered",
+            timeout_s,
+        )
+
+    async def wait_brokers_registered(
+        self, broker_ids: Iterable[str] | None = None, timeout_s: float = 30
+    ) -> None:
+        """Wait until those brokers (default: every running one) are under ``/magnetar/brokers/``.
+
+        For a running broker of this cluster the record must carry its current service URL, so
+        a registration a killed incarnation left behind does not count.
+        """
+        await self._wait_present(
+            self._brokers,
+            broker_ids,
+            kind="brokers",
+            published=lambda node: node.service_url,
+            read=self._read_brokers,
+            timeout_s=timeout_s,
+        )
+
+    async def wait_broker_unregistered(self, broker_id: str, timeout_s: float = 30) -> None:
+        """Wait until ``broker_id`` is gone from ``/magnetar/brokers/`` (stopped, or session
+        expired: about the broker's ``session_ttl_s`` after a SIGKILL or a long pause)."""
+        await self._poll(
+            self._read_brokers,
+            lambda found: {broker_id} & found.keys(),
+            "brokers",
+            "unregistered",
+            timeout_s,
         )
 
     async def available_bookies(self) -> dict[str, str]:
         """The bookie ids in ``/magnetar/bookies/available/`` with the address each published."""
-        store = await open_store(self.metadata_url)
-        try:
-            return await self._read_available(store)
-        finally:
-            await store.close()
+        return await self._read_once(self._read_bookies)
+
+    async def registered_brokers(self) -> dict[str, str]:
+        """The broker ids in ``/magnetar/brokers/`` with the service URL each published."""
+        return await self._read_once(self._read_brokers)
 
     async def stop(self) -> None:
-        """SIGTERM every bookie (they deregister), then stop the owned etcd.
+        """SIGTERM every broker (they hand their partitions over), then every bookie (they
+        deregister), then stop the owned etcd.
 
         Everything stays configured: :meth:`start` brings the same cluster back.
         """
         try:
-            await asyncio.gather(*(node.stop() for node in self._bookies))
+            await self._gather_all(node.stop() for node in self._brokers)
         finally:
-            if self._etcd is not None:
-                await self._etcd.stop()
+            try:
+                await self._gather_all(node.stop() for node in self._bookies)
+            finally:
+                if self._etcd is not None:
+                    await self._etcd.stop()
 
     async def aclose(self) -> None:
         """Stop for good. The data under ``root`` is left for the test to inspect."""
@@ -555,7 +820,7 @@ class LocalCluster:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _new_node(
+    def _new_bookie(
         self,
         *,
         bookie_id: str | None = None,
@@ -577,35 +842,64 @@ class LocalCluster:
             env=env,
         )
 
+    def _new_broker(
+        self,
+        *,
+        broker_id: str | None = None,
+        log_path: Path | None = None,
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> BrokerNode:
+        index = len(self._brokers)
+        return BrokerNode(
+            self.metadata_url,
+            broker_id=broker_id or f"{self._broker_id_prefix}-{index}",
+            log_path=log_path or self._root / f"broker-{index}.log",
+            extra_args=(*self._broker_args, *extra_args),
+            env=env,
+        )
+
     @staticmethod
-    def _id_of(node: BookieNode) -> str:
-        assert node.bookie_id is not None  # a started node knows its id
-        return node.bookie_id
+    def _id_of(node: ServerNode) -> str:
+        assert node.node_id is not None  # a started node knows its id
+        return node.node_id
+
+    def _require_started(self, what: str) -> None:
+        if self._etcd is not None and not self._etcd_running():
+            raise RuntimeError(f"{self!r}: start the cluster before adding {what}")
 
     def _etcd_running(self) -> bool:
         if isinstance(self._etcd, EtcdCluster):
             return any(member.is_running for member in self._etcd.members)
         return self._etcd is not None and self._etcd.is_running
 
-    async def _start_bookies(self, timeout_s: float) -> None:
+    @staticmethod
+    async def _start_nodes(nodes: Sequence[ServerNode], timeout_s: float) -> None:
         # every start runs to its end (success or its own cleanup) before one error is raised
         results = await asyncio.gather(
-            *(node.start(timeout_s) for node in self._bookies if not node.is_running),
+            *(node.start(timeout_s) for node in nodes if not node.is_running),
             return_exceptions=True,
         )
         for result in results:
             if isinstance(result, BaseException):
                 raise result
 
+    @staticmethod
+    async def _gather_all(stops: Iterable[Awaitable[None]]) -> None:
+        """Await every stop to its end, then raise the first error, if any."""
+        for result in await asyncio.gather(*stops, return_exceptions=True):
+            if isinstance(result, BaseException):
+                raise result
+
     async def _kill_all(self) -> None:
         try:
-            await asyncio.gather(*(node.kill() for node in self._bookies))
+            await self._gather_all(node.kill() for node in [*self._brokers, *self._bookies])
         finally:
             if self._etcd is not None:
                 await self._etcd.stop()
 
     @staticmethod
-    async def _read_available(store: MetadataStore) -> dict[str, str]:
+    async def _read_bookies(store: MetadataStore) -> dict[str, str]:
         listing = await store.list(layout.BOOKIES_AVAILABLE)
         found: dict[str, str] = {}
         for record in listing.records:
@@ -613,9 +907,52 @@ class LocalCluster:
             found[record.key.removeprefix(layout.BOOKIES_AVAILABLE)] = registration.address
         return found
 
-    async def _poll_available(
+    @staticmethod
+    async def _read_brokers(store: MetadataStore) -> dict[str, str]:
+        listing = await store.list(layout.BROKERS)
+        found: dict[str, str] = {}
+        for record in listing.records:
+            registration = cluster_pb2.BrokerRegistration.FromString(record.value)
+            found[record.key.removeprefix(layout.BROKERS)] = registration.service_url
+        return found
+
+    async def _read_once(self, read: _RegistryReader) -> dict[str, str]:
+        store = await open_store(self.metadata_url)
+        try:
+            return await read(store)
+        finally:
+            await store.close()
+
+    async def _wait_present(
         self,
+        nodes: Sequence[_Node],
+        ids: Iterable[str] | None,
+        *,
+        kind: str,
+        published: Callable[[_Node], str],
+        read: _RegistryReader,
+        timeout_s: float,
+    ) -> None:
+        """Wait until ``ids`` (default: every running node) are registered, each running node
+        of this cluster with what its current incarnation publishes."""
+        running = {self._id_of(node): published(node) for node in nodes if node.is_running}
+        wanted = set(running) if ids is None else set(ids)
+
+        def missing(found: dict[str, str]) -> set[str]:
+            return {
+                node_id
+                for node_id in wanted
+                if found.get(node_id) is None
+                or (node_id in running and found[node_id] != running[node_id])
+            }
+
+        await self._poll(read, missing, kind, "registered", timeout_s)
+
+    async def _poll(
+        self,
+        read: _RegistryReader,
         missing: Callable[[dict[str, str]], set[str]],
+        kind: str,
         what: str,
         timeout_s: float,
     ) -> None:
@@ -624,14 +961,14 @@ class LocalCluster:
         try:
             deadline = time.monotonic() + timeout_s
             while True:
-                found = await self._read_available(store)
+                found = await read(store)
                 not_yet = missing(found)
                 if not not_yet:
                     return
                 if time.monotonic() >= deadline:
                     raise TimeoutError(
-                        f"bookies {sorted(not_yet)} were not {what} within {timeout_s}s; "
-                        f"available now (id: address): {found}"
+                        f"{kind} {sorted(not_yet)} were not {what} within {timeout_s}s; "
+                        f"registered now (id: address): {found}"
                     )
                 await asyncio.sleep(_REGISTRATION_POLL_INTERVAL_S)
         finally:
