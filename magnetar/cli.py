@@ -28,7 +28,6 @@ EXIT_NOT_BUILT = 3
 
 NOT_BUILT = {
     "standalone": "everything in one process: embedded metadata, 3 bookies, 1 broker",
-    "broker": "run a broker",
     "topics": "create, list, delete topics; stats; partitions",
     "subscriptions": "list, reset, delete subscriptions",
     "produce": "send messages from the command line",
@@ -71,6 +70,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_server_options(bookie)
     add_config_arguments(bookie, BookieConfig)
+
+    from broker.service.config import BrokerConfig  # noqa: PLC0415
+
+    broker = commands.add_parser(
+        "broker",
+        help="run a broker (stateless partition owner)",
+        description="Run a broker: owns partitions through the metadata store, serves producers"
+        " and consumers on --port (gRPC), metrics and health on --http-port. SIGTERM hands its"
+        " partitions to other brokers before exiting.",
+    )
+    _add_server_options(broker)
+    add_config_arguments(broker, BrokerConfig)
 
     from bookie.autorecovery import AutorecoveryConfig  # noqa: PLC0415
 
@@ -124,6 +135,18 @@ def _run_bookie(args: argparse.Namespace) -> int:
         BookieConfig, file=args.config, overrides=config_overrides_from_args(args, BookieConfig)
     )
     return asyncio.run(run_bookie(config))
+
+
+def _run_broker(args: argparse.Namespace) -> int:
+    from broker.process import run_broker  # noqa: PLC0415
+    from broker.service.config import BrokerConfig  # noqa: PLC0415
+
+    configure_logging(mode=args.log_format, level=args.log_level, stream=sys.stderr)
+    sys.setswitchinterval(0.001)
+    config = load_config(
+        BrokerConfig, file=args.config, overrides=config_overrides_from_args(args, BrokerConfig)
+    )
+    return asyncio.run(run_broker(config))
 
 
 def _run_autorecovery(args: argparse.Namespace) -> int:
@@ -233,6 +256,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "bookie":
             return _run_bookie(args)
+        if args.command == "broker":
+            return _run_broker(args)
         if args.command == "autorecovery":
             return _run_autorecovery(args)
         if args.command == "cluster":

@@ -1,0 +1,479 @@
+"""The broker's gRPC adapter for clients: Lookup, Produce and Consume streams.
+
+Protobuf in, domain calls, protobuf out. Streams are long-lived and answer failures in band:
+a bad batch gets a ``ProduceError`` and the stream goes on. When the broker stops serving a
+partition (moved, shutting down, session lost) the stream ends with a "closed" message saying
+why, and the client looks the partition up again and resends what was not receipted.
+
+Each stream has a reader task (requests in) and the handler body (responses out). The producer
+reader stops reading while the partition's bytes in flight are at their bound, so back-pressure
+reaches the client through gRPC flow control. Receipts that complete together travel in one
+message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import grpc.aio
+import structlog
+
+from broker.managed_ledger import Position
+from broker.service.broker import Broker
+from broker.service.envelope import IncomingBatch
+from broker.service.names import parse_topic
+from broker.service.streams import (
+    AckDone,
+    ActiveChange,
+    ConsumerEvent,
+    Deliveries,
+    MessageIdStart,
+    OffsetStart,
+    Receipt,
+    RequestFailed,
+    SeekDone,
+    Start,
+    StreamClosed,
+    SubscribeRequest,
+    SubscriptionType,
+    TimeStart,
+)
+from broker.service.subscription import ConsumerSession
+from broker.service.topic import ProducerSession
+from magnetar.common.errors import (
+    InternalError,
+    InvalidArgumentError,
+    MagnetarError,
+    ManagedLedgerError,
+    ProtocolError,
+    ServiceNotReadyError,
+    ShuttingDownError,
+    TopicNotOwnedError,
+)
+from magnetar.common.grpc_errors import abort_with, error_to_detail
+from proto.broker.v1 import broker_pb2 as pb
+from proto.broker.v1 import broker_pb2_grpc
+from proto.common.v1 import types_pb2
+
+log = structlog.get_logger("magnetar.broker.grpc")
+
+_producer_ids = itertools.count(1)
+MAX_DELIVERY_MESSAGE_BYTES = 8 * 1024 * 1024
+
+# errors after which the client must look the partition up again and resend
+MOVED = (TopicNotOwnedError, ServiceNotReadyError, ShuttingDownError, ManagedLedgerError)
+
+
+def to_start(start: types_pb2.StartPosition) -> Start:
+    which = start.WhichOneof("target")
+    if which is None or which == "initial":
+        if start.initial == types_pb2.INITIAL_POSITION_EARLIEST:
+            return "earliest"
+        return "latest"
+    if which == "message_id":
+        m = start.message_id
+        return MessageIdStart(m.ledger_id, m.entry_id, m.batch_index)
+    if which == "offset":
+        return OffsetStart(start.offset)
+    return TimeStart(start.publish_time_ms)
+
+
+def _position(message_id: types_pb2.MessageId) -> Position:
+    if message_id.ledger_id < 0 or message_id.entry_id < 0:
+        raise InvalidArgumentError(
+            f"message id ({message_id.ledger_id}, {message_id.entry_id}) is not a stored entry"
+        )
+    return Position(message_id.ledger_id, message_id.entry_id)
+
+
+def _message_id(position: Position, partition: int, batch_size: int = 0) -> types_pb2.MessageId:
+    return types_pb2.MessageId(
+        ledger_id=position.ledger_id,
+        entry_id=position.entry_id,
+        batch_index=-1,
+        partition=partition,
+        batch_size=batch_size,
+    )
+
+
+class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    # --- lookup -----------------------------------------------------------------------------------
+
+    async def Lookup(
+        self, request: pb.LookupRequest, context: grpc.aio.ServicerContext[object, object]
+    ) -> pb.LookupResponse:
+        try:
+            result = await self.broker.lookup(request.topic)
+        except MagnetarError as e:
+            await abort_with(context, e)
+            raise AssertionError("unreachable") from e
+        return pb.LookupResponse(
+            topic=result.topic,
+            partitions=result.partitions,
+            owners=[
+                pb.PartitionOwner(
+                    partition_topic=o.partition_topic,
+                    partition=o.partition,
+                    broker_url=o.broker_url,
+                    broker_id=o.broker_id,
+                )
+                for o in result.owners
+            ],
+        )
+
+    # --- produce ----------------------------------------------------------------------------------
+
+    async def Produce(
+        self,
+        request_iterator: AsyncIterator[pb.ProduceRequest],
+        context: grpc.aio.ServicerContext[object, object],
+    ) -> AsyncIterator[pb.ProduceResponse]:
+        try:
+            first = await anext(aiter(request_iterator))
+        except StopAsyncIteration:
+            return
+        if first.WhichOneof("kind") != "open":
+            yield _producer_closed(ProtocolError("the first message of a produce stream is open"))
+            return
+        try:
+            name = parse_topic(first.open.topic)
+            topic = await self.broker.open_topic(name)
+            producer_name = first.open.producer_name or (
+                f"{self.broker.broker_id}-{self.broker.start_time_ms}-{next(_producer_ids)}"
+            )
+            producer = topic.add_producer(producer_name, context.peer())
+        except MagnetarError as e:
+            yield _producer_closed(e)
+            return
+        except Exception as e:
+            log.exception("producer_open_failed", topic=first.open.topic)
+            yield _producer_closed(InternalError(f"opening the producer failed: {e!r}"))
+            return
+        log.info("producer_opened", topic=name.full, producer=producer_name)
+        yield pb.ProduceResponse(
+            opened=pb.ProducerOpened(
+                producer_name=producer_name,
+                topic=name.full,
+                last_sequence_id=producer.last_sequence_id,
+                max_message_bytes=self.broker.config.max_message_bytes,
+            )
+        )
+        inflight: deque[tuple[int, asyncio.Future[Receipt]]] = deque()
+        arrived = asyncio.Event()
+        reader = asyncio.create_task(
+            self._read_produce(request_iterator, producer, inflight, arrived)
+        )
+        try:
+            async for response in self._produce_responses(producer, inflight, arrived, reader):
+                yield response
+            if reader.done() and not reader.cancelled() and reader.exception() is not None:
+                error = reader.exception()
+                log.error("produce_stream_failed", topic=name.full, error=repr(error))
+                yield _producer_closed(
+                    error
+                    if isinstance(error, MagnetarError)
+                    else ProtocolError(f"the produce stream failed: {error!r}")
+                )
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+            topic.remove_producer(producer)
+            log.info("producer_closed", topic=name.full, producer=producer_name)
+
+    async def _read_produce(
+        self,
+        requests: AsyncIterator[pb.ProduceRequest],
+        producer: ProducerSession,
+        inflight: deque[tuple[int, asyncio.Future[Receipt]]],
+        arrived: asyncio.Event,
+    ) -> None:
+        topic = producer.topic
+        loop = asyncio.get_running_loop()
+        async for request in requests:
+            kind = request.WhichOneof("kind")
+            if kind == "close":
+                return
+            if kind != "send":
+                failed: asyncio.Future[Receipt] = loop.create_future()
+                failed.set_exception(ProtocolError(f"unexpected {kind} on an open producer"))
+                inflight.append((0, failed))
+                arrived.set()
+                continue
+            for batch in request.send.batches:
+                await topic.wait_for_space()
+                if producer.is_closed:
+                    return
+                incoming = IncomingBatch(
+                    batch.request_id,
+                    batch.sequence_id,
+                    batch.last_sequence_id,
+                    batch.num_messages,
+                    batch.batch,
+                    batch.compression,
+                    batch.uncompressed_size,
+                )
+                try:
+                    receipt = topic.publish(producer, incoming)
+                except MOVED as e:
+                    producer.close_with(e)
+                    return
+                except MagnetarError as e:
+                    receipt = loop.create_future()
+                    receipt.set_exception(e)
+                inflight.append((batch.request_id, receipt))
+            arrived.set()
+
+    async def _produce_responses(
+        self,
+        producer: ProducerSession,
+        inflight: deque[tuple[int, asyncio.Future[Receipt]]],
+        arrived: asyncio.Event,
+        reader: asyncio.Task[None],
+    ) -> AsyncIterator[pb.ProduceResponse]:
+        partition = producer.topic.name.partition
+        while True:
+            if not inflight:
+                if reader.done() and not producer.is_closed:
+                    return  # the client closed its side
+                arrived.clear()
+                arrival = asyncio.ensure_future(arrived.wait())
+                waiters: list[asyncio.Future[Any]] = [arrival, producer.closed]
+                if not reader.done():
+                    waiters.append(reader)
+                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+                if not arrival.done():
+                    arrival.cancel()
+                if producer.is_closed and not inflight:
+                    yield _producer_closed(producer.closed.result())
+                    return
+                continue
+            head = inflight[0][1]
+            if not head.done():
+                both: list[asyncio.Future[Any]] = [head, producer.closed]
+                await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
+                if not head.done():
+                    # closed under us: what is not receipted is resent by the client
+                    yield _producer_closed(producer.closed.result())
+                    return
+            receipts = pb.ProduceReceipts()
+            errors: list[pb.ProduceResponse] = []
+            moved: MagnetarError | None = None
+            while inflight and inflight[0][1].done():
+                request_id, future = inflight.popleft()
+                if future.cancelled():
+                    moved = ServiceNotReadyError("the batch was not stored; resend it")
+                    continue
+                error = future.exception()
+                if error is None:
+                    r = future.result()
+                    receipts.receipts.add(
+                        request_id=r.request_id,
+                        sequence_id=r.sequence_id,
+                        last_sequence_id=r.last_sequence_id,
+                        message_id=_message_id(r.position, partition),
+                        first_offset=r.first_offset,
+                        publish_time_ms=r.publish_time_ms,
+                        duplicate=r.duplicate,
+                    )
+                elif isinstance(error, MOVED) or not isinstance(error, MagnetarError):
+                    moved = (
+                        error
+                        if isinstance(error, MagnetarError)
+                        else ServiceNotReadyError(f"the batch could not be stored: {error}")
+                    )
+                else:
+                    errors.append(
+                        pb.ProduceResponse(
+                            error=pb.ProduceError(
+                                request_id=request_id, error=error_to_detail(error)
+                            )
+                        )
+                    )
+            if receipts.receipts:
+                yield pb.ProduceResponse(receipts=receipts)
+            for response in errors:
+                yield response
+            if moved is not None:
+                # the partition's writer failed: the client resends everything unreceipted
+                producer.close_with(moved)
+                yield _producer_closed(moved)
+                return
+
+    # --- consume ----------------------------------------------------------------------------------
+
+    async def Consume(
+        self,
+        request_iterator: AsyncIterator[pb.ConsumeRequest],
+        context: grpc.aio.ServicerContext[object, object],
+    ) -> AsyncIterator[pb.ConsumeResponse]:
+        try:
+            first = await anext(aiter(request_iterator))
+        except StopAsyncIteration:
+            return
+        if first.WhichOneof("kind") != "subscribe":
+            yield _consumer_closed(
+                ProtocolError("the first message of a consume stream is subscribe")
+            )
+            return
+        sub = first.subscribe
+        try:
+            name = parse_topic(sub.topic)
+            if sub.subscription_type == types_pb2.SUBSCRIPTION_TYPE_UNSPECIFIED:
+                sub_type = SubscriptionType.EXCLUSIVE
+            else:
+                sub_type = SubscriptionType(sub.subscription_type)
+            topic = await self.broker.open_topic(name)
+            consumer = await topic.subscribe(
+                SubscribeRequest(
+                    topic=name.full,
+                    subscription=sub.subscription,
+                    subscription_type=sub_type,
+                    consumer_name=sub.consumer_name or f"consumer-{next(_producer_ids)}",
+                    start=to_start(sub.start),
+                    durable=sub.durable,
+                    priority_level=sub.priority_level,
+                    properties=dict(sub.properties),
+                ),
+                context.peer(),
+            )
+        except MagnetarError as e:
+            yield _consumer_closed(e)
+            return
+        except ValueError as e:
+            yield _consumer_closed(InvalidArgumentError(f"bad subscribe request: {e}"))
+            return
+        except Exception as e:
+            log.exception("subscribe_failed", topic=sub.topic)
+            yield _consumer_closed(InternalError(f"subscribe failed: {e!r}"))
+            return
+        yield pb.ConsumeResponse(
+            subscribed=pb.Subscribed(
+                topic=name.full,
+                subscription=consumer.subscription.name,
+                consumer_name=consumer.name,
+            )
+        )
+        reader = asyncio.create_task(self._read_consume(request_iterator, consumer))
+        try:
+            async for response in self._consume_responses(consumer, reader):
+                yield response
+            if reader.done() and not reader.cancelled() and reader.exception() is not None:
+                error = reader.exception()
+                log.error("consume_stream_failed", topic=name.full, error=repr(error))
+                yield _consumer_closed(
+                    error
+                    if isinstance(error, MagnetarError)
+                    else ProtocolError(f"the consume stream failed: {error!r}")
+                )
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+            consumer.detach()
+
+    async def _read_consume(
+        self, requests: AsyncIterator[pb.ConsumeRequest], consumer: ConsumerSession
+    ) -> None:
+        async for request in requests:
+            kind = request.WhichOneof("kind")
+            try:
+                if kind == "flow":
+                    consumer.flow(request.flow.permits)
+                elif kind == "ack":
+                    positions = [_position(m) for m in request.ack.message_ids]
+                    consumer.ack(
+                        positions,
+                        cumulative=request.ack.ack_type == pb.ACK_TYPE_CUMULATIVE,
+                        request_id=request.ack.request_id,
+                    )
+                elif kind == "nack":
+                    consumer.nack(
+                        [_position(m) for m in request.nack.message_ids], request.nack.delay_ms
+                    )
+                elif kind == "redeliver":
+                    consumer.redeliver([_position(m) for m in request.redeliver.message_ids])
+                elif kind == "seek":
+                    await consumer.seek(to_start(request.seek.target), request.seek.request_id)
+                elif kind == "close":
+                    return
+                else:
+                    raise ProtocolError(f"unexpected {kind} on an open consumer")
+            except MagnetarError as e:
+                request_id = request.ack.request_id if kind == "ack" else 0
+                consumer.events.put_nowait(RequestFailed(request_id, e))
+
+    async def _consume_responses(
+        self, consumer: ConsumerSession, reader: asyncio.Task[None]
+    ) -> AsyncIterator[pb.ConsumeResponse]:
+        partition = consumer.subscription.topic.name.partition
+        while True:
+            getter = asyncio.ensure_future(consumer.events.get())
+            done, _ = await asyncio.wait([getter, reader], return_when=asyncio.FIRST_COMPLETED)
+            if getter not in done:
+                getter.cancel()
+                return  # the client closed its side
+            events: list[ConsumerEvent] = [getter.result()]
+            while not consumer.events.empty():
+                events.append(consumer.events.get_nowait())
+            deliveries = pb.Deliveries()
+            size = 0
+            for event in events:
+                if isinstance(event, Deliveries):
+                    for item in event.items:
+                        deliveries.deliveries.add(
+                            message_id=_message_id(item.position, partition, item.num_messages),
+                            entry=item.payload,
+                            redelivery_count=item.redelivery_count,
+                            batch_indexes=item.batch_indexes,
+                        )
+                        size += len(item.payload)
+                        if size >= MAX_DELIVERY_MESSAGE_BYTES:
+                            yield pb.ConsumeResponse(deliveries=deliveries)
+                            deliveries = pb.Deliveries()
+                            size = 0
+                    continue
+                if deliveries.deliveries:
+                    yield pb.ConsumeResponse(deliveries=deliveries)
+                    deliveries = pb.Deliveries()
+                    size = 0
+                if isinstance(event, AckDone):
+                    yield pb.ConsumeResponse(ack_receipt=pb.AckReceipt(request_id=event.request_id))
+                elif isinstance(event, SeekDone):
+                    yield pb.ConsumeResponse(
+                        seek_complete=pb.SeekComplete(request_id=event.request_id)
+                    )
+                elif isinstance(event, RequestFailed):
+                    yield pb.ConsumeResponse(
+                        error=pb.ConsumeError(
+                            request_id=event.request_id, error=error_to_detail(event.error)
+                        )
+                    )
+                elif isinstance(event, ActiveChange):
+                    yield pb.ConsumeResponse(
+                        active_change=pb.ActiveConsumerChange(is_active=event.active)
+                    )
+                elif isinstance(event, StreamClosed):
+                    yield _consumer_closed(event.reason, end_of_topic=event.end_of_topic)
+                    return
+            if deliveries.deliveries:
+                yield pb.ConsumeResponse(deliveries=deliveries)
+
+
+def _producer_closed(error: MagnetarError) -> pb.ProduceResponse:
+    return pb.ProduceResponse(closed=pb.ProducerClosed(reason=error_to_detail(error)))
+
+
+def _consumer_closed(error: MagnetarError, *, end_of_topic: bool = False) -> pb.ConsumeResponse:
+    return pb.ConsumeResponse(
+        closed=pb.ConsumerClosed(reason=error_to_detail(error), end_of_topic=end_of_topic)
+    )

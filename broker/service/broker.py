@@ -1,0 +1,488 @@
+"""The broker: lookups, the partitions it owns, its session, load reporting and shutdown.
+
+A broker holds no data. It registers under a session lease, answers lookups for any topic
+(assigning unowned partitions to the least-loaded live broker, itself included), serves the
+partitions it owns through :class:`TopicManager`, and publishes its load. When its session is
+lost it drops every partition at once (another broker may own them already) and starts a new
+session. A graceful shutdown hands each partition to the least-loaded other broker before
+exiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from bookie.client.ledger_client import LedgerClient
+from broker.managed_ledger import EntryCache, ManagedLedgerFactory
+from broker.service.catalog import (
+    TopicCatalog,
+    TopicRecord,
+    read_cluster,
+    read_handover,
+    read_owner,
+)
+from broker.service.config import BrokerConfig
+from broker.service.envelope import EnvelopeCodec
+from broker.service.load import BrokerLoadInfo, choose_least_loaded
+from broker.service.load_manager import LoadManager
+from broker.service.names import TopicName, parse_base_topic, parse_topic
+from broker.service.topic import Topic
+from broker.service.topics import TopicManager
+from magnetar.common.clock import SYSTEM_CLOCK, Clock
+from magnetar.common.errors import (
+    InvalidConfigError,
+    KeyExistsError,
+    MagnetarError,
+    MetadataError,
+    ServiceNotReadyError,
+    SessionLostError,
+    ShuttingDownError,
+    TopicAlreadyExistsError,
+    TopicBusyError,
+    TopicNotFoundError,
+    TopicNotOwnedError,
+)
+from metadata import MetadataStore, layout
+from metadata.coordination import Session
+from proto.format.v1 import cluster_pb2, topic_pb2
+
+log = structlog.get_logger("magnetar.broker")
+
+SHUTDOWN_PARALLELISM = 8
+LIVE_REFRESH_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionOwner:
+    partition_topic: str
+    partition: int
+    broker_url: str
+    broker_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class LookupResult:
+    topic: str
+    partitions: int
+    owners: list[PartitionOwner]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where a partition's owner is: here (``topic`` set) or at ``service_url``."""
+
+    topic: Topic | None
+    service_url: str = ""
+    broker_id: str = ""
+
+
+class BrokerIdInUseError(InvalidConfigError):
+    """Another live broker registered under this broker's id."""
+
+
+class Broker:
+    """One broker's service core, below the gRPC adapters."""
+
+    def __init__(
+        self,
+        config: BrokerConfig,
+        store: MetadataStore,
+        ledger_client: LedgerClient,
+        *,
+        broker_id: str,
+        service_url: str,
+        http_address: str = "",
+        version: str = "",
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.ledger_client = ledger_client
+        self.broker_id = broker_id
+        self.service_url = service_url
+        self.http_address = http_address
+        self.version = version
+        self.clock = clock
+        self.start_time_ms = clock.time_ms()
+        self.cache = EntryCache(config.entry_cache_max_bytes)
+        self.factory = ManagedLedgerFactory(
+            store,
+            ledger_client,
+            codec=EnvelopeCodec(),
+            config=config.managed_ledger,
+            cache=self.cache,
+            clock=clock,
+        )
+        self.catalog = TopicCatalog(store, clock)
+        self.live_brokers: dict[str, cluster_pb2.BrokerRegistration] = {}
+        self.topics = TopicManager(
+            store,
+            self.factory,
+            self.catalog,
+            config,
+            broker_id=broker_id,
+            service_url=service_url,
+            is_live=lambda b: b in self.live_brokers,
+            clock=clock,
+        )
+        self.load_manager = LoadManager(
+            store, config, broker_id=broker_id, topics=lambda: self.topics.topics, clock=clock
+        )
+        self.session: Session | None = None
+        self._registration_version = 0
+        self.sessions_lost = 0
+        self._stopping = False
+        self._tasks: set[asyncio.Task[object]] = set()
+        self.ready = asyncio.Event()
+
+    # --- life cycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self._new_session()
+        await self._refresh_live()
+        self._spawn(self._live_loop())
+        self._spawn(self._handover_loop())
+        self.ready.set()
+        log.info("broker_started", broker=self.broker_id, url=self.service_url)
+
+    async def _new_session(self) -> None:
+        session = await Session.start(
+            self.store, ttl_s=self.config.session_ttl_s, clock=self.clock, name=self.broker_id
+        )
+        registration = cluster_pb2.BrokerRegistration(
+            format_version=1,
+            broker_id=self.broker_id,
+            service_url=self.service_url,
+            http_address=self.http_address,
+            version=self.version,
+            start_time_ms=self.start_time_ms,
+        )
+        try:
+            self._registration_version = await self._register(session, registration)
+        except BaseException:
+            with contextlib.suppress(MagnetarError):
+                await session.close()
+            raise
+        self.session = session
+        self.topics.use_session(session)
+        self.topics.accepting = True
+        self.load_manager.start(session)
+        with contextlib.suppress(MagnetarError):
+            await self.load_manager.publish(session)
+        session.on_lost(lambda error: self._spawn(self._session_lost(session, error)))
+
+    async def _register(
+        self, session: Session, registration: cluster_pb2.BrokerRegistration
+    ) -> int:
+        """Create the lease-bound registration; a live broker with the same id is refused.
+
+        A previous incarnation of this broker (crashed, or a session just lost) may hold the
+        key until its lease expires, so the create is retried for one session TTL.
+        """
+        key = layout.broker(self.broker_id)
+        deadline = self.clock.monotonic() + self.config.session_ttl_s + 1
+        while True:
+            try:
+                return await self.store.create(
+                    key, registration.SerializeToString(), lease_id=session.lease_id
+                )
+            except KeyExistsError:
+                holder = await self.store.get(key)
+                if holder is None:
+                    continue
+                if self.clock.monotonic() >= deadline:
+                    other = cluster_pb2.BrokerRegistration()
+                    other.ParseFromString(holder.value)
+                    raise BrokerIdInUseError(
+                        f"broker id {self.broker_id!r} is registered by a live broker at"
+                        f" {other.service_url}; give this broker another --broker-id",
+                        context={"broker_id": self.broker_id},
+                    ) from None
+                await asyncio.sleep(0.25)
+
+    async def _session_lost(self, session: Session, error: SessionLostError) -> None:
+        if session is not self.session:
+            return
+        self.sessions_lost += 1
+        self.topics.accepting = False
+        log.warning("broker_session_lost", broker=self.broker_id, error=error.message)
+        await self.load_manager.stop()
+        await self.topics.drop_all(
+            TopicNotOwnedError(f"broker {self.broker_id} lost its metadata session")
+        )
+        delay = 0.2
+        while not self._stopping:
+            try:
+                await self._new_session()
+            except MagnetarError as e:
+                log.info("broker_session_retry", error=e.message)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+            else:
+                log.info("broker_session_restored", broker=self.broker_id)
+                return
+
+    def _spawn(self, coro: Coroutine[Any, Any, object]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _refresh_live(self) -> None:
+        live = {}
+        for record in (await self.store.list(layout.BROKERS)).records:
+            registration = cluster_pb2.BrokerRegistration()
+            registration.ParseFromString(record.value)
+            live[registration.broker_id] = registration
+        self.live_brokers = live
+
+    async def _live_loop(self) -> None:
+        while True:
+            await asyncio.sleep(LIVE_REFRESH_S)
+            with contextlib.suppress(MagnetarError):
+                await self._refresh_live()
+
+    async def _handover_loop(self) -> None:
+        """Unload partitions the shedding leader asked this broker to hand over."""
+        while True:
+            try:
+                listing = await self.store.list(layout.HANDOVER)
+                now = self.clock.time_ms()
+                for record in listing.records:
+                    hint = cluster_pb2.HandoverHint()
+                    hint.ParseFromString(record.value)
+                    partition = record.key[len(layout.HANDOVER) :]
+                    if hint.expires_ms <= now:
+                        with contextlib.suppress(MetadataError):
+                            await self.store.delete(record.key, expected_version=record.version)
+                        continue
+                    if hint.from_broker_id != self.broker_id or hint.broker_id == self.broker_id:
+                        continue
+                    name = parse_topic(partition)
+                    if self.topics.owned(name) is not None:
+                        self._spawn(
+                            self.topics.unload(
+                                name,
+                                reason=ServiceNotReadyError(
+                                    f"partition {partition} moves to broker {hint.broker_id}"
+                                ),
+                            )
+                        )
+                # a watch would be quicker, but hints are rare and a listing is cheap
+                await asyncio.sleep(0.5)
+            except MagnetarError as e:
+                log.info("handover_check_failed", error=e.message)
+                await asyncio.sleep(1.0)
+
+    async def shutdown(self) -> None:
+        """Hand every partition over, then leave the cluster."""
+        if self._stopping:
+            return
+        self._stopping = True
+        self.topics.accepting = False
+        log.info("broker_stopping", broker=self.broker_id, partitions=len(self.topics.topics))
+        with contextlib.suppress(MetadataError):
+            await self.store.delete(
+                layout.broker(self.broker_id), expected_version=self._registration_version
+            )
+        await self.load_manager.stop()
+        try:
+            snapshot = await read_cluster(self.store)
+            infos = snapshot.load_infos()
+        except MagnetarError:
+            infos = []
+        promised: dict[str, int] = {}
+        gate = asyncio.Semaphore(SHUTDOWN_PARALLELISM)
+
+        async def hand_over(topic: Topic) -> None:
+            target = choose_least_loaded(infos, exclude=[self.broker_id], extra=promised)
+            if target is not None:
+                promised[target] = promised.get(target, 0) + 1
+            async with gate:
+                await self.topics.unload(
+                    topic.name,
+                    reason=ShuttingDownError(f"broker {self.broker_id} is shutting down"),
+                    handover_to=target,
+                )
+
+        try:
+            async with asyncio.timeout(self.config.shutdown_timeout_s):
+                await asyncio.gather(
+                    *(hand_over(t) for t in list(self.topics.topics.values())),
+                    return_exceptions=True,
+                )
+        except TimeoutError:
+            log.warning("broker_shutdown_timeout", remaining=len(self.topics.topics))
+        await self.topics.drop_all(ShuttingDownError(f"broker {self.broker_id} stopped"))
+        await self.close()
+
+    async def close(self) -> None:
+        self._stopping = True
+        for task in list(self._tasks):
+            task.cancel()
+        await self.load_manager.stop()
+        await self.topics.close()
+        with contextlib.suppress(MagnetarError):
+            await self.factory.close()
+        if self.session is not None:
+            with contextlib.suppress(MagnetarError):
+                await self.session.close()
+        log.info("broker_stopped", broker=self.broker_id)
+
+    # --- lookup -----------------------------------------------------------------------------------
+
+    async def topic_record(self, name: TopicName, *, create: bool) -> TopicRecord:
+        record = await self.catalog.get(name)
+        if record is not None:
+            if name.is_partition:
+                await self.catalog.require(name)
+            return record
+        if name.is_partition or not create or not self.config.allow_auto_topic_creation:
+            raise TopicNotFoundError(
+                f"topic {name.topic} does not exist (automatic topic creation is"
+                f" {'on' if self.config.allow_auto_topic_creation else 'off'})",
+                context={"topic": name.topic},
+            )
+        try:
+            return await self.catalog.create(name, self.config.auto_topic_partitions)
+        except TopicAlreadyExistsError:
+            return await self.catalog.require(name)
+
+    async def lookup(self, topic: str) -> LookupResult:
+        """Who owns each partition of ``topic``, assigning owners to unowned partitions."""
+        if self._stopping:
+            raise ShuttingDownError(f"broker {self.broker_id} is shutting down")
+        name = parse_topic(topic)
+        record = await self.topic_record(name, create=True)
+        partitions = [name] if name.is_partition else record.partition_names()
+        owners = await asyncio.gather(*(read_owner(self.store, p.full) for p in partitions))
+        result: list[PartitionOwner] = []
+        snapshot_infos = None
+        promised: dict[str, int] = {}
+        for partition, found in zip(partitions, owners, strict=True):
+            owner = found
+            if owner is None:
+                if snapshot_infos is None:
+                    snapshot_infos = (await read_cluster(self.store)).load_infos()
+                owner = await self._assign(partition, snapshot_infos, promised)
+            result.append(
+                PartitionOwner(
+                    partition.full,
+                    partition.partition,
+                    owner.service_url,
+                    owner.broker_id,
+                )
+            )
+        if name.is_partition:
+            # a partition looked up on its own is served like a non-partitioned topic
+            return LookupResult(name.full, 0, result)
+        return LookupResult(name.topic, record.partitions, result)
+
+    async def _assign(
+        self, partition: TopicName, infos: list[BrokerLoadInfo], promised: dict[str, int]
+    ) -> cluster_pb2.OwnershipRecord:
+        live = {i.broker_id for i in infos}
+        hint = await read_handover(self.store, partition.full, self.clock.time_ms())
+        if hint is not None and hint.broker_id in live:
+            target = hint.broker_id
+        else:
+            target = choose_least_loaded(infos, extra=promised) or self.broker_id
+        promised[target] = promised.get(target, 0) + 1
+        if target == self.broker_id and self.topics.accepting:
+            try:
+                await self.topics.get(partition, acquire=True)
+            except TopicNotOwnedError:
+                owner = await read_owner(self.store, partition.full)
+                if owner is not None:
+                    return owner
+                raise
+            return cluster_pb2.OwnershipRecord(
+                broker_id=self.broker_id, service_url=self.service_url
+            )
+        registration = self.live_brokers.get(target)
+        if registration is None:
+            await self._refresh_live()
+            registration = self.live_brokers.get(target)
+        if registration is None:
+            raise ServiceNotReadyError(f"no live broker can take partition {partition} yet")
+        if hint is None or hint.broker_id != target:
+            # reserve the partition for the chosen broker until its client connects there,
+            # so that another broker does not take it first
+            reservation = cluster_pb2.HandoverHint(
+                broker_id=target,
+                expires_ms=self.clock.time_ms() + self.config.handover_hint_ttl_ms,
+            )
+            await self.store.put(layout.handover(partition.full), reservation.SerializeToString())
+        return cluster_pb2.OwnershipRecord(broker_id=target, service_url=registration.service_url)
+
+    async def open_topic(self, name: TopicName) -> Topic:
+        """The partition a producer or consumer opens: served here, taken here if nobody owns
+        it, created first if it is a new topic and automatic creation is on."""
+        topic = self.topics.owned(name)
+        if topic is not None:
+            return topic
+        if not name.is_partition:
+            await self.topic_record(name, create=True)
+        return await self.topics.get(name, acquire=True)
+
+    async def route(self, partition: TopicName, *, acquire: bool = True) -> Route:
+        """Where a partition is served: here (taking it if nobody owns it), or elsewhere."""
+        topic = self.topics.owned(partition)
+        if topic is not None:
+            return Route(topic)
+        owner = await read_owner(self.store, partition.full)
+        if owner is not None and owner.broker_id != self.broker_id:
+            return Route(None, owner.service_url, owner.broker_id)
+        if not acquire:
+            raise TopicNotOwnedError(f"partition {partition} is not owned by any broker")
+        hint = await read_handover(self.store, partition.full, self.clock.time_ms())
+        if hint is not None and hint.broker_id != self.broker_id:
+            registration = self.live_brokers.get(hint.broker_id)
+            if registration is not None:
+                return Route(None, registration.service_url, hint.broker_id)
+        return Route(await self.topics.get(partition, acquire=True))
+
+    # --- topic administration ---------------------------------------------------------------------
+
+    async def create_topic(
+        self,
+        topic: str,
+        partitions: int,
+        *,
+        policies: topic_pb2.TopicPolicies | None = None,
+        properties: dict[str, str] | None = None,
+    ) -> TopicRecord:
+        name = parse_base_topic(topic)
+        return await self.catalog.create(name, partitions, policies=policies, properties=properties)
+
+    async def delete_partition_here(self, partition: TopicName, *, force: bool) -> None:
+        """Delete one partition's data; the caller routed it here (we own it, or nobody did)."""
+        topic = self.topics.owned(partition)
+        if topic is None:
+            topic = await self.topics.get(partition, acquire=True)
+        if not force and (
+            topic.producers or any(s.consumers for s in topic.subscriptions.values())
+        ):
+            raise TopicBusyError(
+                f"partition {partition} has {len(topic.producers)} producer(s) and"
+                f" {sum(len(s.consumers) for s in topic.subscriptions.values())} consumer(s);"
+                " disconnect them or force the delete",
+                context={"topic": partition.full},
+            )
+
+        async def delete_data() -> None:
+            await self.factory.delete(partition.full)
+            with contextlib.suppress(MetadataError):
+                await self.store.delete(layout.dedup_snapshot(partition.full))
+
+        await self.topics.unload(
+            partition,
+            reason=TopicNotFoundError(f"topic {partition.topic} was deleted"),
+            before_release=delete_data,
+        )
+        log.info("partition_deleted", topic=partition.full)

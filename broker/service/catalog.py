@@ -1,0 +1,204 @@
+"""What the metadata store says about topics and brokers: topic records, live brokers, their
+load reports, partition owners and handover hints. Reads and writes only; no policy."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+from broker.service.load import BrokerLoadInfo, PartitionLoadInfo
+from broker.service.names import TopicName
+from magnetar.common.clock import SYSTEM_CLOCK, Clock
+from magnetar.common.errors import (
+    InvalidArgumentError,
+    KeyExistsError,
+    NoSuchKeyError,
+    TopicAlreadyExistsError,
+    TopicNotFoundError,
+)
+from metadata import MetadataStore, layout
+from proto.format.v1 import cluster_pb2, topic_pb2
+
+MAX_PARTITIONS = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRecord:
+    name: TopicName
+    partitions: int
+    created_ms: int
+    policies: topic_pb2.TopicPolicies
+    properties: dict[str, str]
+    version: int
+
+    def partition_names(self) -> list[TopicName]:
+        if self.partitions == 0:
+            return [self.name]
+        return [self.name.partition_name(i) for i in range(self.partitions)]
+
+
+def _parse_topic(name: TopicName, value: bytes, version: int) -> TopicRecord:
+    meta = topic_pb2.TopicMetadata()
+    meta.ParseFromString(value)
+    return TopicRecord(
+        name, meta.partitions, meta.created_ms, meta.policies, dict(meta.properties), version
+    )
+
+
+class TopicCatalog:
+    """Topic records at ``/magnetar/topics/<tenant>/<namespace>/<topic>``."""
+
+    def __init__(self, store: MetadataStore, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.store = store
+        self.clock = clock
+
+    async def get(self, name: TopicName) -> TopicRecord | None:
+        record = await self.store.get(layout.topic(name.topic))
+        if record is None:
+            return None
+        return _parse_topic(name.base(), record.value, record.version)
+
+    async def require(self, name: TopicName) -> TopicRecord:
+        found = await self.get(name)
+        if found is None:
+            raise TopicNotFoundError(
+                f"topic {name.topic} does not exist", context={"topic": name.topic}
+            )
+        if name.is_partition and not 0 <= name.partition < max(found.partitions, 1):
+            raise TopicNotFoundError(
+                f"topic {name.topic} has {found.partitions} partition(s); there is no"
+                f" partition {name.partition}",
+                context={"topic": name.full},
+            )
+        if name.is_partition and found.partitions == 0:
+            raise TopicNotFoundError(
+                f"topic {name.topic} is not partitioned", context={"topic": name.full}
+            )
+        return found
+
+    async def create(
+        self,
+        name: TopicName,
+        partitions: int,
+        *,
+        policies: topic_pb2.TopicPolicies | None = None,
+        properties: dict[str, str] | None = None,
+    ) -> TopicRecord:
+        if not 0 <= partitions <= MAX_PARTITIONS:
+            raise InvalidArgumentError(
+                f"partitions must be from 0 (non-partitioned) to {MAX_PARTITIONS:,}, got"
+                f" {partitions}",
+                context={"partitions": partitions},
+            )
+        meta = topic_pb2.TopicMetadata(
+            format_version=1,
+            partitions=partitions,
+            created_ms=self.clock.time_ms(),
+            policies=policies or topic_pb2.TopicPolicies(),
+            properties=properties or {},
+        )
+        value = meta.SerializeToString()
+        try:
+            version = await self.store.create(layout.topic(name.topic), value)
+        except KeyExistsError:
+            raise TopicAlreadyExistsError(
+                f"topic {name.topic} already exists", context={"topic": name.topic}
+            ) from None
+        return _parse_topic(name, value, version)
+
+    async def update_partitions(self, name: TopicName, partitions: int) -> TopicRecord:
+        current = await self.require(name)
+        if partitions < current.partitions or current.partitions == 0:
+            raise InvalidArgumentError(
+                f"partitions of {name.topic} can only grow, from {current.partitions} (and a"
+                f" non-partitioned topic cannot become partitioned); asked for {partitions}"
+            )
+        meta = topic_pb2.TopicMetadata(
+            format_version=1,
+            partitions=partitions,
+            created_ms=current.created_ms,
+            policies=current.policies,
+            properties=current.properties,
+        )
+        value = meta.SerializeToString()
+        version = await self.store.put(
+            layout.topic(name.topic), value, expected_version=current.version
+        )
+        return _parse_topic(name, value, version)
+
+    async def delete(self, name: TopicName) -> None:
+        with contextlib.suppress(NoSuchKeyError):
+            await self.store.delete(layout.topic(name.topic))
+
+    async def list(self, namespace: str = "") -> list[TopicRecord]:
+        prefix = layout.TOPICS + (namespace.strip("/") + "/" if namespace else "")
+        listing = await self.store.list(prefix)
+        found = []
+        for record in listing.records:
+            tenant, ns, local = record.key[len(layout.TOPICS) :].split("/", 2)
+            found.append(_parse_topic(TopicName(tenant, ns, local), record.value, record.version))
+        return found
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSnapshot:
+    """Live brokers, their load reports and who owns what, read together."""
+
+    brokers: dict[str, cluster_pb2.BrokerRegistration]
+    loads: dict[str, cluster_pb2.BrokerLoadReport]
+    owners: dict[str, cluster_pb2.OwnershipRecord]
+
+    def load_infos(self) -> list[BrokerLoadInfo]:
+        owned: dict[str, dict[str, PartitionLoadInfo]] = {b: {} for b in self.brokers}
+        rates: dict[str, dict[str, cluster_pb2.PartitionLoad]] = {
+            b: {p.partition: p for p in report.partitions} for b, report in self.loads.items()
+        }
+        for partition, record in self.owners.items():
+            if record.broker_id not in owned:
+                continue
+            reported = rates.get(record.broker_id, {}).get(partition)
+            rate = reported.msg_rate_in + reported.msg_rate_out if reported else 0.0
+            owned[record.broker_id][partition] = PartitionLoadInfo(rate, record.acquired_ms)
+        return [
+            BrokerLoadInfo(b, owned[b], self.loads[b].cpu_percent if b in self.loads else 0.0)
+            for b in sorted(self.brokers)
+        ]
+
+
+async def read_cluster(store: MetadataStore) -> ClusterSnapshot:
+    brokers = {}
+    for record in (await store.list(layout.BROKERS)).records:
+        registration = cluster_pb2.BrokerRegistration()
+        registration.ParseFromString(record.value)
+        brokers[registration.broker_id] = registration
+    loads = {}
+    for record in (await store.list(layout.LOAD)).records:
+        report = cluster_pb2.BrokerLoadReport()
+        report.ParseFromString(record.value)
+        loads[report.broker_id] = report
+    owners = {}
+    for record in (await store.list(layout.OWNERSHIP)).records:
+        owner = cluster_pb2.OwnershipRecord()
+        owner.ParseFromString(record.value)
+        owners[record.key[len(layout.OWNERSHIP) :]] = owner
+    return ClusterSnapshot(brokers, loads, owners)
+
+
+async def read_owner(store: MetadataStore, partition: str) -> cluster_pb2.OwnershipRecord | None:
+    record = await store.get(layout.ownership(partition))
+    if record is None:
+        return None
+    owner = cluster_pb2.OwnershipRecord()
+    owner.ParseFromString(record.value)
+    return owner
+
+
+async def read_handover(
+    store: MetadataStore, partition: str, now_ms: int
+) -> cluster_pb2.HandoverHint | None:
+    record = await store.get(layout.handover(partition))
+    if record is None:
+        return None
+    hint = cluster_pb2.HandoverHint()
+    hint.ParseFromString(record.value)
+    return hint if hint.expires_ms > now_ms else None

@@ -1,0 +1,154 @@
+"""Settings of a broker (flags ``--port``, ``--metadata``..., environment ``MAGNETAR_*``)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from bookie.client.config import LedgerClientConfig
+from bookie.client.write_handle import MAX_ENTRY_BYTES
+from broker.managed_ledger import ManagedLedgerConfig
+from magnetar.common.config import config_error
+
+BROKER_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+ENVELOPE_ALLOWANCE_BYTES = 16 * 1024
+"""Room kept in an entry for the envelope the broker wraps around a producer's batch."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class BrokerConfig:
+    """One broker: how clients reach it, how it owns partitions, its limits."""
+
+    metadata: str
+    """Metadata URL: etcd://h1:2379,h2:2379, embedded:///path, or memory://."""
+
+    port: int = 6650
+    """gRPC port of the broker and admin services (0: any free port)."""
+
+    http_port: int = 8080
+    """HTTP port for /metrics and /health (0: any free port)."""
+
+    bind_host: str = "0.0.0.0"  # noqa: S104 - a server listens on every interface by default
+    """Address the servers listen on."""
+
+    advertised_host: str | None = None
+    """Host name or address clients use to reach this broker (default: this machine's name)."""
+
+    broker_id: str | None = None
+    """Identity in the cluster (default: '<advertised host>-<port>')."""
+
+    session_ttl_s: int = 10
+    """TTL of the metadata session that ownership is bound to: a crashed broker's partitions
+    move after about this long."""
+
+    allow_auto_topic_creation: bool = True
+    """Create a topic on first lookup instead of refusing it as unknown."""
+
+    auto_topic_partitions: int = 0
+    """Partitions of an auto-created topic (0: non-partitioned)."""
+
+    max_message_bytes: int = MAX_ENTRY_BYTES - ENVELOPE_ALLOWANCE_BYTES
+    """Largest batch a producer may send, in bytes (one batch is stored as one entry)."""
+
+    max_pending_bytes_per_partition: int = 64 * 1024 * 1024
+    """Bytes of batches a partition may have in flight to the bookies; producers beyond it wait
+    (back-pressure)."""
+
+    deduplication_enabled: bool = True
+    """Drop batches resent with a (producer name, sequence id) already stored."""
+
+    dedup_snapshot_interval_entries: int = 1000
+    """Entries between persisted snapshots of the producers' last sequence ids; a new owner
+    replays at most this many entries to rebuild the rest."""
+
+    dispatch_max_entries: int = 100
+    """Entries one dispatch read takes from the managed ledger."""
+
+    dispatch_max_bytes: int = 4 * 1024 * 1024
+    """Bytes one delivery message carries at most (at least one entry)."""
+
+    entry_cache_max_bytes: int = 128 * 1024 * 1024
+    """Memory for recently written entries, shared by every partition (tailing reads)."""
+
+    load_report_interval_ms: int = 5000
+    """How often the broker publishes its load report."""
+
+    load_shedding_enabled: bool = True
+    """Let the elected leader move partitions off brokers above the load threshold."""
+
+    load_shedding_interval_ms: int = 30_000
+    """How often the leader looks for overloaded brokers."""
+
+    load_shedding_threshold: float = 0.2
+    """Spread of load shares (most loaded minus least loaded broker, 0..1) that starts
+    shedding."""
+
+    load_shedding_max_moves: int = 16
+    """Partitions moved in one shedding round at most."""
+
+    load_shedding_min_ownership_ms: int = 30_000
+    """A partition is not moved again until it has been owned this long (no flapping)."""
+
+    handover_hint_ttl_ms: int = 30_000
+    """How long a partition handed over (shedding, shutdown) stays reserved for its chosen
+    next owner."""
+
+    unload_timeout_ms: int = 30_000
+    """How long a graceful unload of one partition may take before it is forced."""
+
+    shutdown_timeout_s: float = 60.0
+    """How long SIGTERM waits for partitions to be handed over before exiting anyway."""
+
+    managed_ledger: ManagedLedgerConfig = field(default_factory=ManagedLedgerConfig)
+    """How partitions are stored: ledger rollover, retention, cursors."""
+
+    ledger: LedgerClientConfig = field(default_factory=LedgerClientConfig)
+    """How ledgers are placed, written and read."""
+
+    def __post_init__(self) -> None:
+        for name in ("port", "http_port"):
+            value = getattr(self, name)
+            if not 0 <= value <= 65535:
+                raise config_error(name, value, "must be a port number from 0 to 65535")
+        if self.broker_id is not None and not BROKER_ID_PATTERN.fullmatch(self.broker_id):
+            raise config_error(
+                "broker_id",
+                self.broker_id,
+                "must be 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit",
+            )
+        if self.session_ttl_s < 2:
+            raise config_error("session_ttl_s", self.session_ttl_s, "must be at least 2")
+        if self.auto_topic_partitions < 0:
+            raise config_error("auto_topic_partitions", self.auto_topic_partitions, "must be >= 0")
+        limit = MAX_ENTRY_BYTES - ENVELOPE_ALLOWANCE_BYTES
+        if not 1 <= self.max_message_bytes <= limit:
+            raise config_error(
+                "max_message_bytes", self.max_message_bytes, f"must be from 1 to {limit:,}"
+            )
+        if self.max_pending_bytes_per_partition < self.max_message_bytes:
+            raise config_error(
+                "max_pending_bytes_per_partition",
+                self.max_pending_bytes_per_partition,
+                f"must be at least max_message_bytes ({self.max_message_bytes:,})",
+            )
+        for name in (
+            "dedup_snapshot_interval_entries",
+            "dispatch_max_entries",
+            "dispatch_max_bytes",
+            "entry_cache_max_bytes",
+            "load_report_interval_ms",
+            "load_shedding_interval_ms",
+            "load_shedding_max_moves",
+            "unload_timeout_ms",
+        ):
+            if getattr(self, name) < 1:
+                raise config_error(name, getattr(self, name), "must be >= 1")
+        for name in ("load_shedding_min_ownership_ms", "handover_hint_ttl_ms"):
+            if getattr(self, name) < 0:
+                raise config_error(name, getattr(self, name), "must be >= 0")
+        if not 0 < self.load_shedding_threshold < 1:
+            raise config_error(
+                "load_shedding_threshold", self.load_shedding_threshold, "must be between 0 and 1"
+            )
+        if self.shutdown_timeout_s <= 0:
+            raise config_error("shutdown_timeout_s", self.shutdown_timeout_s, "must be > 0")

@@ -1,0 +1,169 @@
+"""Producer deduplication: a resent batch is answered, not stored twice.
+
+Each producer numbers its messages; a batch carries its first and last sequence id. The broker
+keeps, per producer name, the highest last sequence id *pushed* (handed to the managed ledger)
+and *persisted* (confirmed). A batch whose last sequence id is at or below the persisted mark
+is a duplicate and gets a ``duplicate`` receipt; one at or below the pushed mark is waiting on
+the first copy and is answered when that completes.
+
+The persisted marks survive failover: every ``snapshot_interval`` entries the table is written
+to ``/magnetar/dedup/<partition>`` with the position it covers, and a new owner loads it and
+replays the entries after that position (each envelope names its producer and sequence ids).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import structlog
+
+from broker.managed_ledger import AppendResult, ManagedLedger, Position
+from broker.service.envelope import producer_of
+from magnetar.common.errors import MagnetarError
+from metadata import MetadataStore, layout
+from proto.format.v1 import topic_pb2
+
+log = structlog.get_logger("magnetar.broker.dedup")
+
+RECENT_RECEIPTS = 10_000
+"""Receipts remembered so a duplicate can be answered with the original message id."""
+REPLAY_BATCH = 500
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    position: Position
+    first_offset: int
+    publish_time_ms: int
+
+
+class Deduplication:
+    """The deduplication table of one partition."""
+
+    def __init__(
+        self,
+        store: MetadataStore,
+        partition: str,
+        ml: ManagedLedger,
+        *,
+        enabled: bool,
+        snapshot_interval: int,
+    ) -> None:
+        self._store = store
+        self._key = layout.dedup_snapshot(partition)
+        self._ml = ml
+        self.enabled = enabled
+        self._interval = snapshot_interval
+        self.persisted: dict[str, int] = {}
+        self.pushed: dict[str, int] = {}
+        self._inflight: dict[tuple[str, int], asyncio.Future[AppendResult]] = {}
+        self._recent: OrderedDict[tuple[str, int], Stored] = OrderedDict()
+        self._since_snapshot = 0
+        self._last_position = Position(-1, -1)
+        self._snapshotting: asyncio.Task[None] | None = None
+
+    async def load(self) -> None:
+        """Load the snapshot and replay the entries written after it."""
+        if not self.enabled:
+            return
+        record = await self._store.get(self._key)
+        start = self._ml.first_position
+        if record is not None:
+            snapshot = topic_pb2.DeduplicationSnapshot()
+            snapshot.ParseFromString(record.value)
+            self.persisted.update(snapshot.last_sequence_ids)
+            covered = Position(snapshot.ledger_id, snapshot.entry_id)
+            if covered >= start:
+                start = self._ml.next_position(covered)
+        replayed = 0
+        end = self._ml.last_confirmed
+        while start <= end:
+            entries = await self._ml.read(start, max_entries=REPLAY_BATCH, max_bytes=64 << 20)
+            if not entries:
+                break
+            for entry in entries:
+                with contextlib.suppress(MagnetarError):
+                    producer, last_sequence_id = producer_of(entry.payload)
+                    if last_sequence_id > self.persisted.get(producer, -1):
+                        self.persisted[producer] = last_sequence_id
+                replayed += 1
+            start = self._ml.next_position(entries[-1].position)
+        self.pushed = dict(self.persisted)
+        self._last_position = end
+        log.info("dedup_loaded", key=self._key, producers=len(self.persisted), replayed=replayed)
+
+    def last_sequence_id(self, producer: str) -> int:
+        return self.persisted.get(producer, -1)
+
+    def duplicate_of(
+        self, producer: str, last_sequence_id: int
+    ) -> Stored | asyncio.Future[AppendResult] | None:
+        """None if the batch is new; else what stored it (or the append still storing it)."""
+        if not self.enabled or last_sequence_id > self.pushed.get(producer, -1):
+            return None
+        inflight = self._inflight.get((producer, last_sequence_id))
+        if inflight is not None:
+            return inflight
+        return self._recent.get((producer, last_sequence_id), Stored(Position(-1, -1), -1, -1))
+
+    def pushing(
+        self, producer: str, last_sequence_id: int, future: asyncio.Future[AppendResult]
+    ) -> None:
+        if not self.enabled:
+            return
+        self.pushed[producer] = max(self.pushed.get(producer, -1), last_sequence_id)
+        self._inflight[(producer, last_sequence_id)] = future
+
+    def stored(self, producer: str, last_sequence_id: int, result: AppendResult) -> None:
+        if not self.enabled:
+            return
+        self._inflight.pop((producer, last_sequence_id), None)
+        if last_sequence_id > self.persisted.get(producer, -1):
+            self.persisted[producer] = last_sequence_id
+        self._recent[(producer, last_sequence_id)] = Stored(
+            result.position, result.first_offset, result.publish_time_ms
+        )
+        if len(self._recent) > RECENT_RECEIPTS:
+            self._recent.popitem(last=False)
+        self._last_position = max(self._last_position, result.position)
+        self._since_snapshot += 1
+        if self._since_snapshot >= self._interval and self._snapshotting is None:
+            self._snapshotting = asyncio.create_task(self._snapshot_in_background())
+
+    def failed(self, producer: str, last_sequence_id: int) -> None:
+        """The append failed: a resend must be stored, not dropped."""
+        if not self.enabled:
+            return
+        self._inflight.pop((producer, last_sequence_id), None)
+        self.pushed[producer] = self.persisted.get(producer, -1)
+
+    async def _snapshot_in_background(self) -> None:
+        try:
+            await self.snapshot()
+        except MagnetarError as e:
+            log.warning("dedup_snapshot_failed", key=self._key, error=e.message)
+        finally:
+            self._snapshotting = None
+
+    async def snapshot(self) -> None:
+        """Persist the table as of the last confirmed entry."""
+        if not self.enabled or self._last_position < Position(0, 0):
+            return
+        self._since_snapshot = 0
+        snapshot = topic_pb2.DeduplicationSnapshot(
+            format_version=1,
+            ledger_id=self._last_position.ledger_id,
+            entry_id=self._last_position.entry_id,
+            last_sequence_ids=dict(self.persisted),
+        )
+        await self._store.put(self._key, snapshot.SerializeToString())
+
+    async def close(self) -> None:
+        if self._snapshotting is not None:
+            with contextlib.suppress(Exception):
+                await self._snapshotting
+        with contextlib.suppress(MagnetarError):
+            await self.snapshot()

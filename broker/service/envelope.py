@@ -1,0 +1,73 @@
+"""What a topic's entries hold: the producer's batch, wrapped in an ``EntryEnvelope``.
+
+The broker never unpacks a producer's batch. It wraps the bytes as sent with what the log must
+know about them (producer, sequence ids, message count, publish time, first offset), and the
+managed ledger learns an entry's offsets and publish time through :class:`EnvelopeCodec`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from broker.managed_ledger import EntryMeta
+from magnetar.common.errors import CorruptionError
+from proto.format.v1 import entry_pb2
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class IncomingBatch:
+    """A producer's batch as received: stored as one entry."""
+
+    request_id: int
+    sequence_id: int
+    last_sequence_id: int
+    num_messages: int
+    batch: bytes
+    compression: int
+    uncompressed_size: int
+
+
+def build_envelope(
+    producer_name: str, batch: IncomingBatch, first_offset: int, publish_time_ms: int
+) -> bytes:
+    return entry_pb2.EntryEnvelope(
+        format_version=FORMAT_VERSION,
+        producer_name=producer_name,
+        sequence_id=batch.sequence_id,
+        last_sequence_id=batch.last_sequence_id,
+        num_messages=batch.num_messages,
+        publish_time_ms=publish_time_ms,
+        first_offset=first_offset,
+        compression=batch.compression,  # type: ignore[arg-type]
+        uncompressed_size=batch.uncompressed_size,
+        batch=batch.batch,
+    ).SerializeToString()
+
+
+def parse_envelope(payload: bytes) -> entry_pb2.EntryEnvelope:
+    envelope = entry_pb2.EntryEnvelope()
+    try:
+        envelope.ParseFromString(payload)
+    except Exception as e:  # protobuf raises DecodeError, a bare Exception subclass
+        raise CorruptionError(f"an entry is not a valid envelope: {e}") from e
+    return envelope
+
+
+class EnvelopeCodec:
+    """Tells the managed ledger an entry's first offset, message count and publish time."""
+
+    def describe(self, payload: bytes) -> EntryMeta:
+        envelope = parse_envelope(payload)
+        return EntryMeta(
+            first_offset=envelope.first_offset,
+            num_messages=max(1, envelope.num_messages),
+            publish_time_ms=envelope.publish_time_ms,
+        )
+
+
+def producer_of(payload: bytes) -> tuple[str, int]:
+    """(producer name, last sequence id) of a stored entry: what deduplication replays."""
+    envelope = parse_envelope(payload)
+    return envelope.producer_name, envelope.last_sequence_id

@@ -1,0 +1,93 @@
+"""A broker's Prometheus metrics, read from its state when scraped (nothing on the hot path).
+
+Per-partition counters carry a ``topic`` label; rates are for Prometheus' ``rate()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from broker.service.broker import Broker
+
+
+class BrokerCollector(Collector):
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    def collect(self) -> Iterator[Metric]:
+        broker = self.broker
+        labels = ["broker"]
+        b = [broker.broker_id]
+        owned = GaugeMetricFamily(
+            "magnetar_broker_owned_partitions", "Partitions this broker owns", labels=labels
+        )
+        owned.add_metric(b, len(broker.topics.topics))
+        yield owned
+        leader = GaugeMetricFamily(
+            "magnetar_broker_load_manager_leader",
+            "1 while this broker leads load shedding",
+            labels=labels,
+        )
+        leader.add_metric(b, 1.0 if broker.load_manager.is_leader else 0.0)
+        yield leader
+        lost = CounterMetricFamily(
+            "magnetar_broker_sessions_lost", "Metadata sessions this broker lost", labels=labels
+        )
+        lost.add_metric(b, broker.sessions_lost)
+        yield lost
+        cache = GaugeMetricFamily(
+            "magnetar_broker_entry_cache_bytes", "Bytes in the entry cache", labels=labels
+        )
+        cache.add_metric(b, broker.cache.size_bytes)
+        yield cache
+        t_labels = ["broker", "topic"]
+        msgs_in = CounterMetricFamily(
+            "magnetar_topic_messages_in", "Messages stored", labels=t_labels
+        )
+        bytes_in = CounterMetricFamily(
+            "magnetar_topic_bytes_in", "Batch bytes stored", labels=t_labels
+        )
+        msgs_out = CounterMetricFamily(
+            "magnetar_topic_messages_out", "Messages dispatched", labels=t_labels
+        )
+        bytes_out = CounterMetricFamily(
+            "magnetar_topic_bytes_out", "Entry bytes dispatched", labels=t_labels
+        )
+        pending = GaugeMetricFamily(
+            "magnetar_topic_pending_bytes", "Batch bytes in flight to bookies", labels=t_labels
+        )
+        storage = GaugeMetricFamily(
+            "magnetar_topic_storage_bytes", "Bytes stored in the topic's ledgers", labels=t_labels
+        )
+        producers = GaugeMetricFamily(
+            "magnetar_topic_producers", "Connected producers", labels=t_labels
+        )
+        consumers = GaugeMetricFamily(
+            "magnetar_topic_consumers", "Connected consumers", labels=t_labels
+        )
+        for name, topic in list(broker.topics.topics.items()):
+            tl = [broker.broker_id, name]
+            msgs_in.add_metric(tl, topic.msgs_in)
+            bytes_in.add_metric(tl, topic.bytes_in)
+            msgs_out.add_metric(tl, topic.msgs_out)
+            bytes_out.add_metric(tl, topic.bytes_out)
+            pending.add_metric(tl, topic.pending_bytes)
+            storage.add_metric(tl, topic.ml.storage_size_bytes)
+            producers.add_metric(tl, len(topic.producers))
+            consumers.add_metric(tl, sum(len(s.consumers) for s in topic.subscriptions.values()))
+        yield from (msgs_in, bytes_in, msgs_out, bytes_out, pending, storage, producers, consumers)
+
+
+class BrokerMetrics:
+    def __init__(self, broker: Broker) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(BrokerCollector(broker))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

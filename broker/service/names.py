@@ -1,0 +1,107 @@
+"""Topic names: parsing, validation and the names derived from them.
+
+A topic is ``tenant/namespace/topic``; a bare ``topic`` means ``public/default/topic`` and a
+``persistent://`` prefix (what Pulsar users type) is accepted and dropped. A partitioned topic
+with N partitions has partitions ``topic-partition-0`` .. ``topic-partition-{N-1}``; a
+non-partitioned topic is its own single partition. Every name a user sends goes through
+:func:`parse_topic`, so a bad one is refused once, with the rule it broke.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from magnetar.common.errors import InvalidTopicNameError
+
+DEFAULT_TENANT = "public"
+DEFAULT_NAMESPACE = "default"
+PARTITION_SUFFIX = "-partition-"
+MAX_NAME_CHARS = 200
+_SEGMENT = re.compile(r"[A-Za-z0-9_=-][A-Za-z0-9._=-]*")
+_PARTITION = re.compile(r"^(?P<base>.+)-partition-(?P<index>0|[1-9][0-9]{0,5})$")
+
+
+@dataclass(frozen=True, slots=True)
+class TopicName:
+    """A parsed topic or partition name. ``partition`` is -1 for a topic (not one partition)."""
+
+    tenant: str
+    namespace: str
+    local: str
+    partition: int = -1
+
+    @property
+    def namespace_name(self) -> str:
+        return f"{self.tenant}/{self.namespace}"
+
+    @property
+    def topic(self) -> str:
+        """The topic's full name, without any partition suffix."""
+        return f"{self.tenant}/{self.namespace}/{self.local}"
+
+    @property
+    def full(self) -> str:
+        """This name in full: the topic, or ``topic-partition-N`` for a partition."""
+        if self.partition < 0:
+            return self.topic
+        return f"{self.topic}{PARTITION_SUFFIX}{self.partition}"
+
+    @property
+    def is_partition(self) -> bool:
+        return self.partition >= 0
+
+    def partition_name(self, index: int) -> TopicName:
+        return TopicName(self.tenant, self.namespace, self.local, index)
+
+    def base(self) -> TopicName:
+        return TopicName(self.tenant, self.namespace, self.local)
+
+    def __str__(self) -> str:
+        return self.full
+
+
+def _bad(name: object, why: str) -> InvalidTopicNameError:
+    return InvalidTopicNameError(
+        f"invalid topic name {name!r}: {why}", context={"topic": repr(name)}
+    )
+
+
+def parse_topic(name: object) -> TopicName:
+    """Parse a topic or partition name; raise :class:`InvalidTopicNameError` naming the rule."""
+    if not isinstance(name, str):
+        raise _bad(name, f"a topic name is a string, got {type(name).__name__}")
+    text = name.removeprefix("persistent://")
+    if not text:
+        raise _bad(name, "it is empty")
+    if len(text) > MAX_NAME_CHARS:
+        raise _bad(name, f"it is {len(text)} characters long; the limit is {MAX_NAME_CHARS}")
+    parts = text.split("/")
+    if len(parts) == 1:
+        parts = [DEFAULT_TENANT, DEFAULT_NAMESPACE, parts[0]]
+    if len(parts) != 3:
+        raise _bad(name, "use 'tenant/namespace/topic' or a bare 'topic'")
+    for label, part in zip(("tenant", "namespace", "topic"), parts, strict=True):
+        if not _SEGMENT.fullmatch(part):
+            raise _bad(
+                name,
+                f"the {label} {part!r} may only hold letters, digits, '_', '-', '=' and '.'"
+                " (not first)",
+            )
+    tenant, namespace, local = parts
+    match = _PARTITION.match(local)
+    if match is not None:
+        return TopicName(tenant, namespace, match["base"], int(match["index"]))
+    return TopicName(tenant, namespace, local)
+
+
+def parse_base_topic(name: object) -> TopicName:
+    """Parse a name that must name a topic, not one of its partitions."""
+    topic = parse_topic(name)
+    if topic.is_partition:
+        raise _bad(
+            name,
+            f"names ending in '{PARTITION_SUFFIX}N' are reserved for the partitions of"
+            f" {topic.topic!r}",
+        )
+    return topic

@@ -1,0 +1,471 @@
+"""One owned partition: its managed ledger, producers, subscriptions and deduplication table.
+
+A :class:`Topic` exists on a broker only while the broker owns the partition. Producing hands
+each batch to the managed ledger (one batch, one entry, never unpacked) and answers with a
+receipt once the entry is confirmed. Bytes in flight to the bookies are bounded per partition:
+a producer stream past the bound stops being read, so gRPC flow control slows the client
+(back-pressure) instead of the broker's memory growing.
+
+Closing is how ownership ends. A graceful close (unload, handover, shutdown) stops taking new
+batches, lets the ones in flight finish, persists cursors and the deduplication table and closes
+the current ledger; a forced close (session lost, fenced by a new owner) drops everything at
+once. Either way producers and consumers are told why and look the topic up again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import itertools
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+import structlog
+
+from broker.managed_ledger import AppendResult, ManagedLedger, Position
+from broker.service.dedup import Deduplication, Stored
+from broker.service.envelope import IncomingBatch, build_envelope
+from broker.service.names import TopicName
+from broker.service.streams import (
+    Closable,
+    MessageIdStart,
+    OffsetStart,
+    Receipt,
+    Start,
+    SubscribeRequest,
+    SubscriptionType,
+    TimeStart,
+)
+from broker.service.subscription import ConsumerSession, Subscription
+from magnetar.common.clock import SYSTEM_CLOCK, Clock
+from magnetar.common.errors import (
+    IncompatibleSubscriptionError,
+    InvalidArgumentError,
+    MagnetarError,
+    ManagedLedgerFencedError,
+    MessageTooLargeError,
+    ProducerBusyError,
+    ProtocolError,
+    ServiceNotReadyError,
+    SubscriptionBusyError,
+    SubscriptionNotFoundError,
+    TopicNotOwnedError,
+)
+
+if TYPE_CHECKING:
+    from broker.service.config import BrokerConfig
+
+log = structlog.get_logger("magnetar.broker.topic")
+
+_reader_ids = itertools.count(1)
+
+
+class TopicState(enum.Enum):
+    ACTIVE = "active"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+class ProducerSession(Closable):
+    """One producer stream on a partition."""
+
+    def __init__(self, topic: Topic, name: str, address: str = "") -> None:
+        super().__init__()
+        self.topic = topic
+        self.name = name
+        self.address = address
+        self.msgs_in = 0
+        self.bytes_in = 0
+        self.last_sequence_id = topic.dedup.last_sequence_id(name)
+
+
+class Topic:
+    """A partition this broker owns."""
+
+    def __init__(
+        self,
+        name: TopicName,
+        ml: ManagedLedger,
+        dedup: Deduplication,
+        config: BrokerConfig,
+        *,
+        on_fenced: Callable[[Topic, MagnetarError], None],
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.name = name
+        self.ml = ml
+        self.dedup = dedup
+        self.config = config
+        self._on_fenced = on_fenced
+        self._clock = clock
+        self.state = TopicState.ACTIVE
+        self.producers: dict[str, ProducerSession] = {}
+        self.subscriptions: dict[str, Subscription] = {}
+        self.pending_bytes = 0
+        self._pending: set[asyncio.Future[AppendResult]] = set()
+        self._space = asyncio.Event()
+        self._space.set()
+        self.msgs_in = 0
+        self.bytes_in = 0
+        self.msgs_out = 0
+        self.bytes_out = 0
+        self.acquired_ms = clock.time_ms()
+        self._trim_task: asyncio.Task[None] | None = None
+        self._fence_watch = asyncio.create_task(self._watch_fenced(), name=f"fenced:{name}")
+
+    @property
+    def is_closing(self) -> bool:
+        return self.state is not TopicState.ACTIVE
+
+    def _check_active(self) -> None:
+        if self.state is not TopicState.ACTIVE:
+            raise ServiceNotReadyError(
+                f"partition {self.name} is moving to another broker; look it up again",
+                context={"topic": str(self.name)},
+            )
+
+    # --- producers --------------------------------------------------------------------------------
+
+    def add_producer(self, name: str, address: str = "") -> ProducerSession:
+        self._check_active()
+        if name in self.producers:
+            raise ProducerBusyError(
+                f"a producer named {name!r} is already connected to {self.name}",
+                context={"producer": name, "topic": str(self.name)},
+            )
+        producer = ProducerSession(self, name, address)
+        self.producers[name] = producer
+        return producer
+
+    def remove_producer(self, producer: ProducerSession) -> None:
+        if self.producers.get(producer.name) is producer:
+            del self.producers[producer.name]
+
+    async def wait_for_space(self) -> None:
+        """Wait while the partition's bytes in flight are at their bound (back-pressure)."""
+        while self.pending_bytes >= self.config.max_pending_bytes_per_partition:
+            self._space.clear()
+            await self._space.wait()
+
+    def publish(self, producer: ProducerSession, batch: IncomingBatch) -> asyncio.Future[Receipt]:
+        """Store one batch as one entry; the future completes with its receipt once confirmed.
+
+        Raises (for this batch only) on a bad batch; raises :class:`ServiceNotReadyError` or
+        :class:`TopicNotOwnedError` when the partition is moving, and the caller then ends the
+        stream so that the client resends elsewhere.
+        """
+        self._check_active()
+        size = len(batch.batch)
+        if size > self.config.max_message_bytes:
+            raise MessageTooLargeError(
+                f"a batch of {size:,} bytes is over the broker's limit of"
+                f" {self.config.max_message_bytes:,} bytes",
+                context={"size": size, "limit": self.config.max_message_bytes},
+            )
+        if batch.num_messages < 1 or batch.last_sequence_id < batch.sequence_id:
+            raise ProtocolError(
+                f"a batch needs num_messages >= 1 and last_sequence_id >= sequence_id, got"
+                f" {batch.num_messages} messages, sequence ids"
+                f" {batch.sequence_id}..{batch.last_sequence_id}"
+            )
+        loop = asyncio.get_running_loop()
+        receipt: asyncio.Future[Receipt] = loop.create_future()
+        duplicate = self.dedup.duplicate_of(producer.name, batch.last_sequence_id)
+        if isinstance(duplicate, Stored):
+            receipt.set_result(self._receipt(batch, duplicate, duplicate=True))
+            return receipt
+        if duplicate is not None:
+            duplicate.add_done_callback(lambda f: self._answer_duplicate(f, batch, receipt))
+            return receipt
+        try:
+            appended = self.ml.append(
+                batch.num_messages,
+                lambda first_offset, publish_time_ms: build_envelope(
+                    producer.name, batch, first_offset, publish_time_ms
+                ),
+            )
+        except ManagedLedgerFencedError as e:
+            self.fenced(e)
+            raise TopicNotOwnedError(
+                f"partition {self.name} was taken over by another broker",
+                context={"topic": str(self.name)},
+            ) from e
+        self.dedup.pushing(producer.name, batch.last_sequence_id, appended)
+        self.pending_bytes += size
+        self._pending.add(appended)
+
+        def done(f: asyncio.Future[AppendResult]) -> None:
+            self._pending.discard(f)
+            self.pending_bytes -= size
+            self._space.set()
+            if f.cancelled():
+                self.dedup.failed(producer.name, batch.last_sequence_id)
+                receipt.cancel()
+                return
+            error = f.exception()
+            if error is not None:
+                self.dedup.failed(producer.name, batch.last_sequence_id)
+                if isinstance(error, ManagedLedgerFencedError):
+                    self.fenced(error)
+                receipt.set_exception(error)
+                return
+            result = f.result()
+            self.dedup.stored(producer.name, batch.last_sequence_id, result)
+            self.msgs_in += batch.num_messages
+            self.bytes_in += size
+            producer.msgs_in += batch.num_messages
+            producer.bytes_in += size
+            producer.last_sequence_id = max(producer.last_sequence_id, batch.last_sequence_id)
+            if not receipt.done():
+                receipt.set_result(
+                    self._receipt(
+                        batch,
+                        Stored(result.position, result.first_offset, result.publish_time_ms),
+                    )
+                )
+
+        appended.add_done_callback(done)
+        return receipt
+
+    def _answer_duplicate(
+        self,
+        first: asyncio.Future[AppendResult],
+        batch: IncomingBatch,
+        receipt: asyncio.Future[Receipt],
+    ) -> None:
+        if receipt.done():
+            return
+        if first.cancelled() or first.exception() is not None:
+            receipt.set_exception(
+                ServiceNotReadyError(
+                    f"the first copy of sequence id {batch.last_sequence_id} failed; resend it",
+                    context={"topic": str(self.name)},
+                )
+            )
+            return
+        result = first.result()
+        stored = Stored(result.position, result.first_offset, result.publish_time_ms)
+        receipt.set_result(self._receipt(batch, stored, duplicate=True))
+
+    @staticmethod
+    def _receipt(batch: IncomingBatch, stored: Stored, *, duplicate: bool = False) -> Receipt:
+        return Receipt(
+            batch.request_id,
+            batch.sequence_id,
+            batch.last_sequence_id,
+            stored.position,
+            stored.first_offset,
+            stored.publish_time_ms,
+            duplicate,
+        )
+
+    # --- subscriptions ----------------------------------------------------------------------------
+
+    async def subscribe(self, request: SubscribeRequest, address: str = "") -> ConsumerSession:
+        self._check_active()
+        if request.subscription_type is not SubscriptionType.EXCLUSIVE:
+            raise InvalidArgumentError(
+                f"subscription type {request.subscription_type.name.lower()} is not supported"
+                " by this broker yet; use exclusive",
+                context={"subscription_type": request.subscription_type.name},
+            )
+        position, first_index = await self.resolve_start(request.start)
+        self._check_active()
+        if request.durable:
+            if not request.subscription:
+                raise InvalidArgumentError("a durable subscription needs a name")
+            subscription = self.subscriptions.get(request.subscription)
+            if subscription is None:
+                existed = request.subscription in self.ml.cursors
+                cursor = await self.ml.open_cursor(request.subscription, start=position)
+                self._check_active()
+                subscription = self.subscriptions.get(request.subscription)
+                if subscription is None:
+                    subscription = self._new_subscription(
+                        request.subscription, cursor, request.subscription_type, durable=True
+                    )
+                    if not existed:
+                        subscription.set_start_filter(position, first_index)
+            elif subscription.type is not request.subscription_type:
+                raise IncompatibleSubscriptionError(
+                    f"subscription {request.subscription!r} is {subscription.type.name.lower()},"
+                    f" not {request.subscription_type.name.lower()}"
+                )
+        else:
+            name = request.subscription or f"reader-{next(_reader_ids)}"
+            name = f"{name}-{next(_reader_ids)}" if name in self.subscriptions else name
+            cursor = self.ml.open_non_durable_cursor(position)
+            subscription = self._new_subscription(
+                name, cursor, request.subscription_type, durable=False
+            )
+            subscription.set_start_filter(position, first_index)
+        consumer = ConsumerSession(subscription, request.consumer_name, address)
+        try:
+            subscription.add_consumer(consumer)
+        except MagnetarError:
+            if not subscription.durable:
+                self.drop_subscription(subscription)
+            raise
+        return consumer
+
+    def _new_subscription(
+        self, name: str, cursor: object, sub_type: SubscriptionType, *, durable: bool
+    ) -> Subscription:
+        subscription = Subscription(
+            self,
+            name,
+            cursor,  # type: ignore[arg-type]
+            sub_type,
+            durable=durable,
+            max_entries=self.config.dispatch_max_entries,
+            max_bytes=self.config.dispatch_max_bytes,
+        )
+        self.subscriptions[name] = subscription
+        return subscription
+
+    def drop_subscription(self, subscription: Subscription) -> None:
+        if self.subscriptions.get(subscription.name) is subscription:
+            del self.subscriptions[subscription.name]
+            asyncio.get_running_loop().create_task(
+                subscription.close(ServiceNotReadyError("the subscription was closed"))
+            )
+
+    async def delete_subscription(self, name: str, *, force: bool) -> None:
+        self._check_active()
+        subscription = self.subscriptions.get(name)
+        if subscription is None and name not in self.ml.cursors:
+            raise SubscriptionNotFoundError(
+                f"topic {self.name} has no subscription {name!r}",
+                context={"topic": str(self.name), "subscription": name},
+            )
+        if subscription is not None:
+            if subscription.consumers and not force:
+                raise SubscriptionBusyError(
+                    f"subscription {name!r} has {len(subscription.consumers)} consumer(s)"
+                    " attached; disconnect them or force the delete"
+                )
+            del self.subscriptions[name]
+            await subscription.close(SubscriptionNotFoundError("the subscription was deleted"))
+        await self.ml.delete_cursor(name)
+        self.cursor_moved()
+
+    async def resolve_start(self, start: Start) -> tuple[Position, int]:
+        """Where a subscription or seek starts: a position and the first batch index there."""
+        if start == "earliest":
+            return self.ml.first_position, 0
+        if start == "latest":
+            return self.ml.next_position(self.ml.last_confirmed), 0
+        if isinstance(start, MessageIdStart):
+            if start.ledger_id < 0 or start.entry_id < 0:
+                raise InvalidArgumentError(
+                    f"a start message id needs ledger and entry ids >= 0, got"
+                    f" ({start.ledger_id}, {start.entry_id})"
+                )
+            return Position(start.ledger_id, start.entry_id), max(0, start.batch_index)
+        if isinstance(start, OffsetStart):
+            if start.offset < 0:
+                raise InvalidArgumentError(f"an offset is >= 0, got {start.offset}")
+            position = await self.ml.position_for_offset(start.offset)
+            first = 0
+            if position <= self.ml.last_confirmed:
+                entries = await self.ml.read(position, max_entries=1, max_bytes=1)
+                if entries and entries[0].position == position:
+                    first = max(0, start.offset - entries[0].first_offset)
+            return position, first
+        if isinstance(start, TimeStart):
+            return await self.ml.position_for_publish_time(start.publish_time_ms), 0
+        raise InvalidArgumentError(f"unknown start position {start!r}")
+
+    def cursor_moved(self) -> None:
+        """Acks moved a cursor: trim soon (debounced) what every cursor has passed."""
+        if self._trim_task is None and self.state is TopicState.ACTIVE:
+            self._trim_task = asyncio.get_running_loop().create_task(self._trim_soon())
+
+    async def _trim_soon(self) -> None:
+        try:
+            await asyncio.sleep(1.0)
+            if self.state is TopicState.ACTIVE:
+                await self.ml.trim()
+        except MagnetarError as e:
+            log.info("trim_failed", topic=str(self.name), error=e.message)
+        finally:
+            self._trim_task = None
+
+    # --- ownership ending -------------------------------------------------------------------------
+
+    async def _watch_fenced(self) -> None:
+        await self.ml.fenced.wait()
+        self.fenced(
+            ManagedLedgerFencedError(f"partition {self.name} was taken over by another owner")
+        )
+
+    def fenced(self, error: MagnetarError) -> None:
+        """Another owner took the partition: stop serving it now."""
+        if self.state is TopicState.ACTIVE:
+            log.warning("topic_fenced", topic=str(self.name), error=error.message)
+            self._on_fenced(self, error)
+
+    async def close(
+        self,
+        reason: MagnetarError,
+        *,
+        graceful: bool,
+        release: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """Stop serving the partition.
+
+        Graceful: refuse new batches, let those in flight finish, persist cursors and the
+        deduplication table, close the current ledger, then ``release`` ownership, and only
+        then tell producers and consumers (who look the partition up again and find it free).
+        Forced: tell them at once and drop everything.
+        """
+        if self.state is not TopicState.ACTIVE:
+            return
+        self.state = TopicState.CLOSING
+        if self._trim_task is not None:
+            self._trim_task.cancel()
+        self._fence_watch.cancel()
+        if graceful:
+            if self._pending:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        asyncio.gather(*list(self._pending), return_exceptions=True),
+                        self.config.unload_timeout_ms / 1000,
+                    )
+            for subscription in list(self.subscriptions.values()):
+                await subscription.stop()
+                with contextlib.suppress(MagnetarError):
+                    await subscription.cursor.flush()
+            with contextlib.suppress(MagnetarError):
+                await self.dedup.close()
+            try:
+                await self.ml.close()
+            except MagnetarError as e:
+                log.warning("topic_close_failed", topic=str(self.name), error=e.message)
+            if release is not None:
+                await release()
+            self._notify(reason)
+            for subscription in list(self.subscriptions.values()):
+                await subscription.close(reason)
+        else:
+            self._notify(reason)
+            for subscription in list(self.subscriptions.values()):
+                await subscription.stop()
+                for consumer in list(subscription.consumers):
+                    consumer.close_with(reason)
+            # nothing more may reach the bookies from here; release what the ledger holds
+            with contextlib.suppress(MagnetarError, TimeoutError):
+                await asyncio.wait_for(self.ml.close(), 2.0)
+            if release is not None:
+                with contextlib.suppress(MagnetarError):
+                    await release()
+        self.state = TopicState.CLOSED
+        log.info("topic_closed", topic=str(self.name), graceful=graceful, reason=reason.message)
+
+    def _notify(self, reason: MagnetarError) -> None:
+        for producer in list(self.producers.values()):
+            producer.close_with(reason)
+        for subscription in self.subscriptions.values():
+            for consumer in list(subscription.consumers):
+                consumer.close_with(reason)
