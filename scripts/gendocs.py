@@ -16,6 +16,7 @@ from pathlib import Path
 from bookie.autorecovery import AutorecoveryConfig
 from bookie.client.config import LedgerClientConfig
 from bookie.service.config import BookieConfig
+from broker.service.config import BrokerConfig
 from magnetar.common.config import config_reference
 from metadata.config import MetadataStoreConfig
 
@@ -37,11 +38,19 @@ SECTIONS: list[tuple[str, type, str]] = [
         ),
     ),
     (
+        "magnetar broker",
+        BrokerConfig,
+        (
+            "Settings of `magnetar broker`: ports, session, limits, load shedding, and nested"
+            " `managed_ledger` (rollover, retention, cursors) and `ledger` (quorums) sections."
+        ),
+    ),
+    (
         "Ledger client",
         LedgerClientConfig,
         (
             "How brokers and autorecovery place, write and read ledgers (nested as `ledger` in"
-            " the autorecovery settings, and later in the broker's)."
+            " the autorecovery and broker settings)."
         ),
     ),
     (

@@ -58,7 +58,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServiceServicer):
         self.bookie = bookie
         self.max_inflight_bytes = max_inflight_bytes
 
-    async def AddEntries(  # noqa: N802 - gRPC method names are the protocol's
+    async def AddEntries(
         self,
         request_iterator: AsyncIterator[pb.AddEntriesRequest],
         context: grpc.aio.ServicerContext[pb.AddEntriesRequest, pb.AddEntriesResponse],
@@ -118,7 +118,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServiceServicer):
             for task in list(handlers):
                 task.cancel()
 
-    async def ReadEntries(  # noqa: N802
+    async def ReadEntries(
         self,
         request: pb.ReadEntriesRequest,
         context: grpc.aio.ServicerContext[pb.ReadEntriesRequest, pb.ReadEntriesResponse],
@@ -148,7 +148,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServiceServicer):
             )
         return response
 
-    async def ReadLac(  # noqa: N802
+    async def ReadLac(
         self,
         request: pb.ReadLacRequest,
         context: grpc.aio.ServicerContext[pb.ReadLacRequest, pb.ReadLacResponse],
@@ -172,7 +172,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServiceServicer):
             response.entry.crc32c = result.entry.crc32c
         return response
 
-    async def Fence(  # noqa: N802
+    async def Fence(
         self,
         request: pb.FenceRequest,
         context: grpc.aio.ServicerContext[pb.FenceRequest, pb.FenceResponse],
@@ -188,7 +188,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServiceServicer):
             last_entry_id=result.last_entry_id,
         )
 
-    async def DeleteLedger(  # noqa: N802
+    async def DeleteLedger(
         self,
         request: pb.DeleteLedgerRequest,
         context: grpc.aio.ServicerContext[pb.DeleteLedgerRequest, pb.DeleteLedgerResponse],
@@ -200,7 +200,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServiceServicer):
             raise
         return pb.DeleteLedgerResponse()
 
-    async def GetBookieInfo(  # noqa: N802
+    async def GetBookieInfo(
         self,
         request: pb.GetBookieInfoRequest,
         context: grpc.aio.ServicerContext[pb.GetBookieInfoRequest, pb.GetBookieInfoResponse],
@@ -221,7 +221,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServiceServicer):
             labels=status.labels,
         )
 
-    async def ListLedgers(  # noqa: N802
+    async def ListLedgers(
         self,
         request: pb.ListLedgersRequest,
         context: grpc.aio.ServicerContext[pb.ListLedgersRequest, pb.ListLedgersResponse],

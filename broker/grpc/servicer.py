@@ -64,7 +64,8 @@ from proto.common.v1 import types_pb2
 log = structlog.get_logger("magnetar.broker.grpc")
 
 _producer_ids = itertools.count(1)
-MAX_DELIVERY_MESSAGE_BYTES = 8 * 1024 * 1024
+# under gRPC's default 4 MiB receive limit unless one entry alone is bigger
+MAX_DELIVERY_MESSAGE_BYTES = 3 * 1024 * 1024
 
 # errors after which the client must look the partition up again and resend
 MOVED = (TopicNotOwnedError, ServiceNotReadyError, ShuttingDownError, ManagedLedgerError)

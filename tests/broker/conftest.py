@@ -34,7 +34,7 @@ class Cluster:
         self.brokers: list[BrokerProcess] = []
         self._channels: list[grpc.aio.Channel] = []
 
-    async def add_bookie(self) -> BookieProcess:
+    async def add_bookie(self, storage: StorageConfig | None = None) -> BookieProcess:
         index = len(self.bookies)
         config = BookieConfig(
             data_dir=self.root / f"bookie-{index}",
@@ -44,7 +44,7 @@ class Cluster:
             bind_host="127.0.0.1",
             advertised_host="127.0.0.1",
             bookie_id=f"bookie-{index}",
-            storage=StorageConfig(gc_interval_s=0),
+            storage=storage or StorageConfig(gc_interval_s=0),
         )
         process = await BookieProcess.start(config, store=self.store)
         self.bookies.append(process)
@@ -61,14 +61,19 @@ class Cluster:
         return "magnetar://" + ",".join(b.address for b in self.brokers)
 
     def channel(self, broker: BrokerProcess | None = None) -> grpc.aio.Channel:
-        channel = grpc.aio.insecure_channel((broker or self.brokers[0]).address)
+        channel = grpc.aio.insecure_channel(
+            (broker or self.brokers[0]).address,
+            options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)],
+        )
         self._channels.append(channel)
         return channel
 
-    def admin(self, broker: BrokerProcess | None = None) -> admin_pb2_grpc.AdminServiceStub:
+    def admin(self, broker: BrokerProcess | None = None) -> admin_pb2_grpc.AdminServiceAsyncStub:
         return admin_pb2_grpc.AdminServiceStub(self.channel(broker))
 
-    def broker_stub(self, broker: BrokerProcess | None = None) -> broker_pb2_grpc.BrokerServiceStub:
+    def broker_stub(
+        self, broker: BrokerProcess | None = None
+    ) -> broker_pb2_grpc.BrokerServiceAsyncStub:
         return broker_pb2_grpc.BrokerServiceStub(self.channel(broker))
 
     def broker_by_id(self, broker_id: str) -> BrokerProcess:
@@ -110,13 +115,19 @@ async def start_cluster(tmp_path: Path) -> AsyncIterator[StartCluster]:
     made: list[Cluster] = []
     stores: list[MetadataStore] = []
 
-    async def start(*, bookies: int = 3, brokers: int = 1, **overrides: Any) -> Cluster:
+    async def start(
+        *,
+        bookies: int = 3,
+        brokers: int = 1,
+        storage: StorageConfig | None = None,
+        **overrides: Any,
+    ) -> Cluster:
         store = await open_store("memory://")
         stores.append(store)
         cluster = Cluster(tmp_path / f"cluster-{len(made)}", store, broker_config(**overrides))
         made.append(cluster)
         for _ in range(bookies):
-            await cluster.add_bookie()
+            await cluster.add_bookie(storage)
         for _ in range(brokers):
             await cluster.add_broker()
         return cluster

@@ -43,7 +43,7 @@ class RawStream:
 
 
 class RawProducer(RawStream):
-    def __init__(self, stub: broker_pb2_grpc.BrokerServiceStub) -> None:
+    def __init__(self, stub: broker_pb2_grpc.BrokerServiceAsyncStub) -> None:
         super().__init__()
         self.call = stub.Produce(self._iterate())  # type: ignore[arg-type]
 
@@ -58,7 +58,10 @@ class RawProducer(RawStream):
 
     async def next(self, timeout_s: float = 20) -> pb.ProduceResponse:
         async with asyncio.timeout(timeout_s):
-            return await self.call.read()  # type: ignore[no-any-return]
+            response = await self.call.read()
+        if not isinstance(response, pb.ProduceResponse):
+            raise EOFError("the broker ended the produce stream")  # noqa: TRY004 - end of stream, not a bad type
+        return response
 
     async def receipts(self, count: int) -> list[pb.ProduceResponse]:
         """Responses until ``count`` receipts or errors have arrived."""
@@ -82,7 +85,7 @@ class RawProducer(RawStream):
 
 
 class RawConsumer(RawStream):
-    def __init__(self, stub: broker_pb2_grpc.BrokerServiceStub) -> None:
+    def __init__(self, stub: broker_pb2_grpc.BrokerServiceAsyncStub) -> None:
         super().__init__()
         self.call = stub.Consume(self._iterate())  # type: ignore[arg-type]
 
@@ -117,7 +120,10 @@ class RawConsumer(RawStream):
 
     async def next(self, timeout_s: float = 20) -> pb.ConsumeResponse:
         async with asyncio.timeout(timeout_s):
-            return await self.call.read()  # type: ignore[no-any-return]
+            response = await self.call.read()
+        if not isinstance(response, pb.ConsumeResponse):
+            raise EOFError("the broker ended the consume stream")  # noqa: TRY004 - end of stream, not a bad type
+        return response
 
     async def deliveries(self, count: int) -> list[pb.Delivery]:
         got: list[pb.Delivery] = []

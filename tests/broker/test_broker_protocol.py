@@ -8,6 +8,7 @@ import asyncio
 import grpc
 import pytest
 
+from bookie.storage.config import StorageConfig
 from broker.managed_ledger import ManagedLedgerConfig
 from magnetar.common.errors import ErrorCode
 from magnetar.common.grpc_errors import error_from_rpc_error
@@ -28,6 +29,9 @@ async def test_produce_then_consume_on_the_wire(start_cluster: StartCluster) -> 
     cluster = await start_cluster()
     stub = cluster.broker_stub()
     lookup = await stub.Lookup(pb.LookupRequest(topic="orders"))
+    broker = cluster.brokers[0]
+    health = await _http_get(broker.address.split(":")[0], broker.http_port, "/health")
+    assert health.startswith("ok")
     assert lookup.topic == "public/default/orders"
     assert lookup.partitions == 0
     assert [o.broker_id for o in lookup.owners] == ["broker-0"]
@@ -56,8 +60,23 @@ async def test_produce_then_consume_on_the_wire(start_cluster: StartCluster) -> 
     assert [envelope_of(d).first_offset for d in deliveries] == [0, 2, 3]
     assert envelope_of(deliveries[0]).producer_name == opened.opened.producer_name
     assert deliveries[0].message_id.batch_size == 2
+    metrics = await _http_get(broker.address.split(":")[0], broker.http_port, "/metrics")
+    assert (
+        'magnetar_topic_messages_in_total{broker="broker-0",topic="public/default/orders"} 5.0'
+        in metrics
+    )
+    assert 'magnetar_broker_owned_partitions{broker="broker-0"} 1.0' in metrics
     await producer.close()
     await consumer.close()
+
+
+async def _http_get(host: str, port: int, path: str) -> str:
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(f"GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
+    await writer.drain()
+    response = await reader.read()
+    writer.close()
+    return response.split(b"\r\n\r\n", 1)[1].decode()
 
 
 async def test_resent_batches_are_answered_not_stored_twice(start_cluster: StartCluster) -> None:
@@ -98,10 +117,10 @@ async def test_bad_batches_fail_alone(start_cluster: StartCluster) -> None:
     errors = {
         r.error.request_id: r.error.error for r in responses if r.WhichOneof("kind") == "error"
     }
-    assert errors[1].code == ErrorCode.MESSAGE_TOO_LARGE
+    assert ErrorCode(errors[1].code) == ErrorCode.MESSAGE_TOO_LARGE
     assert "2," in errors[1].message
     assert "1,024" in errors[1].message
-    assert errors[2].code == ErrorCode.PROTOCOL_ERROR
+    assert ErrorCode(errors[2].code) == ErrorCode.PROTOCOL_ERROR
     receipts = [r for resp in responses for r in resp.receipts.receipts]
     assert [r.request_id for r in receipts] == [3]
     assert receipts[0].first_offset == 0
@@ -117,7 +136,7 @@ async def test_bad_requests_get_typed_errors(start_cluster: StartCluster) -> Non
     with pytest.raises(grpc.aio.AioRpcError) as raised:
         await stub.Lookup(pb.LookupRequest(topic="nobody-made-this"))
     error = error_from_rpc_error(raised.value)
-    assert error.code == ErrorCode.TOPIC_NOT_FOUND
+    assert ErrorCode(error.code) == ErrorCode.TOPIC_NOT_FOUND
     assert "automatic topic creation is off" in error.message
 
     await cluster.admin().CreateTopic(admin.CreateTopicRequest(topic="pt", partitions=4))
@@ -129,7 +148,7 @@ async def test_bad_requests_get_typed_errors(start_cluster: StartCluster) -> Non
     foreign = next(o for o in lookup.owners if o.broker_id == "broker-1")
     wrong = RawProducer(cluster.broker_stub(cluster.broker_by_id("broker-0")))
     closed = await wrong.open(foreign.partition_topic)
-    assert closed.closed.reason.code == ErrorCode.TOPIC_NOT_OWNED
+    assert ErrorCode(closed.closed.reason.code) == ErrorCode.TOPIC_NOT_OWNED
     assert "broker-1" in closed.closed.reason.message
     # meanwhile a stream on the right broker works
     right = RawProducer(cluster.broker_stub(cluster.broker_by_id("broker-1")))
@@ -143,11 +162,12 @@ async def test_bad_requests_get_typed_errors(start_cluster: StartCluster) -> Non
     assert (await first.subscribe(mine.partition_topic, "only")).WhichOneof("kind") == "subscribed"
     second = RawConsumer(stub)
     refused = await second.subscribe(mine.partition_topic, "only")
-    assert refused.closed.reason.code == ErrorCode.CONSUMER_BUSY
+    assert ErrorCode(refused.closed.reason.code) == ErrorCode.CONSUMER_BUSY
     # a stream that does not start with open
     rude = RawProducer(stub)
     await rude.send(produce_batch(1, 0, b"x"))
-    assert (await rude.next()).closed.reason.code == ErrorCode.PROTOCOL_ERROR
+    rude_closed = await rude.next()
+    assert ErrorCode(rude_closed.closed.reason.code) == ErrorCode.PROTOCOL_ERROR
     for stream in (wrong, right, first, second, rude):
         await stream.close()
 
@@ -276,28 +296,31 @@ async def test_admin_topics_and_cluster_view(start_cluster: StartCluster) -> Non
 
 async def test_ledgers_roll_and_consumed_ones_are_trimmed(start_cluster: StartCluster) -> None:
     cluster = await start_cluster(
+        # small segments, so that the bookies' files of trimmed ledgers can be reclaimed
+        storage=StorageConfig(gc_interval_s=0, max_segment_bytes=6 * 1024 * 1024),
         managed_ledger=ManagedLedgerConfig(
             max_entries_per_ledger=5,
             min_ledger_age_ms=0,
             cursor_persist_interval_ms=50,
             trim_interval_ms=200,
-        )
+        ),
     )
     stub = cluster.broker_stub()
     consumer = RawConsumer(stub)
     await consumer.subscribe("rolling", "s")
     producer = RawProducer(stub)
     await producer.open("rolling")
-    for i in range(30):
-        await producer.send(produce_batch(i, i, b"v" * 1000))
-    await producer.receipts(30)
+    for i in range(300):
+        await producer.send(produce_batch(i, i, bytes([i % 256]) * 60_000))
+    await producer.receipts(300)
     topic = cluster.brokers[0].broker.topics.topics["public/default/rolling"]
-    assert len(topic.ml.ledgers) >= 6
+    assert len(topic.ml.ledgers) >= 60
+    disk_before = sum(b.storage.disk_bytes() for b in cluster.bookies)
     size_before = topic.ml.storage_size_bytes
     ledger_ids = [ledger.ledger_id for ledger in topic.ml.ledgers]
 
-    await consumer.flow(100)
-    deliveries = await consumer.deliveries(30)
+    await consumer.flow(1000)
+    deliveries = await consumer.deliveries(300)
     await consumer.send(
         pb.ConsumeRequest(
             ack=pb.Ack(ack_type=pb.ACK_TYPE_CUMULATIVE, message_ids=[deliveries[-1].message_id])
@@ -315,6 +338,10 @@ async def test_ledgers_roll_and_consumed_ones_are_trimmed(start_cluster: StartCl
         return True
 
     await eventually(gone_from_bookies)
+    for bookie in cluster.bookies:
+        await bookie.storage.collect_garbage()
+    disk_after = sum(b.storage.disk_bytes() for b in cluster.bookies)
+    assert disk_after < disk_before / 2, (disk_before, disk_after)
     await producer.close()
     await consumer.close()
 

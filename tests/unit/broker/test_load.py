@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from broker.service.load import (
     BrokerLoadInfo,
+    Move,
     PartitionLoadInfo,
     choose_least_loaded,
     load_shares,
@@ -21,7 +22,7 @@ def broker(broker_id: str, partitions: int, rate: float = 0.0) -> BrokerLoadInfo
     )
 
 
-def apply(brokers: list[BrokerLoadInfo], moves: list) -> dict[str, int]:
+def apply(brokers: list[BrokerLoadInfo], moves: list[Move]) -> dict[str, int]:
     counts = {b.broker_id: len(b.partitions) for b in brokers}
     for move in moves:
         counts[move.source] -= 1
