@@ -20,7 +20,6 @@ from bookie.client.ledger_metadata import LedgerMetadata, LedgerMetadataStore
 from broker.grpc.servicer import to_start
 from broker.service.broker import Broker
 from broker.service.catalog import read_cluster
-from broker.service.names import TopicName, parse_base_topic, parse_topic
 from broker.service.topic import Topic
 from magnetar.common.errors import (
     InvalidArgumentError,
@@ -31,6 +30,7 @@ from magnetar.common.errors import (
     TopicNotOwnedError,
 )
 from magnetar.common.grpc_errors import abort_with, error_from_rpc_error
+from magnetar.common.names import TopicName, parse_base_topic, parse_topic
 from metadata import layout
 from proto.admin.v1 import admin_pb2 as pb
 from proto.admin.v1 import admin_pb2_grpc

@@ -27,7 +27,6 @@ import structlog
 from broker.managed_ledger import Position
 from broker.service.broker import Broker
 from broker.service.envelope import IncomingBatch
-from broker.service.names import parse_topic
 from broker.service.streams import (
     AckDone,
     ActiveChange,
@@ -57,6 +56,7 @@ from magnetar.common.errors import (
     TopicNotOwnedError,
 )
 from magnetar.common.grpc_errors import abort_with, error_to_detail
+from magnetar.common.names import parse_topic
 from proto.broker.v1 import broker_pb2 as pb
 from proto.broker.v1 import broker_pb2_grpc
 from proto.common.v1 import types_pb2

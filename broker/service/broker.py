@@ -31,7 +31,6 @@ from broker.service.config import BrokerConfig
 from broker.service.envelope import EnvelopeCodec
 from broker.service.load import BrokerLoadInfo, choose_least_loaded
 from broker.service.load_manager import LoadManager
-from broker.service.names import TopicName, parse_base_topic, parse_topic
 from broker.service.topic import Topic
 from broker.service.topics import TopicManager
 from magnetar.common.clock import SYSTEM_CLOCK, Clock
@@ -48,6 +47,7 @@ from magnetar.common.errors import (
     TopicNotFoundError,
     TopicNotOwnedError,
 )
+from magnetar.common.names import TopicName, parse_base_topic, parse_topic
 from metadata import MetadataStore, layout
 from metadata.coordination import Session
 from proto.format.v1 import cluster_pb2, topic_pb2

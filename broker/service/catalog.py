@@ -7,7 +7,6 @@ import contextlib
 from dataclasses import dataclass
 
 from broker.service.load import BrokerLoadInfo, PartitionLoadInfo
-from broker.service.names import TopicName
 from magnetar.common.clock import SYSTEM_CLOCK, Clock
 from magnetar.common.errors import (
     InvalidArgumentError,
@@ -16,6 +15,7 @@ from magnetar.common.errors import (
     TopicAlreadyExistsError,
     TopicNotFoundError,
 )
+from magnetar.common.names import TopicName
 from metadata import MetadataStore, layout
 from proto.format.v1 import cluster_pb2, topic_pb2
 

@@ -26,7 +26,6 @@ import structlog
 from broker.managed_ledger import AppendResult, ManagedLedger, Position
 from broker.service.dedup import Deduplication, Stored
 from broker.service.envelope import IncomingBatch, build_envelope
-from broker.service.names import TopicName
 from broker.service.streams import (
     Closable,
     MessageIdStart,
@@ -52,6 +51,7 @@ from magnetar.common.errors import (
     SubscriptionNotFoundError,
     TopicNotOwnedError,
 )
+from magnetar.common.names import TopicName
 
 if TYPE_CHECKING:
     from broker.service.config import BrokerConfig

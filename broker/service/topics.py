@@ -21,7 +21,6 @@ from broker.managed_ledger import ManagedLedger, ManagedLedgerFactory
 from broker.service.catalog import TopicCatalog, read_handover, read_owner
 from broker.service.config import BrokerConfig
 from broker.service.dedup import Deduplication
-from broker.service.names import TopicName
 from broker.service.topic import Topic
 from magnetar.common.clock import SYSTEM_CLOCK, Clock
 from magnetar.common.errors import (
@@ -33,6 +32,7 @@ from magnetar.common.errors import (
     ShuttingDownError,
     TopicNotOwnedError,
 )
+from magnetar.common.names import TopicName
 from metadata import MetadataStore, layout
 from metadata.coordination import LockManager, ResourceLock, Session
 from proto.format.v1 import cluster_pb2

@@ -3,19 +3,20 @@
 A service URL is ``magnetar://host:port[,host:port...]`` (the port defaults to 6650; IPv6 hosts
 go in brackets). A topic is ``tenant/namespace/topic``; a bare ``topic`` means
 ``public/default/topic``, and a ``persistent://`` prefix (what Pulsar users type) is dropped. The
-partitions of a partitioned topic are ``topic-partition-N``. The broker checks names fully; the
-client only normalizes them so that it can name partitions and report errors early.
+partitions of a partitioned topic are ``topic-partition-N``. Topic names are parsed by
+:mod:`magnetar.common.names`, the same rules the broker applies, so a bad name fails early.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
-from magnetar.common.errors import InvalidServiceUrlError, InvalidTopicNameError
+from magnetar.common.errors import InvalidServiceUrlError
+from magnetar.common.names import PARTITION_SUFFIX, TopicName, parse_topic
 
 __all__ = [
     "DEFAULT_BROKER_PORT",
+    "PARTITION_SUFFIX",
     "TopicName",
     "parse_broker_url",
     "parse_service_url",
@@ -24,13 +25,10 @@ __all__ = [
 
 DEFAULT_BROKER_PORT = 6650
 SCHEME = "magnetar://"
-PARTITION_SUFFIX = "-partition-"
 
 _HOST = re.compile(
     r"^(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9._-]+))(?::(?P<port>\d+))?$"
 )
-_SEGMENT = re.compile(r"[A-Za-z0-9_=-][A-Za-z0-9._=-]*")
-_PARTITION = re.compile(r"^(?P<base>.+)-partition-(?P<index>0|[1-9][0-9]{0,5})$")
 
 
 def _bad_url(url: object, why: str) -> InvalidServiceUrlError:
@@ -70,65 +68,3 @@ def parse_broker_url(url: str) -> str:
     if len(targets) != 1:
         raise _bad_url(url, "a broker URL names exactly one broker")
     return targets[0]
-
-
-@dataclass(frozen=True, slots=True)
-class TopicName:
-    """A normalized topic or partition name; ``partition`` is -1 for a whole topic."""
-
-    tenant: str
-    namespace: str
-    local: str
-    partition: int = -1
-
-    @property
-    def topic(self) -> str:
-        """The topic's full name, without any partition suffix."""
-        return f"{self.tenant}/{self.namespace}/{self.local}"
-
-    @property
-    def full(self) -> str:
-        """This name in full: the topic, or ``topic-partition-N`` for one partition."""
-        if self.partition < 0:
-            return self.topic
-        return f"{self.topic}{PARTITION_SUFFIX}{self.partition}"
-
-    @property
-    def is_partition(self) -> bool:
-        return self.partition >= 0
-
-    def partition_name(self, index: int) -> TopicName:
-        return TopicName(self.tenant, self.namespace, self.local, index)
-
-    def __str__(self) -> str:
-        return self.full
-
-
-def _bad_topic(name: object, why: str) -> InvalidTopicNameError:
-    return InvalidTopicNameError(
-        f"invalid topic name {name!r}: {why}", context={"topic": repr(name)}
-    )
-
-
-def parse_topic(name: object) -> TopicName:
-    """Normalize a topic or partition name; raise :class:`InvalidTopicNameError` naming the rule."""
-    if not isinstance(name, str):
-        raise _bad_topic(name, f"a topic name is a string, got {type(name).__name__}")
-    text = name.removeprefix("persistent://")
-    parts = text.split("/")
-    if len(parts) == 1:
-        parts = ["public", "default", parts[0]]
-    if len(parts) != 3:
-        raise _bad_topic(name, "use 'tenant/namespace/topic' or a bare 'topic'")
-    for label, part in zip(("tenant", "namespace", "topic"), parts, strict=True):
-        if not _SEGMENT.fullmatch(part):
-            raise _bad_topic(
-                name,
-                f"the {label} {part!r} may only hold letters, digits, '_', '-', '=' and '.'"
-                " (not first)",
-            )
-    tenant, namespace, local = parts
-    match = _PARTITION.match(local)
-    if match is not None:
-        return TopicName(tenant, namespace, match["base"], int(match["index"]))
-    return TopicName(tenant, namespace, local)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker.service.names import TopicName, parse_base_topic, parse_topic
 from magnetar.common.errors import ErrorCode, InvalidTopicNameError
+from magnetar.common.names import TopicName, parse_base_topic, parse_topic
 
 
 def test_bare_name_is_in_the_default_namespace() -> None:

@@ -1,4 +1,4 @@
-"""Topic names: parsing, validation and the names derived from them.
+"""Topic names: parsing, validation and the names derived from them (broker and client alike).
 
 A topic is ``tenant/namespace/topic``; a bare ``topic`` means ``public/default/topic`` and a
 ``persistent://`` prefix (what Pulsar users type) is accepted and dropped. A partitioned topic
