@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import socket
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from bookie.service.config import BookieConfig
 from bookie.service.metrics import BookieMetrics
 from bookie.service.registration import Registration, establish_identity
 from bookie.storage.engine import StorageEngine
+from magnetar.common.serving import grpc_server_options, run_until_signalled
 from magnetar.common.status_http import Response, StatusServer
 from metadata import MetadataStore, open_store
 from proto.bookie.v1 import bookie_pb2_grpc
@@ -34,14 +34,7 @@ from proto.bookie.v1 import bookie_pb2_grpc
 log = structlog.get_logger("magnetar.bookie.process")
 
 SERVICE_NAME = "magnetar.bookie.v1.BookieService"
-GRPC_OPTIONS = [
-    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
-    ("grpc.max_send_message_length", 256 * 1024 * 1024),
-    ("grpc.keepalive_time_ms", 20_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-]
+GRPC_OPTIONS = grpc_server_options(256 * 1024 * 1024)
 
 
 class BookieProcess:
@@ -185,16 +178,11 @@ class BookieProcess:
 
 async def run_bookie(config: BookieConfig) -> int:
     """Run a bookie until SIGTERM or SIGINT; the body of ``magnetar bookie``."""
-    process = await BookieProcess.start(config)
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    print(  # noqa: T201 - the ready line is the command's output; scripts wait for it
-        f"bookie {process.bookie_id} serving on {process.address}"
-        f" (metrics: http://{process.address.rsplit(':', 1)[0]}:{process.http_port}/metrics)",
-        flush=True,
+    return await run_until_signalled(
+        lambda: BookieProcess.start(config),
+        lambda p: (
+            f"bookie {p.bookie_id} serving on {p.address}"
+            f" (metrics: http://{p.address.rsplit(':', 1)[0]}:{p.http_port}/metrics)"
+        ),
+        lambda p: p.stop(),
     )
-    await stop.wait()
-    await process.stop()
-    return 0

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import socket
 
 import grpc
@@ -24,6 +23,7 @@ from broker.service.broker import Broker
 from broker.service.config import BrokerConfig
 from broker.service.metrics import BrokerMetrics
 from magnetar import __version__
+from magnetar.common.serving import grpc_server_options, run_until_signalled
 from magnetar.common.status_http import Response, StatusServer
 from metadata import MetadataStore, open_store
 from proto.admin.v1 import admin_pb2_grpc
@@ -32,14 +32,7 @@ from proto.broker.v1 import broker_pb2_grpc
 log = structlog.get_logger("magnetar.broker.process")
 
 SERVICE_NAMES = ("magnetar.broker.v1.BrokerService", "magnetar.admin.v1.AdminService")
-GRPC_OPTIONS = [
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-    ("grpc.keepalive_time_ms", 20_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-]
+GRPC_OPTIONS = grpc_server_options(64 * 1024 * 1024)
 
 
 class BrokerProcess:
@@ -153,17 +146,13 @@ class BrokerProcess:
 
 
 async def run_broker(config: BrokerConfig) -> int:
-    """Run a broker until SIGTERM or SIGINT; the body of ``magnetar broker``."""
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    process = await BrokerProcess.start(config)
-    print(  # noqa: T201 - the ready line is the command's output; scripts wait for it
-        f"broker {process.broker_id} serving on {process.address}"
-        f" (metrics: http://{process.address.rsplit(':', 1)[0]}:{process.http_port}/metrics)",
-        flush=True,
+    """Run a broker until SIGTERM or SIGINT (handing its partitions over then); the body of
+    ``magnetar broker``."""
+    return await run_until_signalled(
+        lambda: BrokerProcess.start(config),
+        lambda p: (
+            f"broker {p.broker_id} serving on {p.address}"
+            f" (metrics: http://{p.address.rsplit(':', 1)[0]}:{p.http_port}/metrics)"
+        ),
+        lambda p: p.stop(),
     )
-    await stop.wait()
-    await process.stop()
-    return 0
