@@ -14,8 +14,6 @@ from bookie.client.ledger_client import LedgerClient
 from bookie.client.ledger_metadata import LedgerState, write_set_indexes
 from bookie.entries import AddEntry, entry_checksum
 from bookie.process import BookieProcess
-from bookie.service.config import BookieConfig
-from bookie.storage.config import StorageConfig
 from magnetar.common.errors import (
     InvalidArgumentError,
     LedgerFencedError,
@@ -24,6 +22,7 @@ from magnetar.common.errors import (
     NotEnoughBookiesError,
     ReadBeyondLacError,
 )
+from magnetar.testing.inprocess import start_bookie_in_process
 from metadata import MetadataStore, open_store
 
 
@@ -37,18 +36,9 @@ class Cluster:
         self.clients: list[LedgerClient] = []
 
     async def start_bookie(self, bookie_id: str, zone: str | None = None) -> BookieProcess:
-        config = BookieConfig(
-            data_dir=self.root / bookie_id,
-            metadata="memory://",
-            port=0,
-            http_port=0,
-            bind_host="127.0.0.1",
-            advertised_host="127.0.0.1",
-            bookie_id=bookie_id,
-            zone=zone,
-            storage=StorageConfig(gc_interval_s=0),
+        process = await start_bookie_in_process(
+            self.store, self.root / bookie_id, bookie_id, zone=zone
         )
-        process = await BookieProcess.start(config, store=self.store)
         self.bookies[bookie_id] = process
         return process
 

@@ -15,11 +15,11 @@ import grpc.aio
 import pytest
 
 from bookie.process import BookieProcess
-from bookie.service.config import BookieConfig
 from bookie.storage.config import StorageConfig
 from broker.managed_ledger import ManagedLedgerConfig
 from broker.process import BrokerProcess
 from broker.service.config import BrokerConfig
+from magnetar.testing.inprocess import start_bookie_in_process
 from metadata import MetadataStore, open_store
 from proto.admin.v1 import admin_pb2_grpc
 from proto.broker.v1 import broker_pb2_grpc
@@ -36,17 +36,9 @@ class Cluster:
 
     async def add_bookie(self, storage: StorageConfig | None = None) -> BookieProcess:
         index = len(self.bookies)
-        config = BookieConfig(
-            data_dir=self.root / f"bookie-{index}",
-            metadata="memory://",
-            port=0,
-            http_port=0,
-            bind_host="127.0.0.1",
-            advertised_host="127.0.0.1",
-            bookie_id=f"bookie-{index}",
-            storage=storage or StorageConfig(gc_interval_s=0),
+        process = await start_bookie_in_process(
+            self.store, self.root / f"bookie-{index}", f"bookie-{index}", storage=storage
         )
-        process = await BookieProcess.start(config, store=self.store)
         self.bookies.append(process)
         return process
 

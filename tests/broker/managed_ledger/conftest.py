@@ -18,8 +18,6 @@ from bookie.client.bookie_client import BookieClient
 from bookie.client.config import LedgerClientConfig
 from bookie.client.ledger_client import LedgerClient
 from bookie.process import BookieProcess
-from bookie.service.config import BookieConfig
-from bookie.storage.config import StorageConfig
 from broker.managed_ledger import (
     AppendResult,
     EntryCache,
@@ -29,6 +27,7 @@ from broker.managed_ledger import (
     ManagedLedgerFactory,
 )
 from magnetar.common.clock import SYSTEM_CLOCK, Clock
+from magnetar.testing.inprocess import start_bookie_in_process
 from metadata import MetadataStore, open_store
 
 _HEADER = struct.Struct(">qiq")
@@ -99,17 +98,7 @@ class Env:
         self.client: LedgerClient
 
     async def start_bookie(self, bookie_id: str) -> BookieProcess:
-        config = BookieConfig(
-            data_dir=self.root / bookie_id,
-            metadata="memory://",
-            port=0,
-            http_port=0,
-            bind_host="127.0.0.1",
-            advertised_host="127.0.0.1",
-            bookie_id=bookie_id,
-            storage=StorageConfig(gc_interval_s=0),
-        )
-        process = await BookieProcess.start(config, store=self.store)
+        process = await start_bookie_in_process(self.store, self.root / bookie_id, bookie_id)
         self.bookies[bookie_id] = process
         return process
 
