@@ -29,19 +29,16 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-import grpc
-import grpc.aio
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from magnetar.aio.acks import AckGroup, BatchAckTracker, Entry
-from magnetar.aio.backoff import Backoff
 from magnetar.aio.codec import decode_entry
 from magnetar.aio.config import ClientConfig, ConsumerConfig
-from magnetar.aio.connection import ConnectionPool, PartitionOwner, is_transient
+from magnetar.aio.connection import ConnectionPool, PartitionOwner
 from magnetar.aio.message import Message
 from magnetar.aio.message_id import MessageId
 from magnetar.aio.names import TopicName
+from magnetar.aio.stream import PartitionStream
 from magnetar.common.errors import (
     ClientConnectionError,
     ConsumerBusyError,
@@ -50,15 +47,15 @@ from magnetar.common.errors import (
     InvalidArgumentError,
     MagnetarError,
     OperationTimeoutError,
-    ProtocolError,
     ReceiveTimeoutError,
-    ServiceNotReadyError,
-    TopicLookupError,
 )
-from magnetar.common.grpc_errors import error_from_detail, error_from_rpc_error
+from magnetar.common.grpc_errors import error_from_detail
 from magnetar.common.log import get_logger
 from proto.broker.v1 import broker_pb2
-from proto.common.v1 import errors_pb2, types_pb2
+from proto.common.v1 import types_pb2
+
+if TYPE_CHECKING:
+    from proto.broker.v1 import broker_pb2_grpc
 
 __all__ = ["Consumer", "start_position"]
 
@@ -189,8 +186,15 @@ class _SeekRequest:
     offset_floor: int | None
 
 
-class _PartitionConsumer:
+class _PartitionConsumer(PartitionStream):
     """One partition's subscription stream, resubscribed until closed or failed."""
+
+    _role = "consumer"
+    _busy_error = ConsumerBusyError
+    _opened_kind = "subscribed"
+    _open_request_name = "a subscribe"
+    _open_verb = "answer the subscribe"
+    _open_gerund = "subscribing"
 
     def __init__(
         self,
@@ -200,14 +204,17 @@ class _PartitionConsumer:
         partition: int,
         queue_size: int,
     ) -> None:
+        super().__init__(
+            partition_topic=partition_topic,
+            partition=partition,
+            client_config=consumer.client_config,
+            pool=consumer.pool,
+            log=log.bind(topic=partition_topic, subscription=consumer.config.subscription_name),
+        )
         self._consumer = consumer
         self._config = consumer.config
-        self._client_config = consumer.client_config
-        self._pool = consumer.pool
         self._queue = consumer.queue
         self._durable = consumer.durable
-        self.partition_topic = partition_topic
-        self.partition = partition
         self._queue_size = queue_size
         self._refill_at = max(1, queue_size // 2)
         self._consumed = 0
@@ -222,30 +229,16 @@ class _PartitionConsumer:
         self._outbox: deque[broker_pb2.ConsumeRequest] = deque()
         self._outbox_ready = asyncio.Event()
         self._outbox_empty = asyncio.Event()
-        self.connected = False
         self._connected_event = asyncio.Event()
-        self.broker: str | None = None
-        self._opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._ever_opened = False
-        self.error: MagnetarError | None = None
-        self.last_error: MagnetarError | None = None
-        self._closing = False
         self.end_of_topic = False
-        self._call: Any = None
-        self._run_task: asyncio.Task[None] | None = None
         # where (re)subscribing starts, and what the client skips
         self._start: Any = types_pb2.StartPosition(
             initial=_INITIAL_POSITIONS[self._config.initial_position]
         )
         self._floor: Floor | None = None
         self._offset_floor: int | None = None
-        self._log = log.bind(topic=partition_topic, subscription=self._config.subscription_name)
 
     # --- lifecycle -----------------------------------------------------------------------------
-
-    def start(self) -> asyncio.Future[None]:
-        self._run_task = asyncio.create_task(self._run(), name=f"consumer:{self.partition_topic}")
-        return self._opened
 
     def set_start(self, start: Any, floor: Floor | None) -> None:
         self._start = start
@@ -273,13 +266,7 @@ class _PartitionConsumer:
         closed = ConsumerClosedError(f"the consumer on {self.partition_topic} was closed")
         self._fail_waiters(closed)
 
-    def _fail(self, error: MagnetarError) -> None:
-        self.error = error
-        self._closing = True
-        self._log.warning("consumer_failed", error=repr(error))
-        if not self._opened.done():
-            self._opened.set_exception(error)
-            self._opened.exception()
+    def _on_failed(self, error: MagnetarError) -> None:
         self._fail_waiters(error)
         self._consumer.partition_failed(self, error)
 
@@ -437,49 +424,19 @@ class _PartitionConsumer:
             self._outbox_ready.set()
             self._outbox_empty.clear()
 
-    def _retriable(self, error: MagnetarError) -> bool:
-        if is_transient(error):
-            return True
-        # after a failover the old owner may not have dropped our previous stream yet
-        return self._ever_opened and isinstance(error, ConsumerBusyError)
+    def _ended(self) -> bool:
+        if self.end_of_topic:
+            self._log.info("consumer_end_of_topic")
+        return self.end_of_topic
 
-    def _stopping(self) -> bool:
-        # a method, not the attribute: close() flips it while _run awaits
-        return self._closing
+    def _closed(self, closed: broker_pb2.ConsumerClosed, address: str) -> MagnetarError:
+        self.end_of_topic = closed.end_of_topic
+        return super()._closed(closed, address)
 
-    async def _run(self) -> None:
-        backoff = Backoff(
-            self._client_config.initial_backoff_ms, self._client_config.max_backoff_ms
-        )
-        while not self._closing:
-            try:
-                error = await self._connect_and_serve(backoff)
-            except asyncio.CancelledError:
-                raise
-            except MagnetarError as e:
-                error = e
-            except Exception as e:  # noqa: BLE001 - a bug must not stop reconnecting; it is logged
-                self._log.exception("consumer_stream_crashed")
-                error = ClientConnectionError(f"the consumer stream failed: {e!r}")
-            self.last_error = error
-            if self._stopping():
-                return
-            if self.end_of_topic:
-                self._log.info("consumer_end_of_topic")
-                return
-            if not self._retriable(error):
-                self._fail(error)
-                return
-            delay_s = backoff.next_delay_s()
-            self._log.info(
-                "consumer_reconnecting",
-                error=repr(error),
-                delay_ms=round(delay_s * 1000),
-                attempt=backoff.attempts,
-            )
-            await asyncio.sleep(delay_s)
+    def _open_call(self, stub: broker_pb2_grpc.BrokerServiceAsyncStub) -> Any:
+        return stub.Consume()
 
-    def _subscribe_request(self) -> broker_pb2.ConsumeRequest:
+    def _open_request(self) -> broker_pb2.ConsumeRequest:
         start = self._start
         if not self._durable and self._floor is not None:
             ledger_id, entry_id, _ = self._floor
@@ -504,56 +461,11 @@ class _PartitionConsumer:
             )
         )
 
-    async def _connect_and_serve(self, backoff: Backoff) -> MagnetarError:
-        # a partition is looked up on its own: only its owner is assigned and returned
-        lookup = await self._pool.lookup(self.partition_topic)
-        owner = lookup.owner_of(self.partition_topic)
-        if owner is None and len(lookup.owners) == 1:
-            owner = lookup.owners[0]
-        if owner is None:
-            return TopicLookupError(
-                f"the lookup of {self.partition_topic!r} names no owner for it",
-                context={"topic": self.partition_topic},
-            )
-        call: Any = self._pool.stub(owner.address).Consume()
-        self._call = call
-        try:
-            try:
-                await call.write(self._subscribe_request())
-                first = await asyncio.wait_for(
-                    call.read(), self._client_config.connection_timeout_ms / 1000
-                )
-            except TimeoutError:
-                return ClientConnectionError(
-                    f"broker {owner.address} did not answer the subscribe on"
-                    f" {self.partition_topic} within"
-                    f" {self._client_config.connection_timeout_ms} ms",
-                    context={"broker": owner.address},
-                )
-            if first is grpc.aio.EOF:
-                return ClientConnectionError(
-                    f"broker {owner.address} ended the consumer stream before subscribing",
-                    context={"broker": owner.address},
-                )
-            kind = first.WhichOneof("kind")
-            if kind == "closed":
-                self.end_of_topic = first.closed.end_of_topic
-                return _closed_reason(first.closed.reason, owner.address)
-            if kind != "subscribed":
-                return ProtocolError(
-                    f"broker {owner.address} answered a subscribe with {kind!r}",
-                    context={"broker": owner.address},
-                )
-            self._on_subscribed(owner)
-            backoff.reset()
-            return await self._serve(call, owner.address)
-        except grpc.aio.AioRpcError as e:
-            return error_from_rpc_error(e, owner.address)
-        finally:
-            self._on_disconnected()
-            call.cancel()
-
-    def _on_subscribed(self, owner: PartitionOwner) -> None:
+    def _on_opened(
+        self,
+        reply: broker_pb2.ConsumeResponse,  # noqa: ARG002 - Subscribed holds nothing to keep
+        owner: PartitionOwner,
+    ) -> None:
         self.connected = True
         self._connected_event.set()
         self.broker = owner.address
@@ -567,17 +479,13 @@ class _PartitionConsumer:
         if len(self._acks) or self._ack_waiters:
             self._flush_acks()
         self._send(broker_pb2.ConsumeRequest(flow=broker_pb2.Flow(permits=self._queue_size)))
-        if not self._ever_opened:
-            self._ever_opened = True
-            if not self._opened.done():
-                self._opened.set_result(None)
+        self._mark_opened()
         self._log.info("consumer_subscribed", broker=owner.address)
 
     def _on_disconnected(self) -> None:
         was_connected = self.connected
         self.connected = False
         self._connected_event.clear()
-        self._call = None
         self._outbox.clear()
         dropped = self._queue.purge(self)
         self._consumed = 0
@@ -590,59 +498,27 @@ class _PartitionConsumer:
         if was_connected:
             self._log.info("consumer_disconnected", dropped_queued_messages=dropped)
 
-    async def _serve(self, call: Any, address: str) -> MagnetarError:
-        writer = asyncio.create_task(self._write_loop(call, address))
-        reader = asyncio.create_task(self._read_loop(call, address))
-        try:
-            done, _ = await asyncio.wait({writer, reader}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (writer, reader):
-                task.cancel()
-            await asyncio.gather(writer, reader, return_exceptions=True)
-        return done.pop().result()
-
-    async def _write_loop(self, call: Any, address: str) -> MagnetarError:
+    async def _write(self, call: Any) -> NoReturn:
         outbox = self._outbox
-        try:
-            while True:
-                await self._outbox_ready.wait()
-                self._outbox_ready.clear()
-                while outbox:
-                    await call.write(outbox[0])
-                    outbox.popleft()
-                self._outbox_empty.set()
-        except grpc.aio.AioRpcError as e:
-            return error_from_rpc_error(e, address)
-        except (asyncio.InvalidStateError, grpc.aio.UsageError) as e:
-            return ClientConnectionError(f"the consumer stream to {address} ended: {e}")
+        while True:
+            await self._outbox_ready.wait()
+            self._outbox_ready.clear()
+            while outbox:
+                await call.write(outbox[0])
+                outbox.popleft()
+            self._outbox_empty.set()
 
-    async def _read_loop(self, call: Any, address: str) -> MagnetarError:
-        try:
-            while True:
-                response = await call.read()
-                if response is grpc.aio.EOF:
-                    return ClientConnectionError(
-                        f"broker {address} ended the consumer stream of {self.partition_topic}",
-                        context={"broker": address},
-                    )
-                kind = response.WhichOneof("kind")
-                if kind == "deliveries":
-                    self._on_deliveries(response.deliveries.deliveries)
-                elif kind == "ack_receipt":
-                    self._on_ack_receipt(response.ack_receipt.request_id)
-                elif kind == "seek_complete":
-                    self._on_seek_complete(response.seek_complete.request_id)
-                elif kind == "error":
-                    self._on_error(response.error)
-                elif kind == "closed":
-                    self.end_of_topic = response.closed.end_of_topic
-                    return _closed_reason(response.closed.reason, address)
-                elif kind == "active_change":
-                    self._log.info(
-                        "consumer_active_change", active=response.active_change.is_active
-                    )
-        except grpc.aio.AioRpcError as e:
-            return error_from_rpc_error(e, address)
+    def _on_response(self, kind: str | None, response: broker_pb2.ConsumeResponse) -> None:
+        if kind == "deliveries":
+            self._on_deliveries(response.deliveries.deliveries)
+        elif kind == "ack_receipt":
+            self._on_ack_receipt(response.ack_receipt.request_id)
+        elif kind == "seek_complete":
+            self._on_seek_complete(response.seek_complete.request_id)
+        elif kind == "error":
+            self._on_error(response.error)
+        elif kind == "active_change":
+            self._log.info("consumer_active_change", active=response.active_change.is_active)
 
     def _on_deliveries(self, deliveries: Any) -> None:
         messages: list[Message] = []
@@ -766,14 +642,6 @@ def _wire_id(entry: Entry, partition: int) -> types_pb2.MessageId:
     return types_pb2.MessageId(
         ledger_id=entry[0], entry_id=entry[1], batch_index=-1, partition=partition
     )
-
-
-def _closed_reason(detail: errors_pb2.ErrorDetail, address: str) -> MagnetarError:
-    if detail.code == errors_pb2.ERROR_CODE_UNSPECIFIED:
-        return ServiceNotReadyError(
-            f"broker {address} closed the stream", context={"broker": address}
-        )
-    return error_from_detail(detail)
 
 
 class Consumer:

@@ -30,20 +30,16 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
-import grpc
-import grpc.aio
-
-from magnetar.aio.backoff import Backoff
 from magnetar.aio.codec import BatchBuilder, SealedBatch, message_size
 from magnetar.aio.config import ClientConfig, ProducerConfig
 from magnetar.aio.connection import ConnectionPool, is_transient
 from magnetar.aio.message_id import MessageId
 from magnetar.aio.names import TopicName
 from magnetar.aio.routing import PartitionRouter
+from magnetar.aio.stream import PartitionStream
 from magnetar.common.errors import (
-    ClientConnectionError,
     InvalidArgumentError,
     MagnetarError,
     MessageTooLargeError,
@@ -51,17 +47,14 @@ from magnetar.common.errors import (
     ProducerBusyError,
     ProducerClosedError,
     ProducerQueueFullError,
-    ProtocolError,
-    ServiceNotReadyError,
-    TopicLookupError,
 )
-from magnetar.common.grpc_errors import error_from_detail, error_from_rpc_error
+from magnetar.common.grpc_errors import error_from_detail
 from magnetar.common.log import get_logger
 from proto.broker.v1 import broker_pb2
-from proto.common.v1 import errors_pb2
 
 if TYPE_CHECKING:
     from magnetar.aio.connection import PartitionOwner
+    from proto.broker.v1 import broker_pb2_grpc
 
 __all__ = ["Producer", "SendCallback"]
 
@@ -159,8 +152,15 @@ class _PendingBatch:
         )
 
 
-class _PartitionProducer:
+class _PartitionProducer(PartitionStream):
     """One partition's batches and its Produce stream, reconnected until closed or failed."""
+
+    _role = "producer"
+    _busy_error = ProducerBusyError
+    _opened_kind = "opened"
+    _open_request_name = "a producer open"
+    _open_verb = "open the producer"
+    _open_gerund = "opening it"
 
     def __init__(
         self,
@@ -170,13 +170,15 @@ class _PartitionProducer:
         partition: int,
         producer_name: str | None,
     ) -> None:
+        super().__init__(
+            partition_topic=partition_topic,
+            partition=partition,
+            client_config=producer.client_config,
+            pool=producer.pool,
+            log=log.bind(topic=partition_topic),
+        )
         self._producer = producer
         self._config = producer.config
-        self._client_config = producer.client_config
-        self._pool = producer.pool
-        self.partition_topic = partition_topic
-        self.partition = partition
-        """Partition index; -1 for a non-partitioned topic."""
         self.producer_name = producer_name
         self._builder: BatchBuilder[_Handle] = BatchBuilder(
             max_messages=self._config.batching_max_messages,
@@ -192,30 +194,18 @@ class _PartitionProducer:
         self._drain_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._next_sequence_id = 0
         self.max_message_bytes = _DEFAULT_MAX_MESSAGE_BYTES
-        self.connected = False
-        self.broker: str | None = None
-        self._opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._ever_opened = False
-        self.error: MagnetarError | None = None
-        """Set when the partition failed for good."""
-        self.last_error: MagnetarError | None = None
-        """The last reason a connection attempt failed or a stream ended."""
-        self._closing = False
-        self._call: Any = None
-        self._run_task: asyncio.Task[None] | None = None
         self._expiry_task: asyncio.Task[None] | None = None
-        self._log = log.bind(topic=partition_topic)
 
     # --- lifecycle -----------------------------------------------------------------------------
 
     def start(self) -> asyncio.Future[None]:
         """Start connecting; the future completes when the first open succeeded (or failed)."""
-        self._run_task = asyncio.create_task(self._run(), name=f"producer:{self.partition_topic}")
+        opened = super().start()
         if self._config.send_timeout_ms > 0:
             self._expiry_task = asyncio.create_task(
                 self._expire_loop(), name=f"producer-expiry:{self.partition_topic}"
             )
-        return self._opened
+        return opened
 
     async def close(self, timeout_s: float) -> None:
         """Send what is batched, wait up to ``timeout_s`` for receipts, then close the stream."""
@@ -248,14 +238,8 @@ class _PartitionProducer:
             self._seal_timer.cancel()
             self._seal_timer = None
 
-    def _fail(self, error: MagnetarError) -> None:
-        """A final error: the partition takes no more messages and fails what it holds."""
-        self.error = error
-        self._closing = True
-        self._log.warning("producer_failed", error=repr(error))
-        if not self._opened.done():
-            self._opened.set_exception(error)
-            self._opened.exception()
+    def _on_failed(self, error: MagnetarError) -> None:
+        # the partition takes no more messages (error is set) and fails what it holds
         self._fail_everything(error)
 
     def _fail_everything(self, error: MagnetarError) -> None:
@@ -355,105 +339,23 @@ class _PartitionProducer:
 
     # --- the connection -------------------------------------------------------------------
 
-    def _retriable(self, error: MagnetarError) -> bool:
-        if is_transient(error):
-            return True
-        # after a failover the old owner may not have dropped our previous stream yet
-        return self._ever_opened and isinstance(error, ProducerBusyError)
+    def _reconnect_context(self) -> dict[str, object]:
+        return {"pending_batches": len(self._pending)}
 
-    def _stopping(self) -> bool:
-        # a method, not the attribute: close() flips it while _run awaits
-        return self._closing
+    def _open_call(self, stub: broker_pb2_grpc.BrokerServiceAsyncStub) -> Any:
+        return stub.Produce()
 
-    async def _run(self) -> None:
-        backoff = Backoff(
-            self._client_config.initial_backoff_ms, self._client_config.max_backoff_ms
+    def _open_request(self) -> broker_pb2.ProduceRequest:
+        return broker_pb2.ProduceRequest(
+            open=broker_pb2.ProducerOpen(
+                topic=self.partition_topic,
+                producer_name=self.producer_name or "",
+                properties=self._config.properties,
+            )
         )
-        while not self._closing:
-            try:
-                error = await self._connect_and_serve(backoff)
-            except asyncio.CancelledError:
-                raise
-            except MagnetarError as e:
-                error = e
-            except Exception as e:  # noqa: BLE001 - a bug must not stop reconnecting; it is logged
-                self._log.exception("producer_stream_crashed")
-                error = ClientConnectionError(f"the producer stream failed: {e!r}")
-            self.last_error = error
-            if self._stopping():
-                return
-            if not self._retriable(error):
-                self._fail(error)
-                return
-            delay_s = backoff.next_delay_s()
-            self._log.info(
-                "producer_reconnecting",
-                error=repr(error),
-                delay_ms=round(delay_s * 1000),
-                attempt=backoff.attempts,
-                pending_batches=len(self._pending),
-            )
-            await asyncio.sleep(delay_s)
 
-    async def _connect_and_serve(self, backoff: Backoff) -> MagnetarError:
-        """One connection: look up, open, serve until the stream ends; why it ended."""
-        # a partition is looked up on its own: only its owner is assigned and returned
-        lookup = await self._pool.lookup(self.partition_topic)
-        owner = lookup.owner_of(self.partition_topic)
-        if owner is None and len(lookup.owners) == 1:
-            owner = lookup.owners[0]
-        if owner is None:
-            return TopicLookupError(
-                f"the lookup of {self.partition_topic!r} names no owner for it",
-                context={"topic": self.partition_topic},
-            )
-        call: Any = self._pool.stub(owner.address).Produce()
-        self._call = call
-        try:
-            try:
-                await call.write(
-                    broker_pb2.ProduceRequest(
-                        open=broker_pb2.ProducerOpen(
-                            topic=self.partition_topic,
-                            producer_name=self.producer_name or "",
-                            properties=self._config.properties,
-                        )
-                    )
-                )
-                first = await asyncio.wait_for(
-                    call.read(), self._client_config.connection_timeout_ms / 1000
-                )
-            except TimeoutError:
-                return ClientConnectionError(
-                    f"broker {owner.address} did not open the producer on {self.partition_topic}"
-                    f" within {self._client_config.connection_timeout_ms} ms",
-                    context={"broker": owner.address},
-                )
-            if first is grpc.aio.EOF:
-                return ClientConnectionError(
-                    f"broker {owner.address} ended the producer stream before opening it",
-                    context={"broker": owner.address},
-                )
-            kind = first.WhichOneof("kind")
-            if kind == "closed":
-                return _closed_reason(first.closed.reason, owner.address)
-            if kind != "opened":
-                return ProtocolError(
-                    f"broker {owner.address} answered a producer open with {kind!r}",
-                    context={"broker": owner.address},
-                )
-            self._on_opened(first.opened, owner)
-            backoff.reset()
-            return await self._serve(call, owner.address)
-        except grpc.aio.AioRpcError as e:
-            return error_from_rpc_error(e, owner.address)
-        finally:
-            self.connected = False
-            self._call = None
-            self._unsent.clear()
-            call.cancel()
-
-    def _on_opened(self, opened: broker_pb2.ProducerOpened, owner: PartitionOwner) -> None:
+    def _on_opened(self, reply: broker_pb2.ProduceResponse, owner: PartitionOwner) -> None:
+        opened = reply.opened
         self.producer_name = opened.producer_name or self.producer_name
         if opened.max_message_bytes:
             self.max_message_bytes = opened.max_message_bytes
@@ -465,9 +367,7 @@ class _PartitionProducer:
         if not self._ever_opened:
             # a producer name used before (a restarted application) continues its sequence
             self._next_sequence_id = max(self._next_sequence_id, opened.last_sequence_id + 1)
-            self._ever_opened = True
-            if not self._opened.done():
-                self._opened.set_result(None)
+        self._mark_opened()
         self.broker = owner.address
         self._unsent = deque(self._pending.values())
         self.connected = True
@@ -480,66 +380,42 @@ class _PartitionProducer:
             resending_batches=resent,
         )
 
-    async def _serve(self, call: Any, address: str) -> MagnetarError:
-        sender = asyncio.create_task(self._send_loop(call, address))
-        receiver = asyncio.create_task(self._receive_loop(call, address))
-        try:
-            done, _ = await asyncio.wait({sender, receiver}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (sender, receiver):
-                task.cancel()
-            await asyncio.gather(sender, receiver, return_exceptions=True)
-        return done.pop().result()
+    def _on_disconnected(self) -> None:
+        self.connected = False
+        self._unsent.clear()
 
-    async def _send_loop(self, call: Any, address: str) -> MagnetarError:
+    async def _write(self, call: Any) -> NoReturn:
         limit = self._config.max_request_bytes
         unsent = self._unsent
-        try:
-            while True:
-                await self._wake_sender.wait()
-                self._wake_sender.clear()
+        while True:
+            await self._wake_sender.wait()
+            self._wake_sender.clear()
+            while unsent:
+                batches: list[broker_pb2.ProduceBatch] = []
+                size = 0
                 while unsent:
-                    batches: list[broker_pb2.ProduceBatch] = []
-                    size = 0
-                    while unsent:
-                        op = unsent[0]
-                        if op.done:
-                            unsent.popleft()
-                            continue
-                        if batches and size + len(op.batch.payload) > limit:
-                            break
+                    op = unsent[0]
+                    if op.done:
                         unsent.popleft()
-                        batches.append(op.to_wire())
-                        size += len(op.batch.payload)
-                    if batches:
-                        await call.write(
-                            broker_pb2.ProduceRequest(send=broker_pb2.ProduceSend(batches=batches))
-                        )
-        except grpc.aio.AioRpcError as e:
-            return error_from_rpc_error(e, address)
-        except (asyncio.InvalidStateError, grpc.aio.UsageError) as e:
-            return ClientConnectionError(f"the producer stream to {address} ended: {e}")
-
-    async def _receive_loop(self, call: Any, address: str) -> MagnetarError:
-        try:
-            while True:
-                response = await call.read()
-                if response is grpc.aio.EOF:
-                    return ClientConnectionError(
-                        f"broker {address} ended the producer stream of {self.partition_topic}",
-                        context={"broker": address},
+                        continue
+                    if batches and size + len(op.batch.payload) > limit:
+                        break
+                    unsent.popleft()
+                    batches.append(op.to_wire())
+                    size += len(op.batch.payload)
+                if batches:
+                    await call.write(
+                        broker_pb2.ProduceRequest(send=broker_pb2.ProduceSend(batches=batches))
                     )
-                kind = response.WhichOneof("kind")
-                if kind == "receipts":
-                    self._on_receipts(response.receipts.receipts)
-                elif kind == "error":
-                    error = self._on_produce_error(response.error)
-                    if error is not None:
-                        return error
-                elif kind == "closed":
-                    return _closed_reason(response.closed.reason, address)
-        except grpc.aio.AioRpcError as e:
-            return error_from_rpc_error(e, address)
+
+    def _on_response(
+        self, kind: str | None, response: broker_pb2.ProduceResponse
+    ) -> MagnetarError | None:
+        if kind == "receipts":
+            self._on_receipts(response.receipts.receipts)
+        elif kind == "error":
+            return self._on_produce_error(response.error)
+        return None
 
     def _on_receipts(self, receipts: Any) -> None:
         confirmed = 0
@@ -610,14 +486,6 @@ class _PartitionProducer:
             self._log.warning("producer_send_timeout", messages=failed)
             self._producer.capacity.release(failed)
             self._check_drained()
-
-
-def _closed_reason(detail: errors_pb2.ErrorDetail, address: str) -> MagnetarError:
-    if detail.code == errors_pb2.ERROR_CODE_UNSPECIFIED:
-        return ServiceNotReadyError(
-            f"broker {address} closed the stream", context={"broker": address}
-        )
-    return error_from_detail(detail)
 
 
 class Producer:
