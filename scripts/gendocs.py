@@ -18,12 +18,21 @@ from bookie.client.config import LedgerClientConfig
 from bookie.service.config import BookieConfig
 from broker.service.config import BrokerConfig
 from magnetar.common.config import config_reference
+from magnetar.standalone import StandaloneConfig
 from metadata.config import MetadataStoreConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = ROOT / "docs" / "configuration.md"
 
 SECTIONS: list[tuple[str, type, str]] = [
+    (
+        "magnetar standalone",
+        StandaloneConfig,
+        (
+            "Settings of `magnetar standalone`: embedded metadata, bookies and one broker in one"
+            " process (the bookies and the broker otherwise take their defaults)."
+        ),
+    ),
     (
         "magnetar bookie",
         BookieConfig,

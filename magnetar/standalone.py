@@ -1,0 +1,161 @@
+"""``magnetar standalone``: a whole Magnetar in one process, for a laptop.
+
+Embedded metadata (no etcd), N bookies (3 by default: ledgers are written E3/Qw2/Qa2; with 1
+bookie E1/Qw1/Qa1) and one broker, all under one data directory, so topics, messages and
+subscription positions survive a restart. Every server is the real one, talking gRPC over
+loopback; only the process boundary is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from bookie.client.config import LedgerClientConfig
+from bookie.process import BookieProcess
+from bookie.service.config import BookieConfig
+from broker.process import BrokerProcess
+from broker.service.config import BrokerConfig
+from magnetar.common.config import config_error
+from magnetar.common.serving import run_until_signalled
+from metadata import MetadataStore, open_store
+
+log = structlog.get_logger("magnetar.standalone")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StandaloneConfig:
+    """Everything in one process: embedded metadata, bookies and one broker."""
+
+    data_dir: Path = Path("magnetar-data")
+    """Directory of all data: metadata, and one sub-directory per bookie; kept across restarts."""
+
+    port: int = 6650
+    """gRPC port of the broker: the service URL is magnetar://<advertised host>:<port>."""
+
+    http_port: int = 8080
+    """HTTP port of the broker's /metrics and /health (0: any free port)."""
+
+    bookies: int = 3
+    """Bookies to run (1 to 9); ledgers use E3/Qw2/Qa2 with 3 or more, else E=Qw=Qa=bookies."""
+
+    bind_host: str = "127.0.0.1"
+    """Address the servers listen on (0.0.0.0 to accept other machines)."""
+
+    advertised_host: str = "127.0.0.1"
+    """Host name clients use to reach the broker."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.bookies <= 9:
+            raise config_error("bookies", self.bookies, "must be from 1 to 9")
+        for name in ("port", "http_port"):
+            value = getattr(self, name)
+            if not 0 <= value <= 65535:
+                raise config_error(name, value, "must be a port number from 0 to 65535")
+
+    def quorums(self) -> tuple[int, int, int]:
+        if self.bookies >= 3:
+            return 3, 2, 2
+        return self.bookies, self.bookies, self.bookies
+
+
+class Standalone:
+    """The running servers. Create with :meth:`start`, end with :meth:`stop`."""
+
+    def __init__(self, config: StandaloneConfig, store: MetadataStore) -> None:
+        self.config = config
+        self.store = store
+        self.bookies: list[BookieProcess] = []
+        self.broker: BrokerProcess | None = None
+        self.ready_s = 0.0
+
+    @classmethod
+    async def start(cls, config: StandaloneConfig) -> Standalone:
+        started = time.monotonic()
+        data_dir = config.data_dir.resolve()
+        data_dir.mkdir(parents=True, exist_ok=True)
+        store = await open_store(f"embedded://{data_dir / 'metadata'}")
+        self = cls(config, store)
+        try:
+            for index in range(config.bookies):
+                bookie = BookieConfig(
+                    data_dir=data_dir / f"bookie-{index}",
+                    metadata="memory://",  # unused: the shared store is passed in
+                    port=0,
+                    http_port=0,
+                    bind_host=config.bind_host,
+                    advertised_host=config.bind_host
+                    if config.bind_host != "0.0.0.0"  # noqa: S104 - comparing, not binding
+                    else config.advertised_host,
+                    bookie_id=f"bookie-{index}",
+                )
+                self.bookies.append(await BookieProcess.start(bookie, store=store))
+            e, qw, qa = config.quorums()
+            self.broker = await BrokerProcess.start(
+                BrokerConfig(
+                    metadata="memory://",  # unused: the shared store is passed in
+                    port=config.port,
+                    http_port=config.http_port,
+                    bind_host=config.bind_host,
+                    advertised_host=config.advertised_host,
+                    broker_id="standalone",
+                    ledger=LedgerClientConfig(ensemble_size=e, write_quorum=qw, ack_quorum=qa),
+                ),
+                store=store,
+            )
+        except BaseException:
+            await self.stop()
+            raise
+        self.ready_s = _process_age_s() or (time.monotonic() - started)
+        log.info("standalone_ready", service_url=self.service_url, ready_s=round(self.ready_s, 3))
+        return self
+
+    @property
+    def service_url(self) -> str:
+        assert self.broker is not None
+        return f"magnetar://{self.broker.address}"
+
+    def ready_line(self) -> str:
+        assert self.broker is not None
+        host = self.broker.address.rsplit(":", 1)[0]
+        return (
+            f"magnetar standalone ready in {self.ready_s:.2f} s: service URL {self.service_url}"
+            f" ({len(self.bookies)} bookies; metrics: http://{host}:{self.broker.http_port}"
+            f"/metrics; data: {self.config.data_dir.resolve()})"
+        )
+
+    async def stop(self) -> None:
+        """Broker first (its partitions closed cleanly), then the bookies, then metadata."""
+        if self.broker is not None:
+            with contextlib.suppress(Exception):
+                await self.broker.stop()
+            self.broker = None
+        for bookie in reversed(self.bookies):
+            with contextlib.suppress(Exception):
+                await bookie.stop()
+        self.bookies.clear()
+        await self.store.close()
+        log.info("standalone_stopped")
+
+
+def _process_age_s() -> float | None:
+    """Seconds since this process started (imports included), from /proc; None elsewhere."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        uptime_s = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError):
+        return None
+    start_ticks = int(stat[stat.rindex(")") + 2 :].split()[19])
+    return max(0.0, uptime_s - start_ticks / os.sysconf("SC_CLK_TCK"))
+
+
+async def run_standalone(config: StandaloneConfig) -> int:
+    """The body of ``magnetar standalone``: serve until Ctrl-C or SIGTERM."""
+    return await run_until_signalled(
+        lambda: Standalone.start(config), Standalone.ready_line, Standalone.stop
+    )
