@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -1060,13 +1061,51 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
     return results
 
 
-async def main_async(args: argparse.Namespace, argv: list[str], root: Path) -> dict[str, Any]:
-    # SIGTERM cancels the run like Ctrl-C does, so the finally blocks stop the bookies
+BenchBody = Callable[[argparse.Namespace, list[str], Path], Awaitable[dict[str, Any]]]
+
+
+async def _cancellable(
+    body: BenchBody, args: argparse.Namespace, argv: list[str], root: Path
+) -> dict[str, Any]:
+    # SIGTERM cancels the run like Ctrl-C does, so the benchmark's finally blocks stop its servers
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None
     loop.add_signal_handler(signal.SIGTERM, task.cancel)
-    return await bench(args, argv, root)
+    return await body(args, argv, root)
+
+
+def run_and_write(
+    name: str,
+    args: argparse.Namespace,
+    argv: list[str],
+    body: BenchBody,
+    render: Callable[[dict[str, Any]], str],
+    *,
+    keep_data: bool = False,
+) -> dict[str, Any] | None:
+    """Run a benchmark in a temporary directory under ``args.data_root`` (removed afterwards
+    unless ``keep_data``), then write ``<name>-<date>[-<tag>].json`` and ``.md`` to
+    ``args.out``. Returns the results, or None when interrupted (Ctrl-C or SIGTERM)."""
+    args.data_root.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix=f".{name}-bench-", dir=args.data_root))
+    try:
+        results = asyncio.run(_cancellable(body, args, argv, root))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("interrupted; servers stopped", file=sys.stderr)
+        return None
+    finally:
+        if keep_data:
+            print(f"kept {root}", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"{name}-{results['date']}{'-' + args.tag if args.tag else ''}"
+    json_path, md_path = args.out / f"{stem}.json", args.out / f"{stem}.md"
+    json_path.write_text(json.dumps(results, indent=2) + "\n")
+    md_path.write_text(render(results))
+    print(f"wrote {json_path} and {md_path}")
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1074,23 +1113,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # the client logs each add stream it closes; the benchmark's own output is enough
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    args.data_root.mkdir(parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix=".bookie-bench-", dir=args.data_root))
-    try:
-        results = asyncio.run(main_async(args, argv, root))
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        print("interrupted; bookies stopped and temporary data removed", file=sys.stderr)
+    results = run_and_write("bookie", args, argv, bench, render_markdown)
+    if results is None:
         return 130
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"bookie-{results['date']}{'-' + args.tag if args.tag else ''}"
-    json_path, md_path = args.out / f"{stem}.json", args.out / f"{stem}.md"
-    json_path.write_text(json.dumps(results, indent=2) + "\n")
-    md_path.write_text(render_markdown(results))
     for c in results["checks"]:
         print(f"{c['verdict']}: {c['name']}" + (f" ({c['workload']})" if "workload" in c else ""))
-    print(f"wrote {json_path} and {md_path}")
     return 0 if all(w["ok"] for w in results["workloads"]) else 1
 
 

@@ -26,11 +26,8 @@ import logging
 import os
 import random
 import shlex
-import shutil
-import signal
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -60,6 +57,7 @@ from bookie_bench import (
     measure_raw_limits,
     proc_cpu_seconds,
     report_preamble,
+    run_and_write,
 )
 from ledger_bench import Writer, scrape, thread_cpu_seconds, wait_for_view
 
@@ -1692,15 +1690,6 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
     return results
 
 
-async def main_async(args: argparse.Namespace, argv: list[str], root: Path) -> dict[str, Any]:
-    # SIGTERM cancels the run like Ctrl-C does, so the finally blocks stop the clusters
-    loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-    assert task is not None
-    loop.add_signal_handler(signal.SIGTERM, task.cancel)
-    return await bench(args, argv, root)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
@@ -1710,24 +1699,9 @@ def main(argv: list[str] | None = None) -> int:
         wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
         processors=[LOG_CLOCK, *structlog.get_config()["processors"]],
     )
-    args.data_root.mkdir(parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix=".broker-bench-", dir=args.data_root))
-    try:
-        results = asyncio.run(main_async(args, argv, root))
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        print("interrupted; clusters stopped", file=sys.stderr)
+    results = run_and_write("broker", args, argv, bench, render_markdown, keep_data=args.keep_data)
+    if results is None:
         return 130
-    finally:
-        if args.keep_data:
-            print(f"kept {root}", file=sys.stderr)
-        else:
-            shutil.rmtree(root, ignore_errors=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"broker-{results['date']}{'-' + args.tag if args.tag else ''}"
-    json_path, md_path = args.out / f"{stem}.json", args.out / f"{stem}.md"
-    json_path.write_text(json.dumps(results, indent=2) + "\n")
-    md_path.write_text(render_markdown(results))
-    print(f"wrote {json_path} and {md_path}")
     ok = all(r["ok"] for r in results["throughput"]["runs"]) and all(
         r["ok"] for r in results["failover"]["runs"]
     )

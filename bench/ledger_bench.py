@@ -22,15 +22,11 @@ import contextlib
 import dataclasses
 import datetime as dt
 import itertools
-import json
 import logging
 import os
 import shlex
-import shutil
-import signal
 import statistics
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -58,6 +54,7 @@ from bookie_bench import (
     measure_raw_limits,
     proc_cpu_seconds,
     report_preamble,
+    run_and_write,
 )
 
 from bookie.client.config import LedgerClientConfig
@@ -1351,15 +1348,6 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
     return results
 
 
-async def main_async(args: argparse.Namespace, argv: list[str], root: Path) -> dict[str, Any]:
-    # SIGTERM cancels the run like Ctrl-C does, so the finally blocks stop the cluster
-    loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-    assert task is not None
-    loop.add_signal_handler(signal.SIGTERM, task.cancel)
-    return await bench(args, argv, root)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
@@ -1369,21 +1357,9 @@ def main(argv: list[str] | None = None) -> int:
         wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
         processors=[LOG_CLOCK, *structlog.get_config()["processors"]],
     )
-    args.data_root.mkdir(parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix=".ledger-bench-", dir=args.data_root))
-    try:
-        results = asyncio.run(main_async(args, argv, root))
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        print("interrupted; cluster stopped and temporary data removed", file=sys.stderr)
+    results = run_and_write("ledger", args, argv, bench, render_markdown)
+    if results is None:
         return 130
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"ledger-{results['date']}{'-' + args.tag if args.tag else ''}"
-    json_path, md_path = args.out / f"{stem}.json", args.out / f"{stem}.md"
-    json_path.write_text(json.dumps(results, indent=2) + "\n")
-    md_path.write_text(render_markdown(results))
-    print(f"wrote {json_path} and {md_path}")
     ok = all(w["ok"] for w in results["workloads"] + results["burst_workloads"]) and all(
         r["ok"] for r in results["failover"]["runs"]
     )
