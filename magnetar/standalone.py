@@ -8,7 +8,6 @@ loopback; only the process boundary is gone.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from dataclasses import dataclass
@@ -131,13 +130,18 @@ class Standalone:
 
     async def stop(self) -> None:
         """Broker first (its partitions closed cleanly), then the bookies, then metadata."""
+        # each server is stopped even if another failed to; failures are logged, not hidden
         if self.broker is not None:
-            with contextlib.suppress(Exception):
+            try:
                 await self.broker.stop()
+            except Exception:
+                log.exception("standalone_broker_stop_failed")
             self.broker = None
         for bookie in reversed(self.bookies):
-            with contextlib.suppress(Exception):
+            try:
                 await bookie.stop()
+            except Exception:
+                log.exception("standalone_bookie_stop_failed", bookie=bookie.bookie_id)
         self.bookies.clear()
         await self.store.close()
         log.info("standalone_stopped")

@@ -14,7 +14,6 @@ message.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 from collections import deque
 from collections.abc import AsyncIterator
@@ -185,9 +184,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                     else ProtocolError(f"the produce stream failed: {error!r}")
                 )
         finally:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
+            await _reap(reader)
             topic.remove_producer(producer)
             log.info("producer_closed", topic=name.full, producer=producer_name)
 
@@ -377,9 +374,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                     else ProtocolError(f"the consume stream failed: {error!r}")
                 )
         finally:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
+            await _reap(reader)
             consumer.detach()
 
     async def _read_consume(
@@ -468,6 +463,19 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                     return
             if deliveries.deliveries:
                 yield pb.ConsumeResponse(deliveries=deliveries)
+
+
+async def _reap(reader: asyncio.Task[None]) -> None:
+    """Stop a stream's reader task; a failure the stream did not already report is logged."""
+    reported = reader.done()
+    reader.cancel()
+    try:
+        await reader
+    except asyncio.CancelledError:
+        pass
+    except Exception:
+        if not reported:
+            log.exception("stream_reader_failed")
 
 
 def _producer_closed(error: MagnetarError) -> pb.ProduceResponse:

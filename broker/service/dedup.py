@@ -163,7 +163,9 @@ class Deduplication:
 
     async def close(self) -> None:
         if self._snapshotting is not None:
-            with contextlib.suppress(Exception):
+            try:
                 await self._snapshotting
+            except Exception:
+                log.exception("dedup_snapshot_crashed", key=self._key)
         with contextlib.suppress(MagnetarError):
             await self.snapshot()
