@@ -249,8 +249,11 @@ class _PartitionConsumer(PartitionStream):
         if self.connected and len(self._acks):
             waiter = self._ack_waiter()
             self._flush_acks(receipt=True)
-            with contextlib.suppress(Exception):
+            try:
                 await asyncio.wait_for(waiter, timeout_s)
+            except Exception as e:  # noqa: BLE001 - closing goes on; the unconfirmed acks are said
+                # the broker may not have applied the last acks: they can be redelivered
+                self._log.warning("consumer_close_acks_unconfirmed", error=repr(e))
         self._closing = True
         if self.connected:
             self._send(broker_pb2.ConsumeRequest(close=broker_pb2.ConsumerClose()))
