@@ -17,21 +17,19 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from magnetar import __version__
+from magnetar.cli_support import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_NOT_BUILT,
+    EXIT_OK,
+    EXIT_USAGE,
+    table,
+)
 from magnetar.common.config import add_config_arguments, config_overrides_from_args, load_config
 from magnetar.common.errors import MagnetarError
 from magnetar.common.log import configure_logging
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_NOT_BUILT = 3
-
 NOT_BUILT = {
-    "topics": "create, list, delete topics; stats; partitions",
-    "subscriptions": "list, reset, delete subscriptions",
-    "produce": "send messages from the command line",
-    "consume": "receive messages on the command line",
-    "perf": "produce / consume / end-to-end load with latency percentiles",
     "verify": "fault-injecting durability checker",
 }
 
@@ -130,6 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "ledger":
             sub.add_argument("ledger_id", type=int)
 
+    from magnetar.cli_client import add_client_commands  # noqa: PLC0415
+    from magnetar.perf import add_perf_command  # noqa: PLC0415
+
+    add_client_commands(commands)
+    add_perf_command(commands)
+
     for name, summary in NOT_BUILT.items():
         sub = commands.add_parser(name, help=summary, description=summary)
         sub.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
@@ -185,15 +189,6 @@ def _run_autorecovery(args: argparse.Namespace) -> int:
         overrides=config_overrides_from_args(args, AutorecoveryConfig),
     )
     return asyncio.run(run_autorecovery(config))
-
-
-def _table(rows: list[dict[str, object]], columns: list[str]) -> str:
-    if not rows:
-        return "(none)"
-    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
-    lines = ["  ".join(c.upper().ljust(widths[c]) for c in columns)]
-    lines += ["  ".join(str(r[c]).ljust(widths[c]) for c in columns) for r in rows]
-    return "\n".join(lines)
 
 
 async def _cluster(args: argparse.Namespace) -> int:
@@ -268,8 +263,11 @@ async def _cluster(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows))
     else:
-        print(_table(rows, columns))
+        print(table(rows, columns))
     return EXIT_OK
+
+
+_SERVERS = frozenset({"bookie", "broker", "standalone", "autorecovery"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -290,11 +288,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run_autorecovery(args)
         if args.command == "cluster":
             return asyncio.run(_cluster(args))
+        from magnetar.cli_client import CLIENT_COMMANDS, run_client_command  # noqa: PLC0415
+
+        if args.command in CLIENT_COMMANDS:
+            return run_client_command(args)
+        if args.command == "perf":
+            from magnetar.perf import run_perf  # noqa: PLC0415
+
+            return run_perf(args)
     except MagnetarError as e:
         print(f"magnetar {args.command}: {e.message}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
-        return EXIT_OK
+        # servers treat Ctrl-C as their normal stop; an interrupted client command did not finish
+        return EXIT_OK if args.command in _SERVERS else EXIT_INTERRUPTED
     print(
         f"magnetar {args.command}: not built yet in {__version__}; see CHANGELOG.md for what has"
         " landed.",

@@ -262,8 +262,21 @@ class Topic:
 
     # --- subscriptions ----------------------------------------------------------------------------
 
+    def _incompatible(
+        self, request: SubscribeRequest, existing: SubscriptionType
+    ) -> IncompatibleSubscriptionError:
+        have, want = existing.name.lower(), request.subscription_type.name.lower()
+        return IncompatibleSubscriptionError(
+            f"subscription {request.subscription!r} on {self.name} is {have}, not {want}:"
+            f" subscribe with subscription_type={have!r}, or use another subscription name",
+            context={"subscription": request.subscription, "type": have, "requested": want},
+        )
+
     async def subscribe(self, request: SubscribeRequest, address: str = "") -> ConsumerSession:
         self._check_active()
+        existing = self.subscriptions.get(request.subscription) if request.durable else None
+        if existing is not None and existing.type is not request.subscription_type:
+            raise self._incompatible(request, existing.type)
         if request.subscription_type is not SubscriptionType.EXCLUSIVE:
             raise InvalidArgumentError(
                 f"subscription type {request.subscription_type.name.lower()} is not supported"
@@ -288,10 +301,7 @@ class Topic:
                     if not existed:
                         subscription.set_start_filter(position, first_index)
             elif subscription.type is not request.subscription_type:
-                raise IncompatibleSubscriptionError(
-                    f"subscription {request.subscription!r} is {subscription.type.name.lower()},"
-                    f" not {request.subscription_type.name.lower()}"
-                )
+                raise self._incompatible(request, subscription.type)
         else:
             name = request.subscription or f"reader-{next(_reader_ids)}"
             name = f"{name}-{next(_reader_ids)}" if name in self.subscriptions else name

@@ -7,40 +7,26 @@ creates; closing it flushes and closes them all.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import uuid
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
-from magnetar.aio.config import ClientConfig, ConsumerConfig, ProducerConfig
+from magnetar.aio.admin import AdminClient
+from magnetar.aio.config import (
+    ClientConfig,
+    ConsumerConfig,
+    ProducerConfig,
+    build_config,
+    replace_config,
+)
 from magnetar.aio.connection import ConnectionPool
 from magnetar.aio.consumer import Consumer
 from magnetar.aio.message_id import MessageId
 from magnetar.aio.names import parse_topic
 from magnetar.aio.producer import Producer
 from magnetar.aio.reader import Reader
-from magnetar.common.config import config_error
 from magnetar.common.errors import ClientClosedError, InvalidArgumentError
 
 __all__ = ["Client"]
-
-_C = TypeVar("_C")
-
-
-def _check_names(cls: type, settings: dict[str, Any]) -> None:
-    known = {f.name for f in dataclasses.fields(cls)}
-    for name, value in settings.items():
-        if name not in known:
-            raise config_error(name, value, f"is not a setting of {cls.__name__}")
-
-
-def _build(cls: type[_C], settings: dict[str, Any]) -> _C:
-    _check_names(cls, settings)
-    return cls(**settings)
-
-
-def _replace(config: _C, settings: dict[str, Any]) -> _C:
-    _check_names(type(config), settings)
-    return dataclasses.replace(config, **settings)  # type: ignore[type-var]
 
 
 class Client:
@@ -53,9 +39,9 @@ class Client:
 
     def __init__(self, service_url: str | ClientConfig, **settings: Any) -> None:
         if isinstance(service_url, ClientConfig):
-            config = _replace(service_url, settings) if settings else service_url
+            config = replace_config(service_url, settings) if settings else service_url
         else:
-            config = _build(ClientConfig, {"service_url": service_url, **settings})
+            config = build_config(ClientConfig, {"service_url": service_url, **settings})
         self.config = config
         self._pool = ConnectionPool(config)  # checks the service URL
         self._producers: set[Producer] = set()
@@ -82,11 +68,11 @@ class Client:
         """
         self._check_open()
         if config is None:
-            config = _build(ProducerConfig, {"producer_name": producer_name, **settings})
+            config = build_config(ProducerConfig, {"producer_name": producer_name, **settings})
         elif producer_name is not None or settings:
             if producer_name is not None:
                 settings["producer_name"] = producer_name
-            config = _replace(config, settings)
+            config = replace_config(config, settings)
         producer = Producer(
             topic=parse_topic(topic),
             config=config,
@@ -115,7 +101,7 @@ class Client:
         """
         self._check_open()
         if config is None:
-            config = _build(
+            config = build_config(
                 ConsumerConfig,
                 {
                     "subscription_name": subscription_name,
@@ -124,7 +110,7 @@ class Client:
                 },
             )
         elif settings:
-            config = _replace(config, settings)
+            config = replace_config(config, settings)
         consumer = Consumer(
             topic=parse_topic(topic),
             config=config,
@@ -139,20 +125,48 @@ class Client:
     async def create_reader(
         self,
         topic: str,
-        start_message_id: MessageId | Literal["earliest", "latest"],
+        start_message_id: MessageId | Literal["earliest", "latest"] | None = None,
         *,
+        start_offset: int | None = None,
+        start_publish_time_ms: int | None = None,
         reader_name: str | None = None,
         receiver_queue_size: int = 1000,
         start_message_id_inclusive: bool = False,
     ) -> Reader:
-        """A reader of ``topic`` from ``start_message_id``.
+        """A reader of ``topic`` from exactly one of these starts:
 
-        ``MessageId.earliest``/``"earliest"``: from the first stored message; ``latest``: only
-        messages published from now on; a message id: the message after it (or that message
-        itself with ``start_message_id_inclusive=True``). A message id start needs a
-        non-partitioned topic or one partition (``topic-partition-N``).
+        - ``start_message_id``: ``MessageId.earliest``/``"earliest"`` (the first stored
+          message), ``"latest"`` (only messages published from now on), or a message id (the
+          message after it, or that message itself with ``start_message_id_inclusive=True``;
+          needs a non-partitioned topic or one partition, ``topic-partition-N``);
+        - ``start_offset``: the first message at or after this offset, on every partition;
+        - ``start_publish_time_ms``: the first message published at or after this time
+          (milliseconds since the epoch), on every partition.
         """
         self._check_open()
+        given = [
+            name
+            for name, value in (
+                ("start_message_id", start_message_id),
+                ("start_offset", start_offset),
+                ("start_publish_time_ms", start_publish_time_ms),
+            )
+            if value is not None
+        ]
+        if len(given) != 1:
+            raise InvalidArgumentError(
+                "create_reader needs exactly one of start_message_id, start_offset and"
+                f" start_publish_time_ms; got {given or 'none'}"
+            )
+        if start_offset is not None or start_publish_time_ms is not None:
+            return await self._open_reader(
+                topic,
+                None,
+                reader_name=reader_name,
+                receiver_queue_size=receiver_queue_size,
+                start_offset=start_offset,
+                start_publish_time_ms=start_publish_time_ms,
+            )
         if start_message_id == "earliest":
             start = MessageId.earliest
         elif start_message_id == "latest":
@@ -163,13 +177,34 @@ class Client:
             raise InvalidArgumentError(
                 f"start_message_id is a MessageId, 'earliest' or 'latest', got {start_message_id!r}"
             )
+        return await self._open_reader(
+            topic,
+            start,
+            reader_name=reader_name,
+            receiver_queue_size=receiver_queue_size,
+            start_inclusive=start_message_id_inclusive,
+        )
+
+    async def _open_reader(
+        self,
+        topic: str,
+        start: MessageId | None,
+        *,
+        reader_name: str | None,
+        receiver_queue_size: int,
+        start_inclusive: bool = False,
+        start_offset: int | None = None,
+        start_publish_time_ms: int | None = None,
+    ) -> Reader:
+        if start_offset is not None and (isinstance(start_offset, bool) or start_offset < 0):
+            raise InvalidArgumentError(f"start_offset is an offset >= 0, got {start_offset!r}")
         name = reader_name or f"reader-{uuid.uuid4().hex[:10]}"
         config = ConsumerConfig(
             subscription_name=name,
             subscription_type="exclusive",
             consumer_name=name,
             receiver_queue_size=receiver_queue_size,
-            initial_position="earliest" if start.is_earliest() else "latest",
+            initial_position="earliest" if start is None or start.is_earliest() else "latest",
         )
         consumer = Consumer(
             topic=parse_topic(topic),
@@ -179,9 +214,18 @@ class Client:
             durable=False,
             on_close=self._consumers.discard,
         )
-        await consumer._start(start, start_inclusive=start_message_id_inclusive)
+        await consumer._start(
+            start_offset if start is None else start,
+            start_inclusive=start_inclusive,
+            start_publish_time_ms=start_publish_time_ms,
+        )
         self._consumers.add(consumer)
         return Reader(consumer)
+
+    def admin(self) -> AdminClient:
+        """An :class:`AdminClient` on the same service URL and settings (close it yourself)."""
+        self._check_open()
+        return AdminClient(self.config)
 
     async def get_topic_partitions(self, topic: str) -> list[str]:
         """The partitions of ``topic`` (the topic itself when it has none)."""

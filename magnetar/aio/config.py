@@ -7,8 +7,9 @@ loaded with :func:`magnetar.common.config.load_config` (``MAGNETAR_*`` environme
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 from magnetar.common.config import config_error
 
@@ -19,6 +20,8 @@ __all__ = [
     "InitialPositionName",
     "ProducerConfig",
     "SubscriptionTypeName",
+    "build_config",
+    "replace_config",
 ]
 
 CompressionName = Literal["none", "zlib"]
@@ -105,7 +108,12 @@ class ProducerConfig:
     """A message not confirmed this long after send() fails with a timeout (0: never)."""
 
     max_pending_messages: int = 10_000
-    """Messages sent but not yet confirmed; send() waits for room, send_async() fails."""
+    """Messages sent but not yet confirmed, at most (the bounded pending queue)."""
+
+    block_if_queue_full: bool = True
+    """When the pending queue is full, send() waits for room (True) or fails at once with
+    ProducerQueueFullError (False). The asyncio send_async() never waits and always fails; the
+    sync send_async() waits in the caller's thread when this is True."""
 
     compression: CompressionName = "none"
     """How batches are compressed on the wire and in storage."""
@@ -161,6 +169,15 @@ class ConsumerConfig:
     ack_group_max_ids: int = 100
     """... or until this many entries are waiting."""
 
+    batch_receive_max_messages: int = 100
+    """batch_receive() returns once it holds this many messages ..."""
+
+    batch_receive_max_bytes: int = 10 * 1024 * 1024
+    """... or this many bytes of message content ..."""
+
+    batch_receive_timeout_ms: int = 100
+    """... or this long after it was called (with what it has, possibly nothing)."""
+
     ack_receipts: bool = False
     """acknowledge() waits until the broker confirms it applied the acknowledgement."""
 
@@ -186,7 +203,17 @@ class ConsumerConfig:
             raise config_error(
                 "initial_position", self.initial_position, f"must be one of {_INITIAL_POSITIONS}"
             )
-        _at_least(self, ("receiver_queue_size", "ack_group_max_ids"), 1)
+        _at_least(
+            self,
+            (
+                "receiver_queue_size",
+                "ack_group_max_ids",
+                "batch_receive_max_messages",
+                "batch_receive_max_bytes",
+            ),
+            1,
+        )
+        _at_least(self, ("batch_receive_timeout_ms",), 0)
         _at_least(
             self,
             (
@@ -197,3 +224,25 @@ class ConsumerConfig:
             ),
             0,
         )
+
+
+_C = TypeVar("_C")
+
+
+def _check_names(cls: type, settings: dict[str, Any]) -> None:
+    known = {f.name for f in dataclasses.fields(cls)}
+    for name, value in settings.items():
+        if name not in known:
+            raise config_error(name, value, f"is not a setting of {cls.__name__}")
+
+
+def build_config(cls: type[_C], settings: dict[str, Any]) -> _C:
+    """``cls(**settings)``, naming any setting ``cls`` does not have."""
+    _check_names(cls, settings)
+    return cls(**settings)
+
+
+def replace_config(config: _C, settings: dict[str, Any]) -> _C:
+    """``config`` with ``settings`` changed, naming any setting it does not have."""
+    _check_names(type(config), settings)
+    return dataclasses.replace(config, **settings)  # type: ignore[type-var]

@@ -24,12 +24,12 @@ from magnetar.common.errors import (
     TopicLookupError,
 )
 from magnetar.common.grpc_errors import error_from_rpc_error
-from magnetar.common.log import get_logger
+from magnetar.common.log import get_library_logger
 from proto.broker.v1 import broker_pb2, broker_pb2_grpc
 
 __all__ = ["ConnectionPool", "PartitionOwner", "TopicLookup", "is_transient"]
 
-log = get_logger("magnetar.aio.connection", component="client")
+log = get_library_logger("magnetar.aio.connection", component="client")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,15 +95,21 @@ class ConnectionPool:
     def closed(self) -> bool:
         return self._closed
 
-    def stub(self, address: str) -> broker_pb2_grpc.BrokerServiceAsyncStub:
-        """The stub for the broker at ``address`` (``host:port``), opening its channel once."""
+    def channel(self, address: str) -> grpc.aio.Channel:
+        """The channel to the broker at ``address`` (``host:port``), opened once."""
         if self._closed:
             raise ClientClosedError("the client was closed")
-        stub = self._stubs.get(address)
-        if stub is None:
+        channel = self._channels.get(address)
+        if channel is None:
             channel = grpc.aio.insecure_channel(address, options=self._options)
             self._channels[address] = channel
-            stub = broker_pb2_grpc.BrokerServiceStub(channel)
+        return channel
+
+    def stub(self, address: str) -> broker_pb2_grpc.BrokerServiceAsyncStub:
+        """The broker-service stub for the broker at ``address``."""
+        stub = self._stubs.get(address)
+        if stub is None:
+            stub = broker_pb2_grpc.BrokerServiceStub(self.channel(address))
             self._stubs[address] = stub
         return stub
 
@@ -137,7 +143,9 @@ class ConnectionPool:
             return self._to_lookup(response)
         self._next_lookup = (self._next_lookup + 1) % len(targets)
         raise TopicLookupError(
-            f"no broker of {self.config.service_url} could look up {topic!r}: {last}",
+            f"no broker of {self.config.service_url} could look up {topic!r}: {last}. Check"
+            " that a broker runs there (for a quick start: magnetar standalone) and that the"
+            " service URL names its host and port",
             context={"topic": topic, "service_url": self.config.service_url},
         )
 

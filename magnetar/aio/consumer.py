@@ -50,7 +50,7 @@ from magnetar.common.errors import (
     ReceiveTimeoutError,
 )
 from magnetar.common.grpc_errors import error_from_detail
-from magnetar.common.log import get_logger
+from magnetar.common.log import get_library_logger
 from proto.broker.v1 import broker_pb2
 from proto.common.v1 import types_pb2
 
@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Consumer", "start_position"]
 
-log = get_logger("magnetar.aio.consumer", component="client")
+log = get_library_logger("magnetar.aio.consumer", component="client")
 
 _SUBSCRIPTION_TYPES = {
     "exclusive": types_pb2.SUBSCRIPTION_TYPE_EXCLUSIVE,
@@ -240,9 +240,10 @@ class _PartitionConsumer(PartitionStream):
 
     # --- lifecycle -----------------------------------------------------------------------------
 
-    def set_start(self, start: Any, floor: Floor | None) -> None:
+    def set_start(self, start: Any, floor: Floor | None, offset_floor: int | None = None) -> None:
         self._start = start
         self._floor = floor
+        self._offset_floor = offset_floor
 
     async def close(self, timeout_s: float) -> None:
         """Flush acks (waiting up to ``timeout_s`` for the broker to confirm), then close."""
@@ -678,7 +679,11 @@ class Consumer:
     # --- creation ----------------------------------------------------------------------------
 
     async def _start(
-        self, start: MessageId | None = None, *, start_inclusive: bool = False
+        self,
+        start: MessageId | int | None = None,
+        *,
+        start_inclusive: bool = False,
+        start_publish_time_ms: int | None = None,
     ) -> None:
         timeout_s = self.client_config.operation_timeout_s
         loop = asyncio.get_running_loop()
@@ -686,7 +691,8 @@ class Consumer:
         targets = await self.pool.partitions_of(self._topic, timeout_s)
         try:
             await asyncio.wait_for(
-                self._open_partitions(targets, start, start_inclusive), deadline - loop.time()
+                self._open_partitions(targets, start, start_inclusive, start_publish_time_ms),
+                deadline - loop.time(),
             )
         except TimeoutError:
             last = next((p.last_error for p in self._partitions.values() if p.last_error), None)
@@ -700,11 +706,15 @@ class Consumer:
             raise
 
     async def _open_partitions(
-        self, targets: list[tuple[str, int]], start: MessageId | None, start_inclusive: bool
+        self,
+        targets: list[tuple[str, int]],
+        start: MessageId | int | None,
+        start_inclusive: bool,
+        start_publish_time_ms: int | None,
     ) -> None:
         topic = self._topic
         if (
-            start is not None
+            isinstance(start, MessageId)
             and not (start.is_earliest() or start.is_latest())
             and len(targets) > 1
         ):
@@ -721,9 +731,15 @@ class Consumer:
                 partition=partition,
                 queue_size=queue_size,
             )
-            if start is not None:
+            if isinstance(start, MessageId):
                 partition_consumer.set_start(
                     start_position(start, None), floor_of(start, inclusive=start_inclusive)
+                )
+            elif start is not None or start_publish_time_ms is not None:
+                partition_consumer.set_start(
+                    start_position(start, start_publish_time_ms),
+                    None,
+                    start if isinstance(start, int) else None,
                 )
             self._partitions[partition] = partition_consumer
         await asyncio.gather(*(p.start() for p in self._partitions.values()))
@@ -761,6 +777,39 @@ class Consumer:
         )
         owner.taken(message)
         return message
+
+    async def batch_receive(
+        self, max_messages: int | None = None, timeout_millis: int | None = None
+    ) -> list[Message]:
+        """The messages that arrive until ``max_messages`` (default
+        ``batch_receive_max_messages``) or ``batch_receive_max_bytes`` are reached, or
+        ``timeout_millis`` (default ``batch_receive_timeout_ms``) has passed; possibly none.
+        Messages already queued are returned at once."""
+        if self._closed:
+            raise ConsumerClosedError(f"the consumer on {self._topic} is closed")
+        limit = self.config.batch_receive_max_messages if max_messages is None else max_messages
+        if limit < 1:
+            raise InvalidArgumentError(f"max_messages is at least 1, got {limit}")
+        timeout_ms = (
+            self.config.batch_receive_timeout_ms if timeout_millis is None else timeout_millis
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000
+        messages: list[Message] = []
+        size = 0
+        while len(messages) < limit and size < self.config.batch_receive_max_bytes:
+            try:
+                owner, message = await self.queue.get(max(0.0, deadline - loop.time()))
+            except ReceiveTimeoutError:
+                break
+            except MagnetarError:
+                if messages:
+                    break  # the error comes again on the next call, after these
+                raise
+            owner.taken(message)
+            messages.append(message)
+            size += len(message.data())
+        return messages
 
     def __aiter__(self) -> Consumer:
         return self

@@ -49,7 +49,7 @@ from magnetar.common.errors import (
     ProducerQueueFullError,
 )
 from magnetar.common.grpc_errors import error_from_detail
-from magnetar.common.log import get_logger
+from magnetar.common.log import get_library_logger
 from proto.broker.v1 import broker_pb2
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Producer", "SendCallback"]
 
-log = get_logger("magnetar.aio.producer", component="client")
+log = get_library_logger("magnetar.aio.producer", component="client")
 
 SendCallback = Callable[[MagnetarError | None, MessageId | None], None]
 """``callback(error, message_id)``: exactly one of the two is None."""
@@ -588,11 +588,33 @@ class Producer:
         handle: _Handle = (future, callback)
         error = self._unusable()
         if error is None and not self.capacity.try_acquire():
-            error = ProducerQueueFullError(
-                f"{self.config.max_pending_messages} messages are pending on {self._topic}"
-                " (max_pending_messages); send() waits for room, send_async() does not",
-                context={"max_pending_messages": self.config.max_pending_messages},
-            )
+            error = self._queue_full()
+        if error is not None:
+            _fail_handle(handle, error)
+            return future
+        self._add(content, handle, properties, partition_key, event_timestamp)
+        return future
+
+    async def send_async_when_room(
+        self,
+        content: bytes,
+        callback: SendCallback | None = None,
+        properties: Mapping[str, str] | None = None,
+        partition_key: str | None = None,
+        event_timestamp: int | None = None,
+    ) -> asyncio.Future[MessageId]:
+        """:meth:`send_async` that first waits for room in the pending queue when
+        ``block_if_queue_full`` is on (the sync client's ``send_async``)."""
+        if not self.config.block_if_queue_full:
+            return self.send_async(content, callback, properties, partition_key, event_timestamp)
+        future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
+        handle: _Handle = (future, callback)
+        error = self._unusable()
+        if error is None:
+            await self.capacity.acquire()
+            error = self._unusable()
+            if error is not None:
+                self.capacity.release(1)
         if error is not None:
             _fail_handle(handle, error)
             return future
@@ -613,7 +635,10 @@ class Producer:
         error = self._unusable()
         if error is not None:
             raise error
-        await self.capacity.acquire()
+        if self.config.block_if_queue_full:
+            await self.capacity.acquire()
+        elif not self.capacity.try_acquire():
+            raise self._queue_full()
         error = self._unusable()
         if error is not None:
             self.capacity.release(1)
@@ -651,6 +676,14 @@ class Producer:
 
     def batch_sealed(self, partition: int) -> None:
         self._router.batch_sealed(max(partition, 0))
+
+    def _queue_full(self) -> ProducerQueueFullError:
+        return ProducerQueueFullError(
+            f"{self.config.max_pending_messages} messages are pending on {self._topic}"
+            " (max_pending_messages): wait for their receipts, raise the limit, or set"
+            " block_if_queue_full=True to make send() wait for room",
+            context={"max_pending_messages": self.config.max_pending_messages},
+        )
 
     def _unusable(self) -> MagnetarError | None:
         if self._closed:

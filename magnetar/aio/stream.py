@@ -31,10 +31,9 @@ from magnetar.common.grpc_errors import error_from_detail, error_from_rpc_error
 from proto.common.v1 import errors_pb2
 
 if TYPE_CHECKING:
-    from structlog.typing import FilteringBoundLogger
-
     from magnetar.aio.config import ClientConfig
     from magnetar.aio.connection import ConnectionPool, PartitionOwner
+    from magnetar.common.log import LibraryLogger
     from proto.broker.v1 import broker_pb2_grpc
 
 __all__ = ["PartitionStream"]
@@ -63,7 +62,7 @@ class PartitionStream(ABC):
         partition: int,
         client_config: ClientConfig,
         pool: ConnectionPool,
-        log: FilteringBoundLogger,
+        log: LibraryLogger,
     ) -> None:
         self._client_config = client_config
         self._pool = pool
@@ -149,10 +148,13 @@ class PartitionStream(ABC):
         """A final error: the partition is not reopened and fails what it holds."""
         self.error = error
         self._closing = True
-        self._log.warning(f"{self._role}_failed", error=repr(error))
         if not self._opened.done():
+            # the creating call raises it to the application: a debug record is enough
+            self._log.debug(f"{self._role}_open_failed", error=repr(error))
             self._opened.set_exception(error)
             self._opened.exception()
+            return
+        self._log.warning(f"{self._role}_failed", error=repr(error))
         self._on_failed(error)
 
     # --- the connection --------------------------------------------------------------------

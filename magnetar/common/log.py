@@ -41,9 +41,11 @@ from magnetar.common.errors import InvalidConfigError
 
 __all__ = [
     "DEFAULT_QUEUE_SIZE",
+    "LibraryLogger",
     "configure_logging",
     "dropped_log_records",
     "flush_logging",
+    "get_library_logger",
     "get_logger",
     "reset_logging",
 ]
@@ -311,6 +313,61 @@ def get_logger(name: str | None = None, **bound: object) -> FilteringBoundLogger
     """
     args = () if name is None else (name,)
     return cast("FilteringBoundLogger", structlog.get_logger(*args, **bound))
+
+
+class LibraryLogger:
+    """A logger for code that runs inside other people's programs (the client library).
+
+    When the process configured structlog (our own commands do, through
+    :func:`configure_logging`; so may the application) records go through structlog like any
+    other. When nobody configured it, structlog's default would print every record to stdout;
+    instead records go to the standard library logger ``name``, whose defaults show warnings and
+    errors on stderr and keep quiet about the rest, and which an application configures the
+    usual way (``logging.getLogger("magnetar").setLevel(logging.INFO)``).
+    """
+
+    __slots__ = ("_bound", "_name")
+
+    def __init__(self, name: str, bound: dict[str, object]) -> None:
+        self._name = name
+        self._bound = bound
+
+    def bind(self, **bound: object) -> LibraryLogger:
+        return LibraryLogger(self._name, {**self._bound, **bound})
+
+    def _log(self, level: int, method: str, event: str, fields: dict[str, Any]) -> None:
+        if structlog.is_configured():
+            target = structlog.get_logger(self._name, **self._bound)
+            getattr(target, method)(event, **fields)
+            return
+        std = logging.getLogger(self._name)
+        if not std.isEnabledFor(level):
+            return
+        context = {**self._bound, **fields}
+        exc_info = method == "exception"
+        text = " ".join([event, *(f"{k}={v}" for k, v in context.items())])
+        std.log(level, "%s", text, exc_info=exc_info)
+
+    def debug(self, event: str, **fields: Any) -> None:
+        self._log(logging.DEBUG, "debug", event, fields)
+
+    def info(self, event: str, **fields: Any) -> None:
+        self._log(logging.INFO, "info", event, fields)
+
+    def warning(self, event: str, **fields: Any) -> None:
+        self._log(logging.WARNING, "warning", event, fields)
+
+    def error(self, event: str, **fields: Any) -> None:
+        self._log(logging.ERROR, "error", event, fields)
+
+    def exception(self, event: str, **fields: Any) -> None:
+        self._log(logging.ERROR, "exception", event, fields)
+
+
+def get_library_logger(name: str, **bound: object) -> LibraryLogger:
+    """A :class:`LibraryLogger`: structlog when the process configured it, otherwise the
+    standard library logger ``name`` (quiet below warning unless the application says so)."""
+    return LibraryLogger(name, dict(bound))
 
 
 def flush_logging(timeout_s: float = 5.0) -> bool:

@@ -7,9 +7,26 @@ broker processes.
 
     async with LocalCluster(tmp_path, bookies=3, brokers=2) as cluster:
         ...  # cluster.metadata_url, cluster.service_url, cluster.bookies[i].kill() / .restart()
+
+    async with StandaloneNode(tmp_path / "data") as node:  # embedded metadata, one process
+        ...  # node.service_url, node.kill() / .restart()
 """
 
-from magnetar.testing.cluster import BookieNode, BrokerNode, LocalCluster, ServerNode
+from magnetar.testing.cluster import (
+    BookieNode,
+    BrokerNode,
+    LocalCluster,
+    ServerNode,
+    StandaloneNode,
+)
 from magnetar.testing.etcd import EtcdCluster, EtcdServer
 
-__all__ = ["BookieNode", "BrokerNode", "EtcdCluster", "EtcdServer", "LocalCluster", "ServerNode"]
+__all__ = [
+    "BookieNode",
+    "BrokerNode",
+    "EtcdCluster",
+    "EtcdServer",
+    "LocalCluster",
+    "ServerNode",
+    "StandaloneNode",
+]
