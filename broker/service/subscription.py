@@ -221,8 +221,9 @@ class Subscription:
         self.redelivery_counts.clear()
         for consumer in self.consumers:
             consumer.unacked.clear()
-        if self.durable:
-            await self.cursor.reset(position)
+        # a reader's cursor is reset too: its mark-delete (where it started, or what it read)
+        # would otherwise hide the entries before it that the seek asks for
+        await self.cursor.reset(position)
         self._reposition(position)
         self._start_filter = None
         self.set_start_filter(position, first_index)

@@ -16,6 +16,7 @@ Errors are the :mod:`magnetar.common.errors` tree (re-exported here for the ones
 meets); each has a ``retriable`` flag. See ``docs/client.md``.
 """
 
+from magnetar.aio.admin import AdminClient
 from magnetar.aio.client import Client
 from magnetar.aio.config import ClientConfig, ConsumerConfig, ProducerConfig
 from magnetar.aio.consumer import Consumer
@@ -29,6 +30,7 @@ from magnetar.common.errors import (
     ClientError,
     ConsumerBusyError,
     ConsumerClosedError,
+    IncompatibleSubscriptionError,
     InvalidServiceUrlError,
     InvalidTopicNameError,
     MagnetarError,
@@ -43,6 +45,7 @@ from magnetar.common.errors import (
 )
 
 __all__ = [
+    "AdminClient",
     "Client",
     "ClientClosedError",
     "ClientConfig",
@@ -52,6 +55,7 @@ __all__ = [
     "ConsumerBusyError",
     "ConsumerClosedError",
     "ConsumerConfig",
+    "IncompatibleSubscriptionError",
     "InvalidServiceUrlError",
     "InvalidTopicNameError",
     "MagnetarError",
