@@ -37,6 +37,22 @@ class TopicRecord:
         return [self.name.partition_name(i) for i in range(self.partitions)]
 
 
+def check_policies(policies: topic_pb2.TopicPolicies) -> None:
+    """Refuse policy values no topic could run with, naming the policy."""
+    for name in ("retention_time_ms", "retention_size_bytes", "backlog_quota_bytes"):
+        if policies.HasField(name) and getattr(policies, name) < -1:
+            raise InvalidArgumentError(
+                f"policy {name} is >= 0, or -1 for no limit; got {getattr(policies, name)}",
+                context={"policy": name},
+            )
+    for name in ("message_ttl_ms", "max_redelivery_count"):
+        if policies.HasField(name) and getattr(policies, name) < 0:  # type: ignore[arg-type]
+            raise InvalidArgumentError(
+                f"policy {name} is >= 0 (0: off); got {getattr(policies, name)}",
+                context={"policy": name},
+            )
+
+
 def _parse_topic(name: TopicName, value: bytes, version: int) -> TopicRecord:
     meta = topic_pb2.TopicMetadata()
     meta.ParseFromString(value)
@@ -90,6 +106,8 @@ class TopicCatalog:
                 f" {partitions}",
                 context={"partitions": partitions},
             )
+        if policies is not None:
+            check_policies(policies)
         meta = topic_pb2.TopicMetadata(
             format_version=1,
             partitions=partitions,

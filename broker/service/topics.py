@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import structlog
 
-from broker.managed_ledger import ManagedLedger, ManagedLedgerFactory
+from broker.managed_ledger import ManagedLedger, ManagedLedgerConfig, ManagedLedgerFactory
 from broker.service.catalog import TopicCatalog, read_handover, read_owner
 from broker.service.config import BrokerConfig
 from broker.service.dedup import Deduplication
@@ -35,7 +36,7 @@ from magnetar.common.errors import (
 from magnetar.common.names import TopicName
 from metadata import MetadataStore, layout
 from metadata.coordination import LockManager, ResourceLock, Session
-from proto.format.v1 import cluster_pb2
+from proto.format.v1 import cluster_pb2, topic_pb2
 
 log = structlog.get_logger("magnetar.broker.topics")
 
@@ -115,7 +116,7 @@ class TopicManager:
         )
 
     async def _load(self, name: TopicName) -> Topic:
-        await self.catalog.require(name)
+        topic_record = await self.catalog.require(name)
         full = name.full
         owner = await read_owner(self.store, full)
         if owner is not None and owner.broker_id != self.broker_id:
@@ -140,13 +141,16 @@ class TopicManager:
         except LockBusyError:
             raise self._not_owned(name, await read_owner(self.store, full)) from None
         try:
-            ml = await self._open_managed_ledger(full)
+            policies = topic_record.policies
+            ml = await self._open_managed_ledger(full, self._ledger_config(policies))
             try:
                 dedup = Deduplication(
                     self.store,
                     full,
                     ml,
-                    enabled=self.config.deduplication_enabled,
+                    enabled=policies.deduplication
+                    if policies.HasField("deduplication")
+                    else self.config.deduplication_enabled,
                     snapshot_interval=self.config.dedup_snapshot_interval_entries,
                 )
                 await dedup.load()
@@ -177,10 +181,20 @@ class TopicManager:
         )
         return topic
 
-    async def _open_managed_ledger(self, full: str) -> ManagedLedger:
+    def _ledger_config(self, policies: topic_pb2.TopicPolicies) -> ManagedLedgerConfig:
+        """The broker's managed-ledger settings with the topic's own retention policies."""
+        overrides = {
+            name: getattr(policies, name)
+            for name in ("retention_time_ms", "retention_size_bytes")
+            if policies.HasField(name)
+        }
+        config = self.config.managed_ledger
+        return dataclasses.replace(config, **overrides) if overrides else config
+
+    async def _open_managed_ledger(self, full: str, config: ManagedLedgerConfig) -> ManagedLedger:
         for attempt in range(ML_OPEN_ATTEMPTS):
             try:
-                return await self.factory.open(full)
+                return await self.factory.open(full, config=config)
             except ManagedLedgerFencedError:
                 # a previous owner was still rolling its ledger: read the list again
                 if attempt == ML_OPEN_ATTEMPTS - 1:

@@ -445,6 +445,13 @@ def test_unknown_topic_and_subscription(admin: magnetar.AdminClient):
         admin.get_topic("a/b/c/d")
 
 
+def test_bad_topic_policies_are_refused_by_name(admin: magnetar.AdminClient):
+    with pytest.raises(InvalidArgumentError, match="retention_time_ms is >= 0, or -1"):
+        admin.create_topic(unique("policy"), policies={"retention_time_ms": -5})
+    with pytest.raises(InvalidArgumentError, match="unknown topic policies.*retention_ms"):
+        admin.create_topic(unique("policy"), policies={"retention_ms": 5})
+
+
 def test_oversized_message_fails_alone(client: magnetar.Client):
     topic = unique("big")
     with client.create_producer(topic) as producer:
