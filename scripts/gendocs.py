@@ -17,6 +17,7 @@ from bookie.autorecovery import AutorecoveryConfig
 from bookie.client.config import LedgerClientConfig
 from bookie.service.config import BookieConfig
 from broker.service.config import BrokerConfig
+from magnetar.aio.config import ClientConfig, ConsumerConfig, ProducerConfig
 from magnetar.common.config import config_reference
 from magnetar.standalone import StandaloneConfig
 from metadata.config import MetadataStoreConfig
@@ -63,6 +64,27 @@ SECTIONS: list[tuple[str, type, str]] = [
         ),
     ),
     (
+        "Client (`magnetar.Client`, `magnetar.aio.Client`)",
+        ClientConfig,
+        (
+            "Keyword settings of `Client(service_url, ...)` and `AdminClient(service_url, ...)`:"
+            " how the client reaches brokers, timeouts and reconnection."
+        ),
+    ),
+    (
+        "Producer",
+        ProducerConfig,
+        "Keyword settings of `client.create_producer(topic, ...)`: batching, bounds, retries.",
+    ),
+    (
+        "Consumer",
+        ConsumerConfig,
+        (
+            "Keyword settings of `client.subscribe(topic, subscription_name, ...)`: subscription,"
+            " prefetch, acknowledgement grouping, batch receive."
+        ),
+    ),
+    (
         "Metadata store connection",
         MetadataStoreConfig,
         (
@@ -73,6 +95,9 @@ SECTIONS: list[tuple[str, type, str]] = [
 ]
 
 
+CLIENT_SETTINGS = (ClientConfig, ProducerConfig, ConsumerConfig)
+
+
 def render() -> str:
     parts = [
         "# Configuration reference",
@@ -81,11 +106,12 @@ def render() -> str:
         "",
         "Every setting can be given, from lowest to highest precedence, as its default, in a",
         "TOML file (`--config FILE`, nested sections as tables), as a `MAGNETAR_*` environment",
-        "variable, or as a command-line flag.",
+        "variable, or as a command-line flag. Client settings are keyword arguments only.",
         "",
     ]
     for title, cls, intro in SECTIONS:
-        parts += [f"## {title}", "", intro, "", config_reference(cls).rstrip(), ""]
+        table = config_reference(cls, sources=cls not in CLIENT_SETTINGS).rstrip()
+        parts += [f"## {title}", "", intro, "", table, ""]
     return "\n".join(parts)
 
 

@@ -852,18 +852,23 @@ def _setting(leaf: _Leaf) -> Setting:
     )
 
 
-def config_reference(cls: type) -> str:
-    """A markdown table of every setting of ``cls``: field, env var, flag, type, default, docs."""
-    rows = [
-        "| field | env var | flag | type | default | description |",
-        "|---|---|---|---|---|---|",
-    ]
+def config_reference(cls: type, *, sources: bool = True) -> str:
+    """A markdown table of every setting of ``cls``: field, env var, flag, type, default, docs
+    (without the env var and flag columns when ``sources`` is false: settings that are only
+    keyword arguments, like the client's)."""
+    if sources:
+        rows = [
+            "| field | env var | flag | type | default | description |",
+            "|---|---|---|---|---|---|",
+        ]
+    else:
+        rows = ["| setting | type | default | description |", "|---|---|---|---|"]
     for setting in settings(cls):
         plain_default = setting.required or setting.default_text == "empty"
+        where = [f"`{setting.env_var}`", f"`{setting.flag}`"] if sources else []
         cells = [
             f"`{setting.name}`",
-            f"`{setting.env_var}`",
-            f"`{setting.flag}`",
+            *where,
             setting.type,
             setting.default_text if plain_default else f"`{setting.default_text}`",
             setting.doc,
