@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -122,6 +123,8 @@ class Subscription:
         self._replay: set[Position] = set()
         self._start_filter: tuple[Position, int] | None = None
         self._epoch = 0
+        self._largest_batch = 0.0
+        """Messages in the largest recent entry (0: none read yet), to turn permits into entries."""
         self._repositioned = cursor.read_position
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -281,9 +284,13 @@ class Subscription:
             entries = await self._read_replay()
             replay = True
         elif self.cursor.has_more:
+            # permits count messages and an entry holds a batch: read only as many entries as
+            # the permits cover at the largest recent batch size (one entry to learn it), so a
+            # consumer gets at most one batch more than its permits, never max_entries batches
+            largest = self._largest_batch
+            wanted = consumer.permits // math.ceil(largest) if largest else 1
             entries = await self.cursor.read(
-                max_entries=max(1, min(consumer.permits, self._max_entries)),
-                max_bytes=self._max_bytes,
+                max_entries=max(1, min(wanted, self._max_entries)), max_bytes=self._max_bytes
             )
         else:
             self._wake.clear()
@@ -344,6 +351,8 @@ class Subscription:
                     indexes,
                 )
             )
+            # the largest recent batch, forgetting a one-off big batch slowly
+            self._largest_batch = max(float(entry.num_messages), self._largest_batch * 0.99)
             consumer.unacked[entry.position] = count
             consumer.permits -= count
             consumer.msgs_out += count

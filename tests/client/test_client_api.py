@@ -448,7 +448,7 @@ def test_unknown_topic_and_subscription(admin: magnetar.AdminClient):
 def test_bad_topic_policies_are_refused_by_name(admin: magnetar.AdminClient):
     with pytest.raises(InvalidArgumentError, match="retention_time_ms is >= 0, or -1"):
         admin.create_topic(unique("policy"), policies={"retention_time_ms": -5})
-    with pytest.raises(InvalidArgumentError, match="unknown topic policies.*retention_ms"):
+    with pytest.raises(InvalidArgumentError, match=r"unknown topic policies.*retention_ms"):
         admin.create_topic(unique("policy"), policies={"retention_ms": 5})
 
 
@@ -508,3 +508,27 @@ def unused_tcp_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def test_receiver_queue_bounds_what_is_delivered(
+    client: magnetar.Client, admin: magnetar.AdminClient
+):
+    topic = unique("queue")
+    with client.create_producer(topic, batching_max_messages=500) as producer:
+        for i in range(20_000):
+            producer.send_async(b"%d" % i)
+        producer.flush()
+    consumer = client.subscribe(
+        topic, "bounded", initial_position="earliest", receiver_queue_size=1000
+    )
+    first = consumer.receive(timeout_millis=10_000)
+    time.sleep(1)  # let the broker deliver all the permits allow
+    stats = admin.topic_stats(topic)
+    (subscription,) = [
+        s for s in stats["partitions"][0]["subscriptions"] if s["subscription"] == "bounded"
+    ]
+    delivered = subscription["consumers"][0]["unacked_messages"]
+    # the queue's size, the one message taken, and at most one batch of overshoot
+    assert 1000 <= delivered <= 1000 + 1 + 500, subscription
+    consumer.acknowledge(first)
+    consumer.close()
