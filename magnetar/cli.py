@@ -18,6 +18,7 @@ from pathlib import Path
 
 from magnetar import __version__
 from magnetar.cli_support import (
+    DEFAULT_SERVICE_URL,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_NOT_BUILT,
@@ -47,6 +48,59 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("MAGNETAR_LOG_LEVEL", "info"),
         help="debug, info, warning or error (env MAGNETAR_LOG_LEVEL)",
     )
+
+
+_METADATA_ONLY = frozenset({"under-replicated"})
+_ADMIN_ONLY = frozenset({"brokers", "ownership"})
+
+
+def _add_cluster_source(parser: argparse.ArgumentParser, name: str) -> None:
+    """``--service-url`` (through a broker's admin service) and/or ``--metadata`` (the store
+    itself), whichever the view supports."""
+    from magnetar.cli_client import DEFAULT_OPERATION_TIMEOUT_S, positive_seconds  # noqa: PLC0415
+
+    if name in _METADATA_ONLY:
+        parser.add_argument(
+            "--metadata",
+            default=None,
+            required="MAGNETAR_METADATA" not in os.environ,
+            help="read the metadata store at this URL (env MAGNETAR_METADATA)",
+        )
+        return
+    source = parser.add_mutually_exclusive_group()
+    if name not in _ADMIN_ONLY:
+        source.add_argument(
+            "--metadata",
+            default=None,
+            help="read the metadata store at this URL (env MAGNETAR_METADATA)",
+        )
+    source.add_argument(
+        "--service-url",
+        default=None,
+        help="ask the brokers at magnetar://host:port[,host:port] (env MAGNETAR_SERVICE_URL;"
+        f" the default when no metadata URL is given: {DEFAULT_SERVICE_URL})",
+    )
+    parser.add_argument(
+        "--operation-timeout-s",
+        type=positive_seconds,
+        default=DEFAULT_OPERATION_TIMEOUT_S,
+        metavar="S",
+        help="with --service-url: give up on the brokers after this long (default"
+        f" {DEFAULT_OPERATION_TIMEOUT_S:g})",
+    )
+
+
+def _cluster_service_url(args: argparse.Namespace) -> str | None:
+    """The service URL to ask, or None to read the metadata store: an explicit --service-url
+    or --metadata wins; then MAGNETAR_METADATA; then MAGNETAR_SERVICE_URL or the default."""
+    if getattr(args, "service_url", None):
+        return str(args.service_url)
+    if getattr(args, "metadata", None):
+        return None
+    if args.cluster_command not in _ADMIN_ONLY and os.environ.get("MAGNETAR_METADATA"):
+        args.metadata = os.environ["MAGNETAR_METADATA"]
+        return None
+    return os.environ.get("MAGNETAR_SERVICE_URL", DEFAULT_SERVICE_URL)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,26 +161,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     cluster = commands.add_parser(
         "cluster",
-        help="bookies, ledgers, under-replicated ledgers",
-        description="Inspect the cluster.",
+        help="brokers, bookies, ownership, ledgers, under-replicated ledgers",
+        description="Inspect the cluster, through a broker (--service-url) or by reading the"
+        " metadata store directly (--metadata).",
     )
     cluster_commands = cluster.add_subparsers(dest="cluster_command", metavar="WHAT", required=True)
     for name, summary in (
+        ("brokers", "live brokers: address, version, partitions owned, load"),
+        ("ownership", "which broker owns each loaded partition"),
         ("bookies", "bookies the cluster knows, and which are available"),
         ("ledgers", "every ledger with its state and quorums"),
         ("ledger", "one ledger's metadata: state, ensembles"),
         ("under-replicated", "ledgers autorecovery still has to re-replicate"),
     ):
         sub = cluster_commands.add_parser(name, help=summary, description=summary)
-        sub.add_argument(
-            "--metadata",
-            default=os.environ.get("MAGNETAR_METADATA"),
-            required="MAGNETAR_METADATA" not in os.environ,
-            help="metadata URL (env MAGNETAR_METADATA)",
-        )
+        _add_cluster_source(sub, name)
+        sub.set_defaults(cluster_parser=sub)
         sub.add_argument("--json", action="store_true", help="one JSON document instead of a table")
         if name == "ledger":
             sub.add_argument("ledger_id", type=int)
+        if name == "ledgers":
+            sub.add_argument("--topic", help="only this topic's ledgers (with --service-url)")
+        if name == "ownership":
+            sub.add_argument("--broker", metavar="BROKER_ID", help="only this broker's partitions")
 
     from magnetar.cli_client import add_client_commands  # noqa: PLC0415
     from magnetar.perf import add_perf_command  # noqa: PLC0415
@@ -287,6 +344,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "autorecovery":
             return _run_autorecovery(args)
         if args.command == "cluster":
+            service_url = _cluster_service_url(args)
+            if service_url is not None:
+                from magnetar.cli_client import run_cluster_admin  # noqa: PLC0415
+
+                args.service_url = service_url
+                return run_cluster_admin(args)
+            if getattr(args, "topic", None):
+                args.cluster_parser.error("--topic needs --service-url (not --metadata)")
             return asyncio.run(_cluster(args))
         from magnetar.cli_client import CLIENT_COMMANDS, run_client_command  # noqa: PLC0415
 
