@@ -26,7 +26,8 @@ from bookie.service.config import BookieConfig
 from bookie.service.metrics import BookieMetrics
 from bookie.service.registration import Registration, establish_identity
 from bookie.storage.engine import StorageEngine
-from magnetar.common.serving import grpc_server_options, run_until_signalled
+from magnetar.common.errors import InvalidConfigError
+from magnetar.common.serving import grpc_server_options, listen, run_until_signalled
 from magnetar.common.status_http import Response, StatusServer
 from metadata import MetadataStore, open_store
 from proto.bookie.v1 import bookie_pb2_grpc
@@ -98,10 +99,11 @@ class BookieProcess:
         )
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
-        self.port = self._server.add_insecure_port(f"{config.bind_host}:{config.port}")
-        if self.port == 0:
+        try:
+            self.port = listen(self._server, config.bind_host, config.port)
+        except InvalidConfigError:
             await self.storage.close()
-            raise OSError(f"cannot listen on {config.bind_host}:{config.port} (port in use?)")
+            raise
         host = config.advertised_host or socket.gethostname()
         self.address = f"{host}:{self.port}"
         self.bookie.address = self.address

@@ -23,7 +23,7 @@ from broker.service.broker import Broker
 from broker.service.config import BrokerConfig
 from broker.service.metrics import BrokerMetrics
 from magnetar import __version__
-from magnetar.common.serving import grpc_server_options, run_until_signalled
+from magnetar.common.serving import grpc_server_options, listen, run_until_signalled
 from magnetar.common.status_http import Response, StatusServer
 from metadata import MetadataStore, open_store
 from proto.admin.v1 import admin_pb2_grpc
@@ -74,9 +74,7 @@ class BrokerProcess:
 
     async def _start(self, config: BrokerConfig) -> None:
         self._server = grpc.aio.server(options=GRPC_OPTIONS)
-        self.port = self._server.add_insecure_port(f"{config.bind_host}:{config.port}")
-        if self.port == 0:
-            raise OSError(f"cannot listen on {config.bind_host}:{config.port} (port in use?)")
+        self.port = listen(self._server, config.bind_host, config.port)
         host = config.advertised_host or socket.gethostname()
         self.address = f"{host}:{self.port}"
         broker_id = config.broker_id or f"{host}-{self.port}".replace(":", "-")

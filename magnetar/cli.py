@@ -364,6 +364,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MagnetarError as e:
         print(f"magnetar {args.command}: {e.message}", file=sys.stderr)
         return EXIT_FAILED
+    except OSError as e:  # a port in use, a data directory that cannot be created ...
+        print(f"magnetar {args.command}: {e}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         # servers treat Ctrl-C as their normal stop; an interrupted client command did not finish
         return EXIT_OK if args.command in _SERVERS else EXIT_INTERRUPTED

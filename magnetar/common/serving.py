@@ -8,12 +8,20 @@ import signal
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+import grpc.aio
+
+from magnetar.common.errors import InvalidConfigError
+
 T = TypeVar("T")
 
 
 def grpc_server_options(max_message_bytes: int) -> list[tuple[str, int]]:
-    """Message size limits, and keepalives that notice dead clients."""
+    """Message size limits, keepalives that notice dead clients, and an exclusive port."""
     return [
+        # gRPC shares a port between servers by default (SO_REUSEPORT): a second broker or
+        # standalone started on a taken port would then serve half the connections at random.
+        # With it off, the second one fails to start, saying the port is in use.
+        ("grpc.so_reuseport", 0),
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.keepalive_time_ms", 20_000),
@@ -39,3 +47,20 @@ async def run_until_signalled(
     await stopping.wait()
     await stop(server)
     return 0
+
+
+def listen(server: grpc.aio.Server, host: str, port: int, *, flag: str = "--port") -> int:
+    """Bind ``server`` to ``host:port`` (0: any free port); the port it got. A port that is taken
+    raises :class:`InvalidConfigError` saying so, instead of gRPC's bare RuntimeError."""
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:
+        bound = 0
+    if bound == 0:
+        raise InvalidConfigError(
+            f"cannot listen on {host}:{port}: the port is in use (another Magnetar process?)"
+            f" or the address is not this machine's; stop the other process or choose another"
+            f" {flag}",
+            context={"address": f"{host}:{port}"},
+        )
+    return bound

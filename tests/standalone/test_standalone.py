@@ -105,3 +105,27 @@ async def test_one_bookie_and_a_bad_flag(tmp_path: Path) -> None:
     assert bad.returncode != 0
     assert b"bookies" in stderr
     assert b"must be from 1 to 9" in stderr
+
+
+async def test_a_taken_port_is_refused_not_shared(tmp_path: Path) -> None:
+    # gRPC would share a port between servers (SO_REUSEPORT) and split clients between them
+    async with standalone(tmp_path / "first") as url:
+        port = url.rsplit(":", 1)[1]
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "magnetar.cli",
+            "standalone",
+            "--data-dir",
+            str(tmp_path / "second"),
+            "--port",
+            port,
+            "--http-port",
+            "0",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        stdout, stderr = await asyncio.wait_for(process.communicate(), 60)
+        assert process.returncode == 1
+        assert f"cannot listen on 127.0.0.1:{port}: the port is in use" in stderr.decode()
+        assert b"ready" not in stdout
