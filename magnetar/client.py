@@ -25,7 +25,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Coroutine, Iterator, Mapping
+from collections import deque
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from typing import Any, Literal, TypeVar
 
 from magnetar.aio import admin as aio_admin
@@ -42,6 +43,7 @@ from magnetar.common.errors import ClientClosedError, ConsumerClosedError
 __all__ = ["AdminClient", "Client", "Consumer", "Producer", "Reader"]
 
 T = TypeVar("T")
+_SendArgs = tuple[bytes, SendCallback | None, Mapping[str, str] | None, str | None, int | None]
 
 
 class _LoopThread:
@@ -85,6 +87,12 @@ class _LoopThread:
             future.cancel()  # Ctrl-C while waiting: do not leave the operation running
             raise
 
+    def call_soon(self, callback: Callable[[], object]) -> None:
+        """Run ``callback`` on the loop soon, without waiting for it."""
+        if self._closed:
+            raise ClientClosedError("the client was closed")
+        self.loop.call_soon_threadsafe(callback)
+
     def stop(self) -> None:
         if self._closed:
             return
@@ -100,6 +108,12 @@ class Producer:
     def __init__(self, aio: aio_producer.Producer, runner: _LoopThread) -> None:
         self._aio = aio
         self._runner = runner
+        self._room = threading.BoundedSemaphore(aio.config.max_pending_messages)
+        # used on the loop thread only
+        self._backlog: deque[tuple[_SendArgs, Callable[[asyncio.Future[MessageId]], None]]] = (
+            deque()
+        )
+        self._drainer: asyncio.Future[None] | None = None
 
     def topic(self) -> str:
         return self._aio.topic()
@@ -135,30 +149,63 @@ class Producer:
         """Queue a message; returns a future of its id, and calls ``callback(error,
         message_id)`` (on the client's thread) when the broker answered. When the pending
         queue is full this waits for room (``block_if_queue_full``, the default) or fails the
-        future and the callback with :class:`ProducerQueueFullError`."""
+        future and the callback with :class:`ProducerQueueFullError`.
 
-        async def queue() -> asyncio.Future[MessageId]:
-            return await self._aio.send_async_when_room(
-                content, callback, properties, partition_key, event_timestamp
-            )
-
-        inner = self._runner.run(queue())
+        The message is handed to the client's thread without waiting for it there: the caller
+        only waits when the pending queue is full.
+        """
+        blocking = self._aio.config.block_if_queue_full
+        if blocking:
+            self._room.acquire()  # mirrors the pending queue: waits here, in the caller
         outer: concurrent.futures.Future[MessageId] = concurrent.futures.Future()
 
-        def done(result: asyncio.Future[MessageId]) -> None:
-            if result.cancelled():
+        def done(inner: asyncio.Future[MessageId]) -> None:
+            if blocking:
+                self._room.release()
+            if inner.cancelled():
                 outer.cancel()
-            elif (error := result.exception()) is not None:
+            elif (error := inner.exception()) is not None:
                 outer.set_exception(error)
             else:
-                outer.set_result(result.result())
+                outer.set_result(inner.result())
 
-        self._runner.loop.call_soon_threadsafe(inner.add_done_callback, done)
+        def hand_over() -> None:
+            producer = self._aio
+            if blocking and (self._backlog or not producer.has_room()):
+                # sync send() calls fill the same queue: wait for room on the loop, in order
+                self._backlog.append((args, done))
+                if self._drainer is None or self._drainer.done():
+                    self._drainer = asyncio.ensure_future(self._drain_backlog())
+                return
+            producer.send_async(*args).add_done_callback(done)
+
+        args = (content, callback, properties, partition_key, event_timestamp)
+        try:
+            self._runner.call_soon(hand_over)
+        except BaseException:
+            if blocking:
+                self._room.release()
+            raise
         return outer
+
+    async def _drain_backlog(self) -> None:
+        """Hand the messages that found the pending queue full to the producer, in order, each
+        once there is room (on the loop)."""
+        while self._backlog:
+            args, done = self._backlog[0]
+            inner = await self._aio.send_async_when_room(*args)
+            self._backlog.popleft()
+            inner.add_done_callback(done)
 
     def flush(self) -> None:
         """Send every batched message now and wait until all sent so far are confirmed."""
-        self._runner.run(self._aio.flush())
+
+        async def flush() -> None:
+            while self._drainer is not None and not self._drainer.done():
+                await asyncio.shield(self._drainer)  # messages still waiting for room
+            await self._aio.flush()
+
+        self._runner.run(flush())
 
     def close(self) -> None:
         """Flush, then close. Idempotent."""

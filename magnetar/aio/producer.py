@@ -96,6 +96,9 @@ class _Capacity:
         self.used = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
 
+    def has_room(self) -> bool:
+        return self.used < self.limit and not self._waiters
+
     def try_acquire(self) -> bool:
         if self.used < self.limit and not self._waiters:
             self.used += 1
@@ -569,6 +572,11 @@ class Producer:
     def pending_messages(self) -> int:
         """Messages sent and not yet confirmed or failed."""
         return self.capacity.used
+
+    def has_room(self) -> bool:
+        """Whether :meth:`send_async` would take a message now (the pending queue is not full
+        and no ``send`` waits for room)."""
+        return self.capacity.has_room()
 
     def send_async(
         self,

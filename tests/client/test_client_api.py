@@ -193,6 +193,23 @@ def test_negative_acknowledge_redelivers(client: magnetar.Client):
     producer.close()
 
 
+def test_a_full_pending_queue_makes_senders_wait_in_order(client: magnetar.Client):
+    topic = unique("full")
+    with client.create_producer(topic, max_pending_messages=5) as producer:
+        futures = []
+        for i in range(300):
+            if i % 50 == 0:
+                producer.send(b"%d" % i)  # sync sends share the same bounded queue
+            else:
+                futures.append(producer.send_async(b"%d" % i))
+            assert producer.pending_messages() <= 5
+        producer.flush()
+        assert all(f.done() and f.exception() is None for f in futures)
+    with client.create_reader(topic, "earliest") as reader:
+        got = [int(reader.read_next(timeout_millis=10_000).data()) for _ in range(300)]
+    assert got == list(range(300))
+
+
 def test_consumer_iterates_and_seeks(client: magnetar.Client):
     topic = unique("seek")
     with client.create_producer(topic) as producer:
