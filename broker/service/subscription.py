@@ -304,6 +304,21 @@ class Subscription:
             return
         if consumer not in self.consumers or not entries:
             return
+        # a read sized by an estimate may hold more than the permits cover: deliver what they
+        # cover (at least one entry) and read the rest again later
+        permits = consumer.permits
+        take = 0
+        while take < len(entries) and permits > 0:
+            permits -= entries[take].num_messages
+            take += 1
+        take = max(take, 1)
+        if take < len(entries):
+            rest = entries[take:]
+            if replay:
+                self._replay.update(entry.position for entry in rest)
+            else:
+                self.cursor.seek(rest[0].position)
+            entries = entries[:take]
         self._deliver(consumer, entries)
 
     async def _wait_for_entries(self) -> None:

@@ -592,16 +592,17 @@ class Producer:
         :class:`ProducerQueueFullError` (``send`` waits for room instead). ``callback(error,
         message_id)`` is called too, when given.
         """
-        future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
-        handle: _Handle = (future, callback)
         error = self._unusable()
         if error is None and not self.capacity.try_acquire():
             error = self._queue_full()
-        if error is not None:
-            _fail_handle(handle, error)
-            return future
-        self._add(content, handle, properties, partition_key, event_timestamp)
-        return future
+        return self._queue(
+            error,
+            content,
+            callback,
+            properties=properties,
+            partition_key=partition_key,
+            event_timestamp=event_timestamp,
+        )
 
     async def send_async_when_room(
         self,
@@ -615,18 +616,39 @@ class Producer:
         ``block_if_queue_full`` is on (the sync client's ``send_async``)."""
         if not self.config.block_if_queue_full:
             return self.send_async(content, callback, properties, partition_key, event_timestamp)
-        future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
-        handle: _Handle = (future, callback)
         error = self._unusable()
         if error is None:
             await self.capacity.acquire()
             error = self._unusable()
             if error is not None:
                 self.capacity.release(1)
+        return self._queue(
+            error,
+            content,
+            callback,
+            properties=properties,
+            partition_key=partition_key,
+            event_timestamp=event_timestamp,
+        )
+
+    def _queue(
+        self,
+        error: MagnetarError | None,
+        content: bytes,
+        callback: SendCallback | None,
+        *,
+        properties: Mapping[str, str] | None,
+        partition_key: str | None,
+        event_timestamp: int | None,
+    ) -> asyncio.Future[MessageId]:
+        """A message's future: failed with ``error``, or the message added (its pending slot
+        already taken)."""
+        future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
+        handle: _Handle = (future, callback)
         if error is not None:
             _fail_handle(handle, error)
-            return future
-        self._add(content, handle, properties, partition_key, event_timestamp)
+        else:
+            self._add(content, handle, properties, partition_key, event_timestamp)
         return future
 
     async def send(
@@ -640,20 +662,10 @@ class Producer:
 
         Waits for room while ``max_pending_messages`` are pending (back-pressure).
         """
-        error = self._unusable()
-        if error is not None:
-            raise error
-        if self.config.block_if_queue_full:
-            await self.capacity.acquire()
-        elif not self.capacity.try_acquire():
-            raise self._queue_full()
-        error = self._unusable()
-        if error is not None:
-            self.capacity.release(1)
-            raise error
-        future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
-        self._add(content, (future, None), properties, partition_key, event_timestamp)
-        return await future
+        queued = await self.send_async_when_room(
+            content, None, properties, partition_key, event_timestamp
+        )
+        return await queued
 
     async def flush(self) -> None:
         """Send every batched message now and wait until all sent so far are confirmed or
