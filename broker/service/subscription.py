@@ -330,8 +330,8 @@ class Subscription:
             for task in (arrival, woken):
                 if not task.done():
                     task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, MagnetarError):
-                await arrival
+            # both finished before returning: a task left pending is destroyed at shutdown
+            await asyncio.gather(arrival, woken, return_exceptions=True)
         if arrival.done() and not arrival.cancelled() and arrival.exception() is not None:
             raise arrival.exception()  # type: ignore[misc]
 
