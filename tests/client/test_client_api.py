@@ -387,7 +387,7 @@ async def test_asyncio_forms(target: Target):
     async with magnetar.aio.Client(target.service_url) as client:
         async with magnetar.aio.AdminClient(target.service_url) as admin:
             await admin.create_topic(topic, 2)
-        seen: list[object] = []
+        seen: list[tuple[object, object, int]] = []
         loop_thread = threading.get_ident()
 
         def callback(error: object, message_id: object) -> None:
