@@ -68,6 +68,10 @@ def is_transient(error: MagnetarError) -> bool:
     return error.retriable or type(error) is MagnetarError
 
 
+_GRPC_STATUS_TASK = "_handle_status_once_received"
+_GRPC_TASKS_TIMEOUT_S = 1.0
+
+
 class ConnectionPool:
     """Channels to brokers, and lookups over the service URL's brokers."""
 
@@ -207,3 +211,19 @@ class ConnectionPool:
         self._channels.clear()
         self._stubs.clear()
         await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
+        await _grpc_call_tasks_done()
+
+
+async def _grpc_call_tasks_done() -> None:
+    """Let gRPC's per-call status tasks finish (up to a second). A program that ends right
+    after closing the client (``asyncio.run``) would otherwise close the loop with one still
+    queued, and asyncio prints "Task was destroyed but it is pending"."""
+    current = asyncio.current_task()
+    pending = [
+        task
+        for task in asyncio.all_tasks()
+        if task is not current
+        and getattr(task.get_coro(), "__qualname__", "").endswith(_GRPC_STATUS_TASK)
+    ]
+    if pending:
+        await asyncio.wait(pending, timeout=_GRPC_TASKS_TIMEOUT_S)

@@ -12,6 +12,7 @@ The events it logs start with the stream's role: ``producer_reconnecting``,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
     from proto.broker.v1 import broker_pb2_grpc
 
 __all__ = ["PartitionStream"]
+
+_SETTLE_TIMEOUT_S = 1.0
 
 
 class PartitionStream(ABC):
@@ -243,6 +246,7 @@ class PartitionStream(ABC):
             self._call = None
             self._on_disconnected()
             call.cancel()
+            await _settled(call)
 
     async def _serve(self, call: Any, address: str) -> MagnetarError:
         writer = asyncio.create_task(self._write_loop(call, address))
@@ -285,3 +289,13 @@ class PartitionStream(ABC):
         if response.WhichOneof("kind") == "closed":
             return self._closed(response.closed, address)
         return None
+
+
+async def _settled(call: Any) -> None:
+    """Wait (briefly) until a cancelled call has its status, then let gRPC's own status task
+    run: otherwise a program that ends right after closing the client (``asyncio.run``) can
+    close the loop with that task still queued, and asyncio prints "Task was destroyed but it
+    is pending"."""
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(call.code(), _SETTLE_TIMEOUT_S)
+    await asyncio.sleep(0)
