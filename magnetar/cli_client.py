@@ -81,6 +81,20 @@ def parse_property(text: str) -> tuple[str, str]:
     return key, value
 
 
+def _add_property_option(parser: argparse.ArgumentParser, help_text: str) -> None:
+    """``-p/--property K=V`` (repeatable), collected as ``args.properties``."""
+    parser.add_argument(
+        "-p",
+        "--property",
+        dest="properties",
+        action="append",
+        type=parse_property,
+        default=[],
+        metavar="K=V",
+        help=help_text,
+    )
+
+
 def parse_message_id(text: str) -> MessageId:
     """A message id as ``magnetar`` prints it, ``ledger:entry:batch_index:partition``; the last
     two parts may be left out (batch index -1: the whole entry; partition -1: not
@@ -211,16 +225,7 @@ def add_client_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
         default=None,
         help="drop resent messages by (producer, sequence id) (default: the broker's)",
     )
-    create.add_argument(
-        "-p",
-        "--property",
-        dest="properties",
-        action="append",
-        type=parse_property,
-        default=[],
-        metavar="K=V",
-        help="a topic property (repeatable)",
-    )
+    _add_property_option(create, "a topic property (repeatable)")
 
     listing = _sub(what, "list", "list topics", _topic_list)
     listing.add_argument("--namespace", default="", metavar="TENANT/NS", help="only this namespace")
@@ -330,16 +335,7 @@ def add_client_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
     )
     source.add_argument("-f", "--file", metavar="FILE", help="one message per line; '-': stdin")
     produce.add_argument("-k", "--key", help="partition key of every message")
-    produce.add_argument(
-        "-p",
-        "--property",
-        dest="properties",
-        action="append",
-        type=parse_property,
-        default=[],
-        metavar="K=V",
-        help="a property of every message (repeatable)",
-    )
+    _add_property_option(produce, "a property of every message (repeatable)")
     produce.add_argument(
         "-n",
         "--repeat",

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import math
 import os
@@ -595,11 +594,13 @@ async def _main(args: argparse.Namespace) -> int:
         print(f"magnetar perf {run.mode}: interrupted before the load started", file=sys.stderr)
         return EXIT_INTERRUPTED
     finally:
-        with contextlib.suppress(Exception):
-            loop.remove_signal_handler(signal.SIGINT)
+        loop.remove_signal_handler(signal.SIGINT)
         if client is not None:
-            with contextlib.suppress(Exception):
+            try:
                 await asyncio.wait_for(client.close(), args.operation_timeout_s)
+            except (MagnetarError, TimeoutError) as e:
+                # the figures are printed already; say why the end was not clean
+                print(f"magnetar perf {run.mode}: closing the client: {e!r}", file=sys.stderr)
 
 
 async def _ensure_topic(run: _Run, client: Client) -> int:

@@ -26,7 +26,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message as ProtoMessage
 
 from magnetar.aio.backoff import Backoff
-from magnetar.aio.config import ClientConfig, build_config, replace_config
+from magnetar.aio.config import ClientConfig, client_config
 from magnetar.aio.connection import ConnectionPool, is_transient
 from magnetar.aio.consumer import start_position
 from magnetar.aio.message_id import MessageId
@@ -107,10 +107,7 @@ class AdminClient:
     """
 
     def __init__(self, service_url: str | ClientConfig, **settings: Any) -> None:
-        if isinstance(service_url, ClientConfig):
-            config = replace_config(service_url, settings) if settings else service_url
-        else:
-            config = build_config(ClientConfig, {"service_url": service_url, **settings})
+        config = client_config(service_url, settings)
         self.config = config
         self._pool = ConnectionPool(config)
         self._stubs: dict[str, admin_pb2_grpc.AdminServiceAsyncStub] = {}

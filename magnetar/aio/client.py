@@ -16,6 +16,7 @@ from magnetar.aio.config import (
     ConsumerConfig,
     ProducerConfig,
     build_config,
+    client_config,
     replace_config,
 )
 from magnetar.aio.connection import ConnectionPool
@@ -38,10 +39,7 @@ class Client:
     """
 
     def __init__(self, service_url: str | ClientConfig, **settings: Any) -> None:
-        if isinstance(service_url, ClientConfig):
-            config = replace_config(service_url, settings) if settings else service_url
-        else:
-            config = build_config(ClientConfig, {"service_url": service_url, **settings})
+        config = client_config(service_url, settings)
         self.config = config
         self._pool = ConnectionPool(config)  # checks the service URL
         self._producers: set[Producer] = set()

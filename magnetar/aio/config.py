@@ -21,6 +21,7 @@ __all__ = [
     "ProducerConfig",
     "SubscriptionTypeName",
     "build_config",
+    "client_config",
     "replace_config",
 ]
 
@@ -246,3 +247,11 @@ def replace_config(config: _C, settings: dict[str, Any]) -> _C:
     """``config`` with ``settings`` changed, naming any setting it does not have."""
     _check_names(type(config), settings)
     return dataclasses.replace(config, **settings)  # type: ignore[type-var]
+
+
+def client_config(service_url: str | ClientConfig, settings: dict[str, Any]) -> ClientConfig:
+    """The :class:`ClientConfig` of ``Client(service_url, **settings)``: a URL plus settings, or
+    a whole config with some settings changed."""
+    if isinstance(service_url, ClientConfig):
+        return replace_config(service_url, settings) if settings else service_url
+    return build_config(ClientConfig, {"service_url": service_url, **settings})

@@ -296,6 +296,6 @@ async def _settled(call: Any) -> None:
     run: otherwise a program that ends right after closing the client (``asyncio.run``) can
     close the loop with that task still queued, and asyncio prints "Task was destroyed but it
     is pending"."""
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(TimeoutError, grpc.RpcError):
         await asyncio.wait_for(call.code(), _SETTLE_TIMEOUT_S)
     await asyncio.sleep(0)

@@ -231,6 +231,10 @@ class ServerNode(abc.ABC):
         except BaseException:
             await self.kill()
             raise
+        self._on_ready(ready)
+
+    def _on_ready(self, ready: re.Match[str]) -> None:
+        """Keep what the ready line says about this incarnation."""
         self._node_id = ready["node_id"]
         self._address = ready["address"]
         self._http_port = int(ready["http_port"])
@@ -611,13 +615,7 @@ class StandaloneNode(ServerNode):
         """``"magnetar://127.0.0.1:PORT"`` of the current (or last) incarnation."""
         return f"magnetar://{self.address}"
 
-    async def start(self, timeout_s: float = 60) -> None:
-        proc, reader = self._spawn()
-        try:
-            ready = await self._wait_ready(proc, reader, timeout_s)
-        except BaseException:
-            await self.kill()
-            raise
+    def _on_ready(self, ready: re.Match[str]) -> None:
         self._address = ready["address"]
         self._http_port = int(ready["http_port"])
         self.ready_s = float(ready["ready_s"])
