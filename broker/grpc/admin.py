@@ -257,24 +257,28 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                 subscription=name,
                 subscription_type=int(subscription.type),
                 backlog_messages=cursor.backlog_messages,
-                unacked_messages=sum(sum(c.unacked.values()) for c in subscription.consumers),
+                unacked_messages=subscription.dispatcher.unacked_messages,
+                blocked=subscription.blocked_reason is not None,
                 ack_hole_ranges=cursor.ack_hole_ranges,
                 ack_ranges_over_limit=cursor.ack_ranges_over_limit,
                 mark_delete_offset=cursor.mark_delete_offset,
+                dead_lettered_messages=subscription.dead_lettered,
             )
             for consumer in subscription.consumers:
                 sub.consumers.add(
                     consumer_name=consumer.name,
                     available_permits=consumer.permits,
-                    unacked_messages=sum(consumer.unacked.values()),
-                    active=True,
+                    unacked_messages=consumer.unacked_messages,
+                    blocked=consumer.slot.blocked,
+                    active=consumer.slot.active,
                     address=consumer.address,
                 )
         for name, cursor in ml.cursors.items():
             if name not in reported:
                 stats.subscriptions.add(
                     subscription=name,
-                    subscription_type=types_pb2.SUBSCRIPTION_TYPE_EXCLUSIVE,
+                    subscription_type=cursor.subscription_type
+                    or types_pb2.SUBSCRIPTION_TYPE_EXCLUSIVE,
                     backlog_messages=cursor.backlog_messages,
                     ack_hole_ranges=cursor.ack_hole_ranges,
                     ack_ranges_over_limit=cursor.ack_ranges_over_limit,
@@ -387,18 +391,22 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         self, request: pb.ResetCursorRequest, context: Context
     ) -> pb.ResetCursorResponse:
         async def work() -> pb.ResetCursorResponse:
-            for p in await self._partitions(request.topic):
+            partitions = await self._partitions(request.topic)
+            # one partition: an offset or message id past its end is an error; across several,
+            # an offset past the end of a shorter partition means its end
+            strict = len(partitions) == 1 and not request.past_end_is_end
+            for p in partitions:
 
                 async def local(topic: Topic) -> None:
                     subscription = topic.subscriptions.get(request.subscription)
                     if subscription is not None:
-                        await subscription.seek(to_start(request.target))
+                        await subscription.seek(to_start(request.target), strict=strict)
                         return
                     if request.subscription not in topic.ml.cursors:
                         raise SubscriptionNotFoundError(
                             f"topic {topic.name} has no subscription {request.subscription!r}"
                         )
-                    position, _ = await topic.resolve_start(to_start(request.target))
+                    position, _ = await topic.resolve_start(to_start(request.target), strict=strict)
                     await topic.ml.cursors[request.subscription].reset(position)
 
                 async def remote(
@@ -406,7 +414,10 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                 ) -> None:
                     await peer.ResetCursor(
                         pb.ResetCursorRequest(
-                            topic=p.full, subscription=request.subscription, target=request.target
+                            topic=p.full,
+                            subscription=request.subscription,
+                            target=request.target,
+                            past_end_is_end=not strict,
                         ),
                         timeout=FORWARD_TIMEOUT_S,
                     )

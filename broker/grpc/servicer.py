@@ -219,6 +219,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                     batch.batch,
                     batch.compression,
                     batch.uncompressed_size,
+                    tuple(batch.key_hashes),
+                    batch.deliver_at_ms,
                 )
                 try:
                     receipt = topic.publish(producer, incoming)
@@ -386,11 +388,16 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                 if kind == "flow":
                     consumer.flow(request.flow.permits)
                 elif kind == "ack":
-                    positions = [_position(m) for m in request.ack.message_ids]
+                    ack = request.ack
                     consumer.ack(
-                        positions,
-                        cumulative=request.ack.ack_type == pb.ACK_TYPE_CUMULATIVE,
-                        request_id=request.ack.request_id,
+                        [_position(m) for m in ack.message_ids],
+                        cumulative=ack.ack_type == pb.ACK_TYPE_CUMULATIVE,
+                        request_id=ack.request_id,
+                        partial=[
+                            (_position(p.message_id), tuple(p.batch_indexes), p.batch_size)
+                            for p in ack.partial
+                        ],
+                        dead_lettered=ack.dead_lettered,
                     )
                 elif kind == "nack":
                     consumer.nack(

@@ -42,7 +42,9 @@ class ManagedLedgerConfig:
     """A cursor's acknowledgements are written at most this often (and on flush and close)."""
 
     max_inline_ack_ranges: int = 10_000
-    """Individually acknowledged ranges a cursor persists; ranges above these are not persisted."""
+    """Acknowledgement holes a subscription may have before it stops dispatching new entries
+    until acknowledgements fill some (every range is always persisted; this keeps the cursor's
+    record small)."""
 
     trim_interval_ms: int = 5_000
     """How often the managed ledger checks for ledgers to trim and for an age rollover."""

@@ -7,11 +7,13 @@ cursor persists the acknowledgement state, at most every ``cursor_persist_interv
 :meth:`flush` and on close. A new owner of the managed ledger loads it and redelivers whatever
 was not acknowledged in what was persisted.
 
-**Bounded ack state.** At most ``max_inline_ack_ranges`` ranges are persisted: the lowest ones,
-those next to mark-delete, which fill in first. If there are more, ``ack_ranges_over_limit``
-says so and the ranges above the limit are not persisted. A new owner then redelivers those
-acknowledged entries (a duplicate delivery, never a lost message). Nothing is ever persisted as
-acknowledged that was not.
+**Complete ack state.** Every range is persisted, and so are the acknowledged messages of
+partly acknowledged batch entries (:meth:`ManagedCursor.ack_indexes`), so a new owner redelivers
+exactly what was not acknowledged in what was persisted, never an acknowledged message en masse
+(Pulsar drops the ranges over its limit and redelivers them after a restart). What keeps the
+record small is the subscription: at ``max_inline_ack_ranges`` ranges
+(:attr:`ManagedCursor.ack_ranges_over_limit`, logged once) it stops dispatching new entries
+until acknowledgements fill holes, and each ack can add at most one range.
 
 **Offsets.** ``mark_delete_offset`` is the offset of the last message covered by mark-delete.
 The cursor learns entries' offsets from the entries it reads, and the managed ledger knows the
@@ -74,6 +76,8 @@ class ManagedCursor:
         read_position: Position,
         clock: Clock,
         ranges: Iterable[tuple[Position, Position]] = (),
+        batch_acks: Iterable[tuple[Position, int, frozenset[int]]] = (),
+        subscription_type: int = 0,
         version: int = 0,
     ) -> None:
         self.name = name
@@ -96,6 +100,12 @@ class ManagedCursor:
         self._known_order: list[Position] = []  # a heap, for forgetting what mark-delete passed
         self._acked_messages = 0
         self._over_limit_logged = False
+        self._batch_acks: dict[Position, tuple[int, set[int]]] = {
+            position: (size, set(indexes))
+            for position, size, indexes in batch_acks
+            if not self._acks.contains(position)
+        }
+        self._subscription_type = subscription_type
         self._log = log.bind(managed_ledger=ml.name, cursor=name)
 
     # --- state --------------------------------------------------------------------------------
@@ -127,12 +137,35 @@ class ManagedCursor:
 
     @property
     def ack_ranges_over_limit(self) -> bool:
-        """More ranges than ``max_inline_ack_ranges``: those above it are not persisted."""
-        return len(self._acks) > self._ml.config.max_inline_ack_ranges
+        """At ``max_inline_ack_ranges`` ranges or more: the subscription dispatches no new
+        entries until acknowledgements fill holes (every range is still persisted)."""
+        return len(self._acks) >= self._ml.config.max_inline_ack_ranges
 
     @property
     def ack_ranges(self) -> list[tuple[Position, Position]]:
         return self._acks.ranges
+
+    @property
+    def subscription_type(self) -> int:
+        """The subscription type recorded with the cursor (0: none)."""
+        return self._subscription_type
+
+    def record_subscription_type(self, subscription_type: int) -> None:
+        """Record the subscription's type with the cursor (persisted with its next change)."""
+        if subscription_type != self._subscription_type:
+            self._subscription_type = subscription_type
+            self._changes += 1
+            self._schedule_persist()
+
+    def acked_indexes(self, position: Position) -> frozenset[int]:
+        """Acknowledged messages of a partly acknowledged entry (empty: none, or the entry is
+        acknowledged as a whole; see :meth:`is_acked`)."""
+        found = self._batch_acks.get(position)
+        return frozenset(found[1]) if found is not None else frozenset()
+
+    @property
+    def partly_acked_entries(self) -> int:
+        return len(self._batch_acks)
 
     @property
     def backlog_messages(self) -> int:
@@ -194,6 +227,7 @@ class ManagedCursor:
         position = check_position(position)
         mark_delete, offset, read_position = await self._ml._start_state(position)
         self._acks.reset(mark_delete)
+        self._batch_acks.clear()
         self._mark_delete_offset = offset
         self._mark_delete_offset_exact = True
         self._known.clear()
@@ -225,6 +259,7 @@ class ManagedCursor:
                 continue
             if self._acks.add(position):
                 changed = True
+                self._batch_acks.pop(position, None)
                 known = self._known.get(position)
                 if known is not None and not known.acked:
                     known.acked = True
@@ -232,12 +267,47 @@ class ManagedCursor:
         if changed:
             self._changed(before)
 
+    def ack_indexes(self, position: Position, indexes: Iterable[int], batch_size: int) -> bool:
+        """Acknowledge some messages of an entry of ``batch_size`` messages; once all of them
+        are, the entry is acknowledged as a whole. Returns whether the entry is now
+        acknowledged. Raises :class:`InvalidArgumentError` for a position that is not a
+        confirmed entry or indexes outside the batch."""
+        checked = self._ml._check_ackable(position)
+        wanted = set(indexes)
+        if batch_size < 1 or any(not 0 <= i < batch_size for i in wanted):
+            raise InvalidArgumentError(
+                f"batch indexes {sorted(wanted)} are not all within an entry of {batch_size}"
+                f" messages at {tuple(checked)}",
+                context={"position": tuple(checked), "batch_size": batch_size},
+            )
+        if self._acks.contains(checked) or checked < self._ml.first_position:
+            return True
+        size, acked = self._batch_acks.get(checked, (batch_size, set()))
+        acked |= wanted
+        if len(acked) >= size:
+            self._batch_acks.pop(checked, None)
+            self.ack([checked])
+            return True
+        self._batch_acks[checked] = (size, acked)
+        self._changes += 1
+        self._schedule_persist()
+        return False
+
     def ack_cumulative(self, position: Position) -> None:
         """Acknowledge every entry up to and including ``position``."""
         checked = self._ml._check_ackable(position)
         before = self._acks.mark_delete
         if self._acks.ack_cumulative(checked):
             self._changed(before)
+
+    def expire_before(self, position: Position) -> bool:
+        """Acknowledge every entry before ``position`` (message TTL); whether mark-delete
+        moved."""
+        mark_delete, _, _ = self._ml._start_for(check_position(position))
+        if mark_delete <= self._acks.mark_delete:
+            return False
+        self.ack_cumulative(mark_delete)
+        return True
 
     def _changed(self, before: Position) -> None:
         mark_delete = self._acks.mark_delete
@@ -254,18 +324,21 @@ class ManagedCursor:
                 else:  # keep the old value: a lower bound until flush() reads the entry
                     self._mark_delete_offset_exact = False
             self._forget_through(mark_delete)
+            if self._batch_acks:
+                for position in [p for p in self._batch_acks if p <= mark_delete]:
+                    del self._batch_acks[position]
             if self._read_position <= mark_delete:
                 self._read_position = self._ml.next_position(mark_delete)
             self._ml._cursor_moved(self, mark_delete)
         self._changes += 1
-        if len(self._acks) > self._ml.config.max_inline_ack_ranges and not self._over_limit_logged:
+        if self.ack_ranges_over_limit and not self._over_limit_logged:
             self._over_limit_logged = True
             self._log.warning(
                 "cursor_ack_ranges_over_limit",
                 ranges=len(self._acks),
                 limit=self._ml.config.max_inline_ack_ranges,
             )
-        elif len(self._acks) <= self._ml.config.max_inline_ack_ranges:
+        elif not self.ack_ranges_over_limit:
             self._over_limit_logged = False
         self._schedule_persist()
 
@@ -279,12 +352,17 @@ class ManagedCursor:
     # --- persisting ---------------------------------------------------------------------------
 
     def stored(self) -> StoredCursor:
-        """The state as persisted: the lowest ``max_inline_ack_ranges`` ranges only."""
+        """The state as persisted: every range and every partly acknowledged entry."""
         return StoredCursor(
             mark_delete=self._acks.mark_delete,
             mark_delete_offset=self._mark_delete_offset,
-            acked_ranges=tuple(self._acks.ranges[: self._ml.config.max_inline_ack_ranges]),
+            acked_ranges=tuple(self._acks.ranges),
             last_active_ms=self._clock.time_ms(),
+            batch_acks=tuple(
+                (position, size, frozenset(acked))
+                for position, (size, acked) in sorted(self._batch_acks.items())
+            ),
+            subscription_type=self._subscription_type,
         )
 
     def _schedule_persist(self) -> None:

@@ -127,6 +127,8 @@ class _Append:
     publish_time_ms: int
     payload: bytes
     future: asyncio.Future[AppendResult]
+    key_hashes: tuple[int, ...] = ()
+    deliver_at_ms: int = 0
     ledger_id: int = -1  # -1: not sent to a ledger (yet, or again after a failure)
     entry_id: int = -1
     confirmed: bool = False
@@ -317,6 +319,8 @@ class ManagedLedger:
             mark_delete_offset=stored.mark_delete_offset,
             read_position=self.next_position(stored.mark_delete),
             ranges=stored.acked_ranges,
+            batch_acks=stored.batch_acks,
+            subscription_type=stored.subscription_type,
             version=version,
             clock=self._clock,
         )
@@ -417,10 +421,18 @@ class ManagedLedger:
     # --- appending ----------------------------------------------------------------------------
 
     def append(
-        self, num_messages: int, build: Callable[[int, int], bytes]
+        self,
+        num_messages: int,
+        build: Callable[[int, int], bytes],
+        *,
+        key_hashes: tuple[int, ...] = (),
+        deliver_at_ms: int = 0,
     ) -> asyncio.Future[AppendResult]:
         """Append one entry of ``num_messages`` messages; the future completes once it is
         confirmed, in call order.
+
+        ``key_hashes`` and ``deliver_at_ms`` are what the codec would describe of the payload;
+        given here, the cached entry carries them without the payload being parsed again.
 
         ``build(first_offset, publish_time_ms)`` is called right away, with the offset of the
         entry's first message and its publish time, and returns the payload. Raises
@@ -458,7 +470,9 @@ class ManagedLedger:
         self._next_offset += num_messages
         self._last_publish_ms = publish_time_ms
         future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
-        append = _Append(first_offset, num_messages, publish_time_ms, payload, future)
+        append = _Append(
+            first_offset, num_messages, publish_time_ms, payload, future, key_hashes, deliver_at_ms
+        )
         self._pending.append(append)
         self._unsent.append(append)
         self._pending_bytes += len(payload)
@@ -560,6 +574,8 @@ class ManagedLedger:
                     append.first_offset,
                     append.num_messages,
                     append.publish_time_ms,
+                    append.key_hashes,
+                    append.deliver_at_ms,
                 )
             )
             advanced = True
@@ -879,7 +895,15 @@ class ManagedLedger:
                 f"entry {tuple(position)} of {self.name!r} could not be described: {e!r}",
                 context={"name": self.name, "position": tuple(position)},
             ) from e
-        return Entry(position, payload, meta.first_offset, meta.num_messages, meta.publish_time_ms)
+        return Entry(
+            position,
+            payload,
+            meta.first_offset,
+            meta.num_messages,
+            meta.publish_time_ms,
+            meta.key_hashes,
+            meta.deliver_at_ms,
+        )
 
     async def _read_one(self, position: Position) -> Entry:
         i = self._index(position.ledger_id)

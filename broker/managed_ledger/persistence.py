@@ -8,7 +8,7 @@ works with the plain values below. The formats are ``magnetar.format.v1.ManagedL
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from broker.managed_ledger.types import LedgerInfo, Position
@@ -41,6 +41,10 @@ class StoredCursor:
     acked_ranges: tuple[tuple[Position, Position], ...] = ()
     properties: Mapping[str, int] = field(default_factory=dict)
     last_active_ms: int = 0
+    batch_acks: tuple[tuple[Position, int, frozenset[int]], ...] = ()
+    """Partly acknowledged entries: (position, messages in it, acknowledged indexes)."""
+    subscription_type: int = 0
+    """The subscription's type (``magnetar.common.v1.SubscriptionType``; 0: not recorded)."""
 
 
 def _position_pb(position: Position) -> types_pb2.Position:
@@ -111,10 +115,30 @@ def encode_cursor(cursor: StoredCursor) -> bytes:
         state_ledger_id=-1,
         properties=dict(cursor.properties),
         last_active_ms=cursor.last_active_ms,
+        subscription_type=cursor.subscription_type,  # type: ignore[arg-type]
     )
     for start, end in cursor.acked_ranges:
         message.acked_ranges.add(start=_position_pb(start), end=_position_pb(end))
+    for position, batch_size, indexes in cursor.batch_acks:
+        message.batch_acks.add(
+            position=_position_pb(position),
+            batch_size=batch_size,
+            acked_words=_bitset_words(indexes, batch_size),
+        )
     return message.SerializeToString()
+
+
+def _bitset_words(indexes: frozenset[int], size: int) -> list[int]:
+    words = [0] * ((size + 63) // 64)
+    for i in indexes:
+        words[i >> 6] |= 1 << (i & 63)
+    return words
+
+
+def _bitset_indexes(words: Sequence[int], size: int) -> frozenset[int]:
+    return frozenset(
+        w * 64 + b for w, word in enumerate(words) for b in range(64) if word >> b & 1
+    ) & frozenset(range(size))
 
 
 def decode_cursor(name: str, data: bytes) -> StoredCursor:
@@ -131,6 +155,11 @@ def decode_cursor(name: str, data: bytes) -> StoredCursor:
         acked_ranges=tuple((_position(r.start), _position(r.end)) for r in message.acked_ranges),
         properties=dict(message.properties),
         last_active_ms=message.last_active_ms,
+        batch_acks=tuple(
+            (_position(b.position), b.batch_size, _bitset_indexes(b.acked_words, b.batch_size))
+            for b in message.batch_acks
+        ),
+        subscription_type=message.subscription_type,
     )
 
 

@@ -39,6 +39,10 @@ class EntryMeta:
     """Messages in the entry (a batch holds several)."""
     publish_time_ms: int
     """Broker clock when the entry was appended."""
+    key_hashes: tuple[int, ...] = ()
+    """Routing hashes of the messages' keys: none, one for all, or one per message."""
+    deliver_at_ms: int = 0
+    """Deliver no earlier than this (ms since the epoch; 0: at once)."""
 
 
 class EntryCodec(Protocol):
@@ -56,6 +60,8 @@ class Entry:
     first_offset: int
     num_messages: int
     publish_time_ms: int
+    key_hashes: tuple[int, ...] = ()
+    deliver_at_ms: int = 0
 
     @property
     def last_offset(self) -> int:

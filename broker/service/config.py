@@ -67,6 +67,22 @@ class BrokerConfig:
     dispatch_max_bytes: int = 4 * 1024 * 1024
     """Bytes one delivery message carries at most (at least one entry)."""
 
+    dispatch_max_replay_entries: int = 10_000
+    """Entries a subscription may hold back for redelivery, for key order (key_shared) or until
+    a consumer has permits, before it stops reading new ones."""
+
+    max_unacked_messages_per_consumer: int = 50_000
+    """Shared and key_shared: a consumer holding this many unacknowledged messages gets no
+    more until it has acknowledged half of them (0: no limit)."""
+
+    max_unacked_messages_per_subscription: int = 200_000
+    """Shared and key_shared: a subscription whose consumers hold this many unacknowledged
+    messages dispatches no more until half of them are acknowledged (0: no limit)."""
+
+    message_ttl_ms: int = 0
+    """Messages older than this are acknowledged for every subscription (0: never); a topic's
+    message_ttl_ms policy overrides it."""
+
     entry_cache_max_bytes: int = 128 * 1024 * 1024
     """Memory for recently written entries, shared by every partition (tailing reads)."""
 
@@ -143,7 +159,14 @@ class BrokerConfig:
         ):
             if getattr(self, name) < 1:
                 raise config_error(name, getattr(self, name), "must be >= 1")
-        for name in ("load_shedding_min_ownership_ms", "handover_hint_ttl_ms"):
+        for name in (
+            "load_shedding_min_ownership_ms",
+            "handover_hint_ttl_ms",
+            "dispatch_max_replay_entries",
+            "max_unacked_messages_per_consumer",
+            "max_unacked_messages_per_subscription",
+            "message_ttl_ms",
+        ):
             if getattr(self, name) < 0:
                 raise config_error(name, getattr(self, name), "must be >= 0")
         if not 0 < self.load_shedding_threshold < 1:

@@ -27,6 +27,8 @@ class IncomingBatch:
     batch: bytes
     compression: int
     uncompressed_size: int
+    key_hashes: tuple[int, ...] = ()
+    deliver_at_ms: int = 0
 
 
 def build_envelope(
@@ -42,6 +44,8 @@ def build_envelope(
         first_offset=first_offset,
         compression=batch.compression,  # type: ignore[arg-type]
         uncompressed_size=batch.uncompressed_size,
+        key_hashes=batch.key_hashes,
+        deliver_at_ms=batch.deliver_at_ms,
         batch=batch.batch,
     ).SerializeToString()
 
@@ -64,6 +68,8 @@ class EnvelopeCodec:
             first_offset=envelope.first_offset,
             num_messages=max(1, envelope.num_messages),
             publish_time_ms=envelope.publish_time_ms,
+            key_hashes=tuple(envelope.key_hashes),
+            deliver_at_ms=envelope.deliver_at_ms,
         )
 
 

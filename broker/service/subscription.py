@@ -1,10 +1,13 @@
-"""Subscriptions and their consumers: which entries go to whom, permits, acks, redelivery.
+"""Subscriptions and their consumers: reading entries for them, acks, redelivery.
 
-A :class:`Subscription` is a cursor plus the consumers attached to it and one dispatch task.
-The dispatcher reads from the cursor only while a consumer has permits (flow control counts
-messages; an entry of k messages uses k), so a slow consumer holds back reads instead of
-filling memory. This issue's types are **exclusive** (one consumer; a second is refused) and
-non-durable **readers** (an exclusive subscription whose cursor is never persisted).
+A :class:`Subscription` is a cursor plus the consumers attached to it and one dispatch task. The
+rules of who gets what live in :mod:`broker.service.dispatch` (no I/O); this module reads the
+entries those rules ask for and turns their decisions into deliveries. The dispatcher reads only
+while some consumer has permits (flow control counts messages; an entry of k messages uses k),
+so a slow consumer holds back reads instead of filling memory; and it reads no new entries while
+the cursor's acknowledgement holes are at ``max_inline_ack_ranges`` (the cursor persists every
+range; this keeps that state small) or the subscription holds its unacknowledged limit.
+Non-durable **readers** are exclusive subscriptions whose cursor is never persisted.
 """
 
 from __future__ import annotations
@@ -12,14 +15,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import structlog
 
 from broker.managed_ledger import Entry, ManagedCursor, ManagedLedger, Position
+from broker.service.dispatch import Dispatcher, Item, Plan, Slot
 from broker.service.streams import (
     AckDone,
+    ActiveChange,
     Closable,
     ConsumerEvent,
     Deliveries,
@@ -30,11 +34,14 @@ from broker.service.streams import (
     StreamClosed,
     SubscriptionType,
 )
+from magnetar.common.clock import SYSTEM_CLOCK, Clock
 from magnetar.common.errors import (
     ConsumerBusyError,
+    InvalidArgumentError,
     MagnetarError,
     ManagedLedgerError,
     ManagedLedgerFencedError,
+    ServiceNotReadyError,
 )
 
 if TYPE_CHECKING:
@@ -42,33 +49,55 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("magnetar.broker.subscription")
 
+PartialAck = tuple[Position, tuple[int, ...], int]
+"""(entry, acknowledged batch indexes, messages in the entry)."""
+
 
 class ConsumerSession(Closable):
     """One consumer stream attached to a subscription."""
 
-    def __init__(self, subscription: Subscription, name: str, address: str = "") -> None:
+    def __init__(
+        self, subscription: Subscription, name: str, address: str = "", priority_level: int = 0
+    ) -> None:
         super().__init__()
         self.subscription = subscription
         self.name = name
         self.address = address
-        self.permits = 0
-        self.unacked: dict[Position, int] = {}
+        self.priority_level = priority_level
+        self.slot = Slot(name, priority_level)
+        """Replaced by the dispatcher's slot when the consumer is added."""
         self.events: asyncio.Queue[ConsumerEvent] = asyncio.Queue()
         self.msgs_out = 0
         self.bytes_out = 0
 
+    @property
+    def permits(self) -> int:
+        return self.slot.permits
+
+    @property
+    def unacked_messages(self) -> int:
+        return self.slot.unacked_messages
+
     # --- requests from the client ---------------------------------------------------------------
 
     def flow(self, permits: int) -> None:
-        self.permits += permits
-        self.subscription.wake()
+        self.subscription.flow(self, permits)
 
-    def ack(self, positions: list[Position], *, cumulative: bool, request_id: int = 0) -> None:
+    def ack(
+        self,
+        positions: list[Position],
+        *,
+        cumulative: bool,
+        request_id: int = 0,
+        partial: list[PartialAck] | None = None,
+        dead_lettered: int = 0,
+    ) -> None:
         try:
-            self.subscription.ack(self, positions, cumulative=cumulative)
+            self.subscription.ack(self, positions, cumulative=cumulative, partial=partial or [])
         except MagnetarError as e:
             self.events.put_nowait(RequestFailed(request_id, e))
             return
+        self.subscription.dead_lettered += dead_lettered
         if request_id:
             self.events.put_nowait(AckDone(request_id))
 
@@ -80,11 +109,11 @@ class ConsumerSession(Closable):
 
     async def seek(self, start: Start, request_id: int) -> None:
         try:
-            await self.subscription.seek(start)
+            await self.subscription.seek(start, requester=self)
         except MagnetarError as e:
             self.events.put_nowait(RequestFailed(request_id, e))
             return
-        self.permits = 0
+        self.slot.permits = 0
         self.events.put_nowait(SeekDone(request_id))
 
     def detach(self) -> None:
@@ -110,17 +139,22 @@ class Subscription:
         durable: bool,
         max_entries: int,
         max_bytes: int,
+        max_unacked_per_consumer: int = 0,
+        max_unacked_per_subscription: int = 0,
+        max_replay_entries: int = 10_000,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.topic = topic
         self.name = name
         self.cursor = cursor
-        self.type = subscription_type
         self.durable = durable
         self._max_entries = max_entries
         self._max_bytes = max_bytes
+        self._limits = (max_unacked_per_consumer, max_unacked_per_subscription, max_replay_entries)
+        self._clock = clock
         self.consumers: list[ConsumerSession] = []
-        self.redelivery_counts: dict[Position, int] = {}
-        self._replay: set[Position] = set()
+        self._sessions: dict[int, ConsumerSession] = {}
+        self.dispatcher = self._new_dispatcher(subscription_type)
         self._start_filter: tuple[Position, int] | None = None
         self._epoch = 0
         self._largest_batch = 0.0
@@ -129,22 +163,66 @@ class Subscription:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._timers: set[asyncio.TimerHandle] = set()
-        self.msgs_redelivered = 0
+        self._due_timer: asyncio.TimerHandle | None = None
+        self._blocked_logged: str | None = None
+        self.dead_lettered = 0
+        if durable:
+            cursor.record_subscription_type(int(subscription_type))
+
+    def _new_dispatcher(self, subscription_type: SubscriptionType) -> Dispatcher:
+        per_consumer, per_subscription, replay = self._limits
+        return Dispatcher(
+            subscription_type,
+            partition=self.topic.name.partition,
+            max_unacked_per_consumer=per_consumer,
+            max_unacked_per_subscription=per_subscription,
+            max_replay_entries=replay,
+        )
+
+    @property
+    def type(self) -> SubscriptionType:
+        return self.dispatcher.type
 
     @property
     def ml(self) -> ManagedLedger:
         return self.topic.ml
 
+    @property
+    def msgs_redelivered(self) -> int:
+        return self.dispatcher.msgs_redelivered
+
+    @property
+    def blocked_reason(self) -> str | None:
+        """Why no new entries are dispatched, if they are not (None: they are)."""
+        if self.dispatcher.blocked:
+            return "the subscription holds max_unacked_messages_per_subscription unacknowledged"
+        if self.durable and self.cursor.ack_ranges_over_limit:
+            return "the acknowledgement holes reached max_inline_ack_ranges"
+        return None
+
     # --- consumers ------------------------------------------------------------------------------
 
-    def add_consumer(self, consumer: ConsumerSession) -> None:
+    def change_type(self, subscription_type: SubscriptionType) -> None:
+        """A subscription without consumers takes the type its next consumer asks for."""
         if self.consumers:
+            raise ConsumerBusyError(f"subscription {self.name!r} has consumers attached")
+        self.dispatcher = self._new_dispatcher(subscription_type)
+        self._reposition(None)
+        if self.durable:
+            self.cursor.record_subscription_type(int(subscription_type))
+
+    def add_consumer(self, consumer: ConsumerSession) -> None:
+        if self.consumers and self.type is SubscriptionType.EXCLUSIVE:
             raise ConsumerBusyError(
                 f"subscription {self.name!r} on {self.topic.name} is exclusive and consumer"
                 f" {self.consumers[0].name!r} is attached",
                 context={"subscription": self.name, "topic": str(self.topic.name)},
             )
+        slot, changes, rewind = self.dispatcher.add(consumer.name, consumer.priority_level)
+        consumer.slot = slot
         self.consumers.append(consumer)
+        self._sessions[slot.seq] = consumer
+        self._after_change(changes, rewind)
         if self._task is None:
             self._task = asyncio.create_task(
                 self._dispatch_loop(), name=f"dispatch:{self.topic.name}:{self.name}"
@@ -155,45 +233,79 @@ class Subscription:
         if consumer not in self.consumers:
             return
         self.consumers.remove(consumer)
-        # what it held unacknowledged goes to the next consumer, counted as a redelivery
-        for position in consumer.unacked:
-            self.redelivery_counts[position] = self.redelivery_counts.get(position, 0) + 1
-        self.msgs_redelivered += sum(consumer.unacked.values())
-        consumer.unacked.clear()
-        self._reposition(None)
+        self._sessions.pop(consumer.slot.seq, None)
+        changes, rewind = self.dispatcher.remove(consumer.slot)
+        self._after_change(changes, rewind)
         if not self.durable and not self.consumers:
             self.topic.drop_subscription(self)
+        self.wake()
+
+    def _after_change(self, changes: list[tuple[Slot, bool]], rewind: bool) -> None:
+        for slot, active in changes:
+            session = self._sessions.get(slot.seq)
+            if session is not None and not session.is_closed:
+                session.events.put_nowait(ActiveChange(active))
+                log.info(
+                    "consumer_active_change",
+                    topic=str(self.topic.name),
+                    subscription=self.name,
+                    consumer=session.name,
+                    active=active,
+                )
+        if rewind:
+            self._reposition(None)
 
     def set_start_filter(self, position: Position, first_batch_index: int) -> None:
         """The first entry delivered at ``position`` skips messages before this index."""
         if first_batch_index > 0:
             self._start_filter = (position, first_batch_index)
 
+    def flow(self, consumer: ConsumerSession, permits: int) -> None:
+        self.dispatcher.flow(consumer.slot, permits)
+        self.wake()
+
     # --- acks and redelivery ----------------------------------------------------------------------
 
     def ack(
-        self, consumer: ConsumerSession, positions: list[Position], *, cumulative: bool
+        self,
+        consumer: ConsumerSession,
+        positions: list[Position],
+        *,
+        cumulative: bool,
+        partial: list[PartialAck],
     ) -> None:
+        """Apply acknowledgements; an unknown position raises :class:`InvalidArgumentError`
+        (with nothing of that request's whole-entry acks applied)."""
+        dispatcher = self.dispatcher
         if cumulative:
             if not positions:
                 return
+            if dispatcher.shares:
+                raise InvalidArgumentError(
+                    f"subscription {self.name!r} is {self.type.name.lower()}: cumulative"
+                    " acknowledgement is for exclusive and failover subscriptions; acknowledge"
+                    " messages one by one",
+                    context={"subscription": self.name},
+                )
             last = max(positions)
             self.cursor.ack_cumulative(last)
-            for position in [p for p in consumer.unacked if p <= last]:
-                del consumer.unacked[position]
-                self.redelivery_counts.pop(position, None)
-                self._replay.discard(position)
-        else:
+            dispatcher.acked_through(consumer.slot, last)
+        elif positions:
             self.cursor.ack(positions)
             for position in positions:
-                consumer.unacked.pop(position, None)
-                self.redelivery_counts.pop(position, None)
-                self._replay.discard(position)
+                dispatcher.acked(consumer.slot, position)
+        for position, indexes, batch_size in partial:
+            complete = self.cursor.ack_indexes(position, indexes, batch_size)
+            dispatcher.acked_partly(consumer.slot, position, frozenset(indexes), complete=complete)
         self.topic.cursor_moved()
+        self.wake()
 
     def nack(self, consumer: ConsumerSession, positions: list[Position], delay_ms: int) -> None:
-        held = [p for p in positions if p in consumer.unacked]
+        held = [p for p in positions if p in consumer.slot.unacked]
         if not held:
+            return
+        if delay_ms <= 0:
+            self._requeue(consumer, held)
             return
         loop = asyncio.get_running_loop()
 
@@ -201,29 +313,34 @@ class Subscription:
             self._timers.discard(handle)
             self._requeue(consumer, held)
 
-        handle = loop.call_later(max(0, delay_ms) / 1000, due)
+        handle = loop.call_later(delay_ms / 1000, due)
         self._timers.add(handle)
 
     def redeliver(self, consumer: ConsumerSession, positions: list[Position]) -> None:
-        if not positions:
-            positions = list(consumer.unacked)
-        self._requeue(consumer, positions)
+        self._requeue(consumer, positions or list(consumer.slot.unacked))
 
-    def _requeue(self, consumer: ConsumerSession, positions: Iterable[Position]) -> None:
-        for position in positions:
-            if consumer.unacked.pop(position, None) is None or self.cursor.is_acked(position):
-                continue
-            self.redelivery_counts[position] = self.redelivery_counts.get(position, 0) + 1
-            self._replay.add(position)
-            self.msgs_redelivered += 1
+    def _requeue(self, consumer: ConsumerSession, positions: list[Position]) -> None:
+        if consumer.slot.closed:
+            return  # it left: what it held was requeued then
+        self.dispatcher.requeue(consumer.slot, positions)
         self.wake()
 
-    async def seek(self, start: Start) -> None:
-        position, first_index = await self.topic.resolve_start(start)
-        self._replay.clear()
-        self.redelivery_counts.clear()
-        for consumer in self.consumers:
-            consumer.unacked.clear()
+    async def seek(
+        self, start: Start, *, requester: ConsumerSession | None = None, strict: bool = True
+    ) -> None:
+        """Move the subscription to ``start``: everything before it counts as acknowledged,
+        nothing after it does. Consumers other than ``requester`` are closed (they resubscribe
+        and start afresh, as in Pulsar); an admin reset closes them all."""
+        position, first_index = await self.topic.resolve_start(start, strict=strict)
+        self.dispatcher.reset()
+        for consumer in list(self.consumers):
+            if consumer is not requester:
+                consumer.close_with(
+                    ServiceNotReadyError(
+                        f"subscription {self.name!r} was reset to another position; resubscribe",
+                        context={"subscription": self.name},
+                    )
+                )
         # a reader's cursor is reset too: its mark-delete (where it started, or what it read)
         # would otherwise hide the entries before it that the seek asks for
         await self.cursor.reset(position)
@@ -232,6 +349,15 @@ class Subscription:
         self.set_start_filter(position, first_index)
         self.topic.cursor_moved()
         self.wake()
+
+    def expire_before(self, position: Position) -> bool:
+        """Message TTL: acknowledge every entry before ``position``; whether anything moved."""
+        if not self.cursor.expire_before(position):
+            return False
+        self.dispatcher.forget_through(self.cursor.mark_delete)
+        self.topic.cursor_moved()
+        self.wake()
+        return True
 
     def _reposition(self, position: Position | None) -> None:
         """Move the read position (None: back to the first unacknowledged entry) and make a
@@ -247,12 +373,6 @@ class Subscription:
 
     def wake(self) -> None:
         self._wake.set()
-
-    def _ready_consumer(self) -> ConsumerSession | None:
-        for consumer in self.consumers:
-            if consumer.permits > 0 and not consumer.is_closed:
-                return consumer
-        return None
 
     async def _dispatch_loop(self) -> None:
         while True:
@@ -273,53 +393,137 @@ class Subscription:
                 await asyncio.sleep(0.5)
 
     async def _dispatch_once(self) -> None:
-        consumer = self._ready_consumer()
-        if consumer is None:
-            self._wake.clear()
-            await self._wake.wait()
+        dispatcher = self.dispatcher
+        now_ms = self._clock.time_ms()
+        if dispatcher.delayed:
+            if dispatcher.release_due(now_ms):
+                self._wake.set()
+            self._arm_due_timer(now_ms)
+        if not dispatcher.can_dispatch():
+            self._note_blocked()
+            await self._sleep()
             return
         epoch = self._epoch
-        replay = False
-        if self._replay:
-            entries = await self._read_replay()
-            replay = True
-        elif self.cursor.has_more:
+        candidates = dispatcher.replay_candidates(self._max_entries)
+        if candidates:
+            items, entries = await self._read_replay(candidates)
+        else:
+            budget = dispatcher.fresh_budget()
+            if budget > 0 and self.durable and self.cursor.ack_ranges_over_limit:
+                budget = 0
+            if budget <= 0:
+                self._note_blocked()
+                await self._sleep()
+                return
+            if not self.cursor.has_more:
+                self._wake.clear()
+                await self._wait_for_entries()
+                return
             # permits count messages and an entry holds a batch: read only as many entries as
-            # the permits cover at the largest recent batch size (one entry to learn it), so a
-            # consumer gets at most one batch more than its permits, never max_entries batches
+            # the permits cover at the largest recent batch size (one entry to learn it)
             largest = self._largest_batch
-            wanted = consumer.permits // math.ceil(largest) if largest else 1
-            entries = await self.cursor.read(
+            wanted = budget // math.ceil(largest) if largest else 1
+            read = await self.cursor.read(
                 max_entries=max(1, min(wanted, self._max_entries)), max_bytes=self._max_bytes
             )
-        else:
-            self._wake.clear()
-            await self._wait_for_entries()
-            return
-        if epoch != self._epoch:
-            # a rewind or seek happened during the read, which moved the read position on
-            # past entries that are now dropped: put it back where the rewind or seek wanted
-            if not replay:
+            if epoch != self._epoch:
+                # a rewind or seek during the read moved the read position on past entries
+                # that are now dropped: put it back where the rewind or seek wanted
                 self.cursor.seek(self._repositioned)
+                return
+            entries = {entry.position: entry for entry in read}
+            items = [item for item in map(self._fresh_item, read) if item is not None]
+        if epoch != self._epoch or dispatcher is not self.dispatcher:
             return
-        if consumer not in self.consumers or not entries:
-            return
-        # a read sized by an estimate may hold more than the permits cover: deliver what they
-        # cover (at least one entry) and read the rest again later
-        permits = consumer.permits
-        take = 0
-        while take < len(entries) and permits > 0:
-            permits -= entries[take].num_messages
-            take += 1
-        take = max(take, 1)
-        if take < len(entries):
-            rest = entries[take:]
-            if replay:
-                self._replay.update(entry.position for entry in rest)
+        plan = dispatcher.assign(items, now_ms)
+        if plan.seek_back is not None:
+            self.cursor.seek(plan.seek_back)
+        self._deliver(plan, entries)
+        if dispatcher.delayed:
+            self._arm_due_timer(now_ms)
+
+    async def _sleep(self) -> None:
+        self._wake.clear()
+        await self._wake.wait()
+
+    def _note_blocked(self) -> None:
+        reason = self.blocked_reason
+        if reason != self._blocked_logged:
+            self._blocked_logged = reason
+            if reason is not None:
+                log.warning(
+                    "subscription_blocked",
+                    topic=str(self.topic.name),
+                    subscription=self.name,
+                    reason=reason,
+                )
             else:
-                self.cursor.seek(rest[0].position)
-            entries = entries[:take]
-        self._deliver(consumer, entries)
+                log.info(
+                    "subscription_unblocked", topic=str(self.topic.name), subscription=self.name
+                )
+
+    def _arm_due_timer(self, now_ms: int) -> None:
+        due = self.dispatcher.next_due_ms()
+        if self._due_timer is not None:
+            self._due_timer.cancel()
+            self._due_timer = None
+        if due is not None:
+            self._due_timer = asyncio.get_running_loop().call_later(
+                max(0, due - now_ms) / 1000, self.wake
+            )
+
+    def _fresh_item(self, entry: Entry) -> Item | None:
+        indexes: frozenset[int] | None = None
+        acked = self.cursor.acked_indexes(entry.position)
+        first = 0
+        if self._start_filter is not None and self._start_filter[0] == entry.position:
+            first = self._start_filter[1]
+            self._start_filter = None
+        if acked or first:
+            indexes = frozenset(range(first, entry.num_messages)) - acked
+            if not indexes:
+                return None
+        return Item(
+            entry.position,
+            entry.num_messages,
+            entry.key_hashes,
+            indexes,
+            fresh=True,
+            deliver_at_ms=entry.deliver_at_ms,
+        )
+
+    async def _read_replay(
+        self, positions: list[Position]
+    ) -> tuple[list[Item], dict[Position, Entry]]:
+        entries: dict[Position, Entry] = {}
+        for position in positions:
+            if self.cursor.is_acked(position):
+                continue
+            found = await self.ml.read(position, max_entries=1, max_bytes=1)
+            if found and found[0].position == position:
+                entries[position] = found[0]
+        items: list[Item] = []
+        for position, entry in entries.items():
+            pending = self.dispatcher.replay.pop(position, None)
+            if pending is None or self.cursor.is_acked(position):
+                continue  # acknowledged while it was read
+            indexes = pending.indexes
+            acked = self.cursor.acked_indexes(position)
+            if acked:
+                indexes = (indexes or frozenset(range(entry.num_messages))) - acked
+                if not indexes:
+                    continue
+            items.append(
+                Item(
+                    position,
+                    entry.num_messages,
+                    entry.key_hashes,
+                    indexes,
+                    fresh=False,
+                    deliver_at_ms=entry.deliver_at_ms,
+                )
+            )
+        return items, entries
 
     async def _wait_for_entries(self) -> None:
         arrival = asyncio.ensure_future(self.ml.wait_for_entries(self.ml.last_confirmed))
@@ -335,46 +539,30 @@ class Subscription:
         if arrival.done() and not arrival.cancelled() and arrival.exception() is not None:
             raise arrival.exception()  # type: ignore[misc]
 
-    async def _read_replay(self) -> list[Entry]:
-        wanted = sorted(self._replay)[: self._max_entries]
-        self._replay.difference_update(wanted)
-        entries: list[Entry] = []
-        for position in wanted:
-            if self.cursor.is_acked(position):
+    def _deliver(self, plan: Plan, entries: dict[Position, Entry]) -> None:
+        batches: dict[int, list[DeliveryItem]] = {}
+        for assignment in plan.assignments:
+            entry = entries[assignment.position]
+            session = self._sessions.get(assignment.slot.seq)
+            if session is None:
                 continue
-            found = await self.ml.read(position, max_entries=1, max_bytes=1)
-            if found and found[0].position == position:
-                entries.append(found[0])
-        return entries
-
-    def _deliver(self, consumer: ConsumerSession, entries: list[Entry]) -> None:
-        items: list[DeliveryItem] = []
-        for entry in entries:
-            indexes: tuple[int, ...] = ()
-            count = entry.num_messages
-            if self._start_filter is not None and self._start_filter[0] == entry.position:
-                first = self._start_filter[1]
-                indexes = tuple(range(first, entry.num_messages))
-                count = len(indexes)
-                self._start_filter = None
-            items.append(
+            batches.setdefault(assignment.slot.seq, []).append(
                 DeliveryItem(
                     entry.position,
                     entry.payload,
                     entry.num_messages,
-                    self.redelivery_counts.get(entry.position, 0),
-                    indexes,
+                    assignment.redelivery_count,
+                    tuple(sorted(assignment.indexes)) if assignment.indexes is not None else (),
                 )
             )
             # the largest recent batch, forgetting a one-off big batch slowly
             self._largest_batch = max(float(entry.num_messages), self._largest_batch * 0.99)
-            consumer.unacked[entry.position] = count
-            consumer.permits -= count
-            consumer.msgs_out += count
-            consumer.bytes_out += len(entry.payload)
-            self.topic.msgs_out += count
+            session.msgs_out += assignment.count
+            session.bytes_out += len(entry.payload)
+            self.topic.msgs_out += assignment.count
             self.topic.bytes_out += len(entry.payload)
-        consumer.events.put_nowait(Deliveries(items))
+        for seq, items in batches.items():
+            self._sessions[seq].events.put_nowait(Deliveries(items))
 
     # --- closing ----------------------------------------------------------------------------------
 
@@ -383,6 +571,9 @@ class Subscription:
         for handle in self._timers:
             handle.cancel()
         self._timers.clear()
+        if self._due_timer is not None:
+            self._due_timer.cancel()
+            self._due_timer = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from broker.managed_ledger import AppendResult, ManagedLedger, Position
+from broker.managed_ledger import AppendResult, ManagedCursor, ManagedLedger, Position
 from broker.service.dedup import Deduplication, Stored
 from broker.service.envelope import IncomingBatch, build_envelope
 from broker.service.streams import (
@@ -112,6 +112,8 @@ class Topic:
         self.bytes_out = 0
         self.acquired_ms = clock.time_ms()
         self._trim_task: asyncio.Task[None] | None = None
+        self._ttl_task: asyncio.Task[None] | None = None
+        self.message_ttl_ms = 0
         self._fence_watch = asyncio.create_task(self._watch_fenced(), name=f"fenced:{name}")
 
     @property
@@ -169,6 +171,13 @@ class Topic:
                 f" {batch.num_messages} messages, sequence ids"
                 f" {batch.sequence_id}..{batch.last_sequence_id}"
             )
+        if len(batch.key_hashes) not in (0, 1, batch.num_messages):
+            raise ProtocolError(
+                f"a batch of {batch.num_messages} messages carries {len(batch.key_hashes)} key"
+                f" hashes; it carries none, one, or one per message"
+            )
+        if batch.deliver_at_ms < 0:
+            raise ProtocolError(f"deliver_at_ms is >= 0, got {batch.deliver_at_ms}")
         loop = asyncio.get_running_loop()
         receipt: asyncio.Future[Receipt] = loop.create_future()
         duplicate = self.dedup.duplicate_of(producer.name, batch.last_sequence_id)
@@ -184,6 +193,8 @@ class Topic:
                 lambda first_offset, publish_time_ms: build_envelope(
                     producer.name, batch, first_offset, publish_time_ms
                 ),
+                key_hashes=batch.key_hashes,
+                deliver_at_ms=batch.deliver_at_ms,
             )
         except ManagedLedgerFencedError as e:
             self.fenced(e)
@@ -275,14 +286,12 @@ class Topic:
     async def subscribe(self, request: SubscribeRequest, address: str = "") -> ConsumerSession:
         self._check_active()
         existing = self.subscriptions.get(request.subscription) if request.durable else None
-        if existing is not None and existing.type is not request.subscription_type:
+        if (
+            existing is not None
+            and existing.consumers
+            and existing.type is not request.subscription_type
+        ):
             raise self._incompatible(request, existing.type)
-        if request.subscription_type is not SubscriptionType.EXCLUSIVE:
-            raise InvalidArgumentError(
-                f"subscription type {request.subscription_type.name.lower()} is not supported"
-                " by this broker yet; use exclusive",
-                context={"subscription_type": request.subscription_type.name},
-            )
         position, first_index = await self.resolve_start(request.start)
         self._check_active()
         if request.durable:
@@ -300,8 +309,17 @@ class Topic:
                     )
                     if not existed:
                         subscription.set_start_filter(position, first_index)
-            elif subscription.type is not request.subscription_type:
-                raise self._incompatible(request, subscription.type)
+            if subscription.type is not request.subscription_type:
+                if subscription.consumers:
+                    raise self._incompatible(request, subscription.type)
+                # no consumer is attached: the subscription takes the new type (as in Pulsar)
+                log.info(
+                    "subscription_type_changed",
+                    topic=str(self.name),
+                    subscription=subscription.name,
+                    type=request.subscription_type.name.lower(),
+                )
+                subscription.change_type(request.subscription_type)
         else:
             name = request.subscription or f"reader-{next(_reader_ids)}"
             name = f"{name}-{next(_reader_ids)}" if name in self.subscriptions else name
@@ -310,7 +328,9 @@ class Topic:
                 name, cursor, request.subscription_type, durable=False
             )
             subscription.set_start_filter(position, first_index)
-        consumer = ConsumerSession(subscription, request.consumer_name, address)
+        consumer = ConsumerSession(
+            subscription, request.consumer_name, address, request.priority_level
+        )
         try:
             subscription.add_consumer(consumer)
         except MagnetarError:
@@ -320,16 +340,21 @@ class Topic:
         return consumer
 
     def _new_subscription(
-        self, name: str, cursor: object, sub_type: SubscriptionType, *, durable: bool
+        self, name: str, cursor: ManagedCursor, sub_type: SubscriptionType, *, durable: bool
     ) -> Subscription:
+        config = self.config
         subscription = Subscription(
             self,
             name,
-            cursor,  # type: ignore[arg-type]
+            cursor,
             sub_type,
             durable=durable,
-            max_entries=self.config.dispatch_max_entries,
-            max_bytes=self.config.dispatch_max_bytes,
+            max_entries=config.dispatch_max_entries,
+            max_bytes=config.dispatch_max_bytes,
+            max_unacked_per_consumer=config.max_unacked_messages_per_consumer,
+            max_unacked_per_subscription=config.max_unacked_messages_per_subscription,
+            max_replay_entries=config.dispatch_max_replay_entries,
+            clock=self._clock,
         )
         self.subscriptions[name] = subscription
         return subscription
@@ -360,22 +385,40 @@ class Topic:
         await self.ml.delete_cursor(name)
         self.cursor_moved()
 
-    async def resolve_start(self, start: Start) -> tuple[Position, int]:
-        """Where a subscription or seek starts: a position and the first batch index there."""
+    async def resolve_start(self, start: Start, *, strict: bool = False) -> tuple[Position, int]:
+        """Where a subscription or seek starts: a position and the first batch index there.
+
+        ``strict`` (seek and reset): a message id or offset past the end of the partition is an
+        error rather than "the end"."""
         if start == "earliest":
             return self.ml.first_position, 0
+        end = self.ml.next_position(self.ml.last_confirmed)
         if start == "latest":
-            return self.ml.next_position(self.ml.last_confirmed), 0
+            return end, 0
         if isinstance(start, MessageIdStart):
             if start.ledger_id < 0 or start.entry_id < 0:
                 raise InvalidArgumentError(
                     f"a start message id needs ledger and entry ids >= 0, got"
                     f" ({start.ledger_id}, {start.entry_id})"
                 )
-            return Position(start.ledger_id, start.entry_id), max(0, start.batch_index)
+            position = Position(start.ledger_id, start.entry_id)
+            if strict and position > end:
+                raise InvalidArgumentError(
+                    f"message id ({start.ledger_id}, {start.entry_id}) is past the end of"
+                    f" {self.name}: the last stored entry is {tuple(self.ml.last_confirmed)};"
+                    " seek to 'latest' to skip everything",
+                    context={"topic": str(self.name), "message_id": tuple(position)},
+                )
+            return position, max(0, start.batch_index)
         if isinstance(start, OffsetStart):
             if start.offset < 0:
                 raise InvalidArgumentError(f"an offset is >= 0, got {start.offset}")
+            if strict and start.offset > self.ml.confirmed_next_offset:
+                raise InvalidArgumentError(
+                    f"offset {start.offset} is past the end of {self.name}: the next message"
+                    f" gets offset {self.ml.confirmed_next_offset}",
+                    context={"topic": str(self.name), "offset": start.offset},
+                )
             position = await self.ml.position_for_offset(start.offset)
             first = 0
             if position <= self.ml.last_confirmed:
@@ -386,6 +429,45 @@ class Topic:
         if isinstance(start, TimeStart):
             return await self.ml.position_for_publish_time(start.publish_time_ms), 0
         raise InvalidArgumentError(f"unknown start position {start!r}")
+
+    # --- message TTL -------------------------------------------------------------------------
+
+    def set_message_ttl(self, ttl_ms: int) -> None:
+        """Acknowledge, for every durable subscription, messages older than ``ttl_ms`` (0:
+        never), checking every quarter of the TTL (between 0.1 s and 60 s)."""
+        self.message_ttl_ms = ttl_ms
+        if self._ttl_task is not None:
+            self._ttl_task.cancel()
+            self._ttl_task = None
+        if ttl_ms > 0:
+            self._ttl_task = asyncio.get_running_loop().create_task(
+                self._expire_loop(ttl_ms), name=f"ttl:{self.name}"
+            )
+
+    async def _expire_loop(self, ttl_ms: int) -> None:
+        interval = min(60.0, max(0.1, ttl_ms / 4000))
+        while self.state is TopicState.ACTIVE:
+            try:
+                await self.expire_messages(ttl_ms)
+            except MagnetarError as e:
+                log.info("message_ttl_failed", topic=str(self.name), error=e.message)
+            await asyncio.sleep(interval)
+
+    async def expire_messages(self, ttl_ms: int) -> int:
+        """Acknowledge entries published more than ``ttl_ms`` ago; subscriptions that moved."""
+        cutoff = self._clock.time_ms() - ttl_ms
+        boundary = await self.ml.position_for_publish_time(cutoff)
+        moved = 0
+        for subscription in list(self.subscriptions.values()):
+            if subscription.durable and subscription.expire_before(boundary):
+                moved += 1
+        for name, cursor in self.ml.cursors.items():
+            if name not in self.subscriptions and cursor.expire_before(boundary):
+                moved += 1
+                self.cursor_moved()
+        if moved:
+            log.info("messages_expired", topic=str(self.name), subscriptions=moved)
+        return moved
 
     def cursor_moved(self) -> None:
         """Acks moved a cursor: trim soon (debounced) what every cursor has passed."""
@@ -435,6 +517,8 @@ class Topic:
         self.state = TopicState.CLOSING
         if self._trim_task is not None:
             self._trim_task.cancel()
+        if self._ttl_task is not None:
+            self._ttl_task.cancel()
         self._fence_watch.cancel()
         if graceful:
             if self._pending:

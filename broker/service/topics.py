@@ -167,6 +167,11 @@ class TopicManager:
                 await ml.close()
             raise self._not_owned(name, None)
         topic = Topic(name, ml, dedup, self.config, on_fenced=self._fenced, clock=self.clock)
+        topic.set_message_ttl(
+            policies.message_ttl_ms
+            if policies.HasField("message_ttl_ms")
+            else self.config.message_ttl_ms
+        )
         self.topics[full] = topic
         self._locks[full] = lock
         self._spawn(self._watch_lock(topic, lock))

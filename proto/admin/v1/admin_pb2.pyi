@@ -823,8 +823,13 @@ class ResetCursorRequest(_message.Message):
     TOPIC_FIELD_NUMBER: _builtins.int
     SUBSCRIPTION_FIELD_NUMBER: _builtins.int
     TARGET_FIELD_NUMBER: _builtins.int
+    PAST_END_IS_END_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     subscription: _builtins.str
+    past_end_is_end: _builtins.bool
+    """An offset past the end of a partition means its end instead of an error (set when one reset
+    covers several partitions, which may hold different numbers of messages).
+    """
     @_builtins.property
     def target(self) -> _types_pb2.StartPosition: ...
     def __init__(
@@ -833,10 +838,11 @@ class ResetCursorRequest(_message.Message):
         topic: _builtins.str = ...,
         subscription: _builtins.str = ...,
         target: _types_pb2.StartPosition | None = ...,
+        past_end_is_end: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["target", b"target"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["subscription", b"subscription", "target", b"target", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["past_end_is_end", b"past_end_is_end", "subscription", b"subscription", "target", b"target", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

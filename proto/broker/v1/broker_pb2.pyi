@@ -243,6 +243,8 @@ class ProduceBatch(_message.Message):
     BATCH_FIELD_NUMBER: _builtins.int
     COMPRESSION_FIELD_NUMBER: _builtins.int
     UNCOMPRESSED_SIZE_FIELD_NUMBER: _builtins.int
+    KEY_HASHES_FIELD_NUMBER: _builtins.int
+    DELIVER_AT_MS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
     """Chosen by the client, unique on the stream, echoed on the receipt or error."""
     sequence_id: _builtins.int
@@ -253,6 +255,17 @@ class ProduceBatch(_message.Message):
     """A serialized magnetar.format.v1.MessageBatch, compressed as `compression` says."""
     compression: _types_pb2.CompressionType.ValueType
     uncompressed_size: _builtins.int
+    deliver_at_ms: _builtins.int
+    """Deliver no earlier than this time (ms since the epoch; 0: at once). Shared and key_shared
+    subscriptions hold the entry until then; exclusive and failover ones deliver it at once.
+    """
+    @_builtins.property
+    def key_hashes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Key hashes for key_shared routing (magnetar.common.keys.key_hash of each message's key):
+        empty when no message has a key, one value when every message has the same key, else one
+        per message.
+        """
+
     def __init__(
         self,
         *,
@@ -263,10 +276,12 @@ class ProduceBatch(_message.Message):
         batch: _builtins.bytes = ...,
         compression: _types_pb2.CompressionType.ValueType = ...,
         uncompressed_size: _builtins.int = ...,
+        key_hashes: _abc.Iterable[_builtins.int] | None = ...,
+        deliver_at_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "compression", b"compression", "last_sequence_id", b"last_sequence_id", "num_messages", b"num_messages", "request_id", b"request_id", "sequence_id", b"sequence_id", "uncompressed_size", b"uncompressed_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "compression", b"compression", "deliver_at_ms", b"deliver_at_ms", "key_hashes", b"key_hashes", "last_sequence_id", b"last_sequence_id", "num_messages", b"num_messages", "request_id", b"request_id", "sequence_id", b"sequence_id", "uncompressed_size", b"uncompressed_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -617,25 +632,69 @@ class Ack(_message.Message):
     ACK_TYPE_FIELD_NUMBER: _builtins.int
     MESSAGE_IDS_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    PARTIAL_FIELD_NUMBER: _builtins.int
+    DEAD_LETTERED_FIELD_NUMBER: _builtins.int
     ack_type: Global___AckType.ValueType
     request_id: _builtins.int
     """Non-zero: the broker answers with an AckReceipt once the acknowledgement is applied."""
+    dead_lettered: _builtins.int
+    """How many of the acknowledged messages the consumer moved to the dead-letter topic."""
     @_builtins.property
-    def message_ids(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.MessageId]: ...
+    def message_ids(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.MessageId]:
+        """Whole entries (batch_index -1)."""
+
+    @_builtins.property
+    def partial(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartialAck]:
+        """Some messages of an entry (individual acks only): the entry counts as acknowledged once
+        every message of it is.
+        """
+
     def __init__(
         self,
         *,
         ack_type: Global___AckType.ValueType = ...,
         message_ids: _abc.Iterable[_types_pb2.MessageId] | None = ...,
         request_id: _builtins.int = ...,
+        partial: _abc.Iterable[Global___PartialAck] | None = ...,
+        dead_lettered: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_type", b"ack_type", "message_ids", b"message_ids", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_type", b"ack_type", "dead_lettered", b"dead_lettered", "message_ids", b"message_ids", "partial", b"partial", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Ack: _TypeAlias = Ack  # noqa: Y015
+
+@_typing.final
+class PartialAck(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    BATCH_INDEXES_FIELD_NUMBER: _builtins.int
+    BATCH_SIZE_FIELD_NUMBER: _builtins.int
+    batch_size: _builtins.int
+    """Messages in the entry."""
+    @_builtins.property
+    def message_id(self) -> _types_pb2.MessageId:
+        """The entry (batch_index -1)."""
+
+    @_builtins.property
+    def batch_indexes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        message_id: _types_pb2.MessageId | None = ...,
+        batch_indexes: _abc.Iterable[_builtins.int] | None = ...,
+        batch_size: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["message_id", b"message_id"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_indexes", b"batch_indexes", "batch_size", b"batch_size", "message_id", b"message_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PartialAck: _TypeAlias = PartialAck  # noqa: Y015
 
 @_typing.final
 class Nack(_message.Message):
@@ -855,6 +914,10 @@ Global___Delivery: _TypeAlias = Delivery  # noqa: Y015
 
 @_typing.final
 class ActiveConsumerChange(_message.Message):
+    """Failover: this consumer became the active one for the partition (it receives its messages),
+    or stopped being it (another consumer took over; its unacknowledged messages go there).
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     IS_ACTIVE_FIELD_NUMBER: _builtins.int

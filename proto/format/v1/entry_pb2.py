@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from proto.common.v1 import types_pb2 as proto_dot_common_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bproto/format/v1/entry.proto\x12\x12magnetar.format.v1\x1a\x1bproto/common/v1/types.proto\"\xdf\x01\n\x0e\x42\x61tchedMessage\x12\r\n\x05value\x18\x01 \x01(\x0c\x12\x1a\n\rpartition_key\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x46\n\nproperties\x18\x03 \x03(\x0b\x32\x32.magnetar.format.v1.BatchedMessage.PropertiesEntry\x12\x15\n\revent_time_ms\x18\x04 \x01(\x03\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x10\n\x0e_partition_key\"D\n\x0cMessageBatch\x12\x34\n\x08messages\x18\x01 \x03(\x0b\x32\".magnetar.format.v1.BatchedMessage\"\x96\x02\n\rEntryEnvelope\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x15\n\rproducer_name\x18\x02 \x01(\t\x12\x13\n\x0bsequence_id\x18\x03 \x01(\x03\x12\x18\n\x10last_sequence_id\x18\x04 \x01(\x03\x12\x14\n\x0cnum_messages\x18\x05 \x01(\x05\x12\x17\n\x0fpublish_time_ms\x18\x06 \x01(\x03\x12\x14\n\x0c\x66irst_offset\x18\x07 \x01(\x03\x12\x38\n\x0b\x63ompression\x18\x08 \x01(\x0e\x32#.magnetar.common.v1.CompressionType\x12\x19\n\x11uncompressed_size\x18\t \x01(\x05\x12\r\n\x05\x62\x61tch\x18\x0f \x01(\x0c\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bproto/format/v1/entry.proto\x12\x12magnetar.format.v1\x1a\x1bproto/common/v1/types.proto\"\xdf\x01\n\x0e\x42\x61tchedMessage\x12\r\n\x05value\x18\x01 \x01(\x0c\x12\x1a\n\rpartition_key\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x46\n\nproperties\x18\x03 \x03(\x0b\x32\x32.magnetar.format.v1.BatchedMessage.PropertiesEntry\x12\x15\n\revent_time_ms\x18\x04 \x01(\x03\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x10\n\x0e_partition_key\"D\n\x0cMessageBatch\x12\x34\n\x08messages\x18\x01 \x03(\x0b\x32\".magnetar.format.v1.BatchedMessage\"\xc1\x02\n\rEntryEnvelope\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x15\n\rproducer_name\x18\x02 \x01(\t\x12\x13\n\x0bsequence_id\x18\x03 \x01(\x03\x12\x18\n\x10last_sequence_id\x18\x04 \x01(\x03\x12\x14\n\x0cnum_messages\x18\x05 \x01(\x05\x12\x17\n\x0fpublish_time_ms\x18\x06 \x01(\x03\x12\x14\n\x0c\x66irst_offset\x18\x07 \x01(\x03\x12\x38\n\x0b\x63ompression\x18\x08 \x01(\x0e\x32#.magnetar.common.v1.CompressionType\x12\x19\n\x11uncompressed_size\x18\t \x01(\x05\x12\x12\n\nkey_hashes\x18\n \x03(\r\x12\x15\n\rdeliver_at_ms\x18\x0b \x01(\x03\x12\r\n\x05\x62\x61tch\x18\x0f \x01(\x0c\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,5 +41,5 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MESSAGEBATCH']._serialized_start=306
   _globals['_MESSAGEBATCH']._serialized_end=374
   _globals['_ENTRYENVELOPE']._serialized_start=377
-  _globals['_ENTRYENVELOPE']._serialized_end=655
+  _globals['_ENTRYENVELOPE']._serialized_end=698
 # @@protoc_insertion_point(module_scope)

@@ -109,6 +109,8 @@ class EntryEnvelope(_message.Message):
     FIRST_OFFSET_FIELD_NUMBER: _builtins.int
     COMPRESSION_FIELD_NUMBER: _builtins.int
     UNCOMPRESSED_SIZE_FIELD_NUMBER: _builtins.int
+    KEY_HASHES_FIELD_NUMBER: _builtins.int
+    DELIVER_AT_MS_FIELD_NUMBER: _builtins.int
     BATCH_FIELD_NUMBER: _builtins.int
     format_version: _builtins.int
     """1 for this layout."""
@@ -123,8 +125,14 @@ class EntryEnvelope(_message.Message):
     """Offset of the first message; the others follow densely."""
     compression: _types_pb2.CompressionType.ValueType
     uncompressed_size: _builtins.int
+    deliver_at_ms: _builtins.int
+    """Deliver no earlier than this (ms since the epoch; 0: at once)."""
     batch: _builtins.bytes
     """The producer's serialized MessageBatch, compressed as `compression` says."""
+    @_builtins.property
+    def key_hashes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """As ProduceBatch.key_hashes: empty (no keys), one (every message's) or one per message."""
+
     def __init__(
         self,
         *,
@@ -137,11 +145,13 @@ class EntryEnvelope(_message.Message):
         first_offset: _builtins.int = ...,
         compression: _types_pb2.CompressionType.ValueType = ...,
         uncompressed_size: _builtins.int = ...,
+        key_hashes: _abc.Iterable[_builtins.int] | None = ...,
+        deliver_at_ms: _builtins.int = ...,
         batch: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "compression", b"compression", "first_offset", b"first_offset", "format_version", b"format_version", "last_sequence_id", b"last_sequence_id", "num_messages", b"num_messages", "producer_name", b"producer_name", "publish_time_ms", b"publish_time_ms", "sequence_id", b"sequence_id", "uncompressed_size", b"uncompressed_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "compression", b"compression", "deliver_at_ms", b"deliver_at_ms", "first_offset", b"first_offset", "format_version", b"format_version", "key_hashes", b"key_hashes", "last_sequence_id", b"last_sequence_id", "num_messages", b"num_messages", "producer_name", b"producer_name", "publish_time_ms", b"publish_time_ms", "sequence_id", b"sequence_id", "uncompressed_size", b"uncompressed_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

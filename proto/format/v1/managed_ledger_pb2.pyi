@@ -235,9 +235,9 @@ class CursorInfo(_message.Message):
     mark_delete_offset: _builtins.int
     """Offset of the last message covered by mark_delete (-1 if none)."""
     state_ledger_id: _builtins.int
-    """When the ranges outgrow what is kept inline, the full state lives in this ledger (-1: none)."""
+    """Reserved: a ledger holding the ack state (-1: none). Every range is persisted inline."""
     ranges_in_state_ledger: _builtins.bool
-    """The inline ranges are incomplete and the state ledger holds the complete set."""
+    """Reserved; always false (the inline ranges are the complete set)."""
     last_active_ms: _builtins.int
     subscription_type: _types_pb2.SubscriptionType.ValueType
     """The subscription's type and settings, for stats and for reopening."""

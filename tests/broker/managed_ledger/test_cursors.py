@@ -71,16 +71,24 @@ async def test_state_persists_and_a_new_owner_reloads_it(ml_env: Env) -> None:
     cursor.ack_cumulative(positions[2])
     cursor.ack([positions[4], positions[6], positions[7], positions[10], positions[12]])
     assert cursor.ack_hole_ranges == 4
-    assert cursor.ack_ranges_over_limit  # four ranges, two are kept inline
+    assert cursor.ack_ranges_over_limit  # four ranges, past the limit of two
+    # one of the two messages of entry 13 is acknowledged: persisted too
+    assert not cursor.ack_indexes(positions[13], [1], 2)
+    assert cursor.acked_indexes(positions[13]) == {1}
+    cursor.record_subscription_type(3)
     await cursor.flush()
     stored = await stored_cursor(ml_env, "t", "sub")
     assert stored.mark_delete == positions[2]
     assert stored.mark_delete_offset == 5
-    # the lowest ranges are persisted; those above the limit are not (redelivered, not lost)
+    # every range is persisted, over the limit or not: the limit only stops new dispatches
     assert list(stored.acked_ranges) == [
         (positions[4], positions[4]),
         (positions[6], positions[7]),
+        (positions[10], positions[10]),
+        (positions[12], positions[12]),
     ]
+    assert stored.batch_acks == ((positions[13], 2, frozenset({1})),)
+    assert stored.subscription_type == 3
     await ml.close()
 
     new = await ml_env.factory(await ml_env.new_client(), config=config).open("t")
@@ -88,9 +96,15 @@ async def test_state_persists_and_a_new_owner_reloads_it(ml_env: Env) -> None:
     assert reloaded.mark_delete == positions[2]
     assert reloaded.mark_delete_offset == 5
     assert reloaded.read_position == positions[3]
+    assert reloaded.subscription_type == 3
+    assert reloaded.acked_indexes(positions[13]) == {1}
     entries = await reloaded.read(max_entries=100, max_bytes=1 << 20)
-    # acked entries are skipped; 10 and 12's acks were above the inline limit: redelivered
-    assert [e.position for e in entries] == [positions[i] for i in (3, 5, 8, 9, 10, 11, 12, 13)]
+    # nothing acknowledged comes back: only the holes (and the partly acked entry 13)
+    assert [e.position for e in entries] == [positions[i] for i in (3, 5, 8, 9, 11, 13)]
+    # the other message of entry 13 completes it
+    assert reloaded.ack_indexes(positions[13], [0], 2)
+    assert reloaded.is_acked(positions[13])
+    assert reloaded.acked_indexes(positions[13]) == frozenset()
     assert await new.open_cursor("sub", start="latest") is reloaded  # existing: start ignored
 
 
