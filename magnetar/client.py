@@ -15,9 +15,9 @@
 There is one implementation: each sync client runs a private asyncio event loop in a daemon
 thread, and every sync method runs the asyncio method of the same name on it and waits for the
 result. Settings, errors, messages and message ids are the asyncio client's. Sync objects are safe
-to use from several threads. ``send_async`` callbacks run on the client's loop thread: they
-must return quickly and must not call blocking methods of the same client (that would wait on
-the thread that is running them; it raises an error instead).
+to use from several threads. ``send_async`` callbacks and a consumer's ``on_active_change`` run
+on the client's loop thread: they must return quickly and must not call blocking methods of the
+same client (that would wait on the thread that is running them; it raises an error instead).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import concurrent.futures
 import threading
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterator, Mapping
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from magnetar.aio import admin as aio_admin
 from magnetar.aio import client as aio_client
@@ -38,12 +38,48 @@ from magnetar.aio.config import ClientConfig, ConsumerConfig, ProducerConfig
 from magnetar.aio.message import Message
 from magnetar.aio.message_id import MessageId
 from magnetar.aio.producer import SendCallback
-from magnetar.common.errors import ClientClosedError, ConsumerClosedError
+from magnetar.common.errors import ClientClosedError, ConsumerClosedError, InvalidArgumentError
 
 __all__ = ["AdminClient", "Client", "Consumer", "Producer", "Reader"]
 
 T = TypeVar("T")
-_SendArgs = tuple[bytes, SendCallback | None, Mapping[str, str] | None, str | None, int | None]
+
+
+class _SendArgs(NamedTuple):
+    content: bytes
+    callback: SendCallback | None
+    properties: Mapping[str, str] | None
+    partition_key: str | None
+    event_timestamp: int | None
+    deliver_after_ms: int | None
+    deliver_at_ms: int | None
+
+
+def _send_when_room(
+    producer: aio_producer.Producer, args: _SendArgs
+) -> Coroutine[Any, Any, asyncio.Future[MessageId]]:
+    return producer.send_async_when_room(
+        args.content,
+        args.callback,
+        args.properties,
+        args.partition_key,
+        args.event_timestamp,
+        deliver_after_ms=args.deliver_after_ms,
+        deliver_at_ms=args.deliver_at_ms,
+    )
+
+
+def _delivery_now(
+    deliver_after_ms: int | None, deliver_at_ms: int | None
+) -> tuple[int | None, int | None]:
+    """A delay counts from the call, however long the message then waits for the client's
+    thread or for room: it becomes a time here, in the caller's thread. Bad arguments go on
+    as given, and the asyncio producer reports them as it does any bad message."""
+    try:
+        deliver_at = aio_producer.deliver_time_ms(deliver_after_ms, deliver_at_ms)
+    except InvalidArgumentError:
+        return deliver_after_ms, deliver_at_ms
+    return None, deliver_at or None
 
 
 class _LoopThread:
@@ -134,9 +170,25 @@ class Producer:
         properties: Mapping[str, str] | None = None,
         partition_key: str | None = None,
         event_timestamp: int | None = None,
+        *,
+        deliver_after_ms: int | None = None,
+        deliver_at_ms: int | None = None,
     ) -> MessageId:
-        """Publish and wait until the broker stored the message durably; its id."""
-        return self._runner.run(self._aio.send(content, properties, partition_key, event_timestamp))
+        """Publish and wait until the broker stored the message durably; its id.
+
+        ``deliver_after_ms`` (from now) or ``deliver_at_ms`` (ms since the epoch): delayed
+        delivery, as :meth:`magnetar.aio.Producer.send` describes it."""
+        deliver_after_ms, deliver_at_ms = _delivery_now(deliver_after_ms, deliver_at_ms)
+        return self._runner.run(
+            self._aio.send(
+                content,
+                properties,
+                partition_key,
+                event_timestamp,
+                deliver_after_ms=deliver_after_ms,
+                deliver_at_ms=deliver_at_ms,
+            )
+        )
 
     def send_async(
         self,
@@ -145,15 +197,20 @@ class Producer:
         properties: Mapping[str, str] | None = None,
         partition_key: str | None = None,
         event_timestamp: int | None = None,
+        *,
+        deliver_after_ms: int | None = None,
+        deliver_at_ms: int | None = None,
     ) -> concurrent.futures.Future[MessageId]:
         """Queue a message; returns a future of its id, and calls ``callback(error,
         message_id)`` (on the client's thread) when the broker answered. When the pending
         queue is full this waits for room (``block_if_queue_full``, the default) or fails the
-        future and the callback with :class:`ProducerQueueFullError`.
+        future and the callback with :class:`ProducerQueueFullError`. ``deliver_after_ms`` /
+        ``deliver_at_ms``: as for :meth:`send`.
 
         The message is handed to the client's thread without waiting for it there: the caller
         only waits when the pending queue is full.
         """
+        deliver_after_ms, deliver_at_ms = _delivery_now(deliver_after_ms, deliver_at_ms)
         blocking = self._aio.config.block_if_queue_full
         if blocking:
             self._room.acquire()  # mirrors the pending queue: waits here, in the caller
@@ -177,9 +234,25 @@ class Producer:
                 if self._drainer is None or self._drainer.done():
                     self._drainer = asyncio.ensure_future(self._drain_backlog())
                 return
-            producer.send_async(*args).add_done_callback(done)
+            producer.send_async(
+                args.content,
+                args.callback,
+                args.properties,
+                args.partition_key,
+                args.event_timestamp,
+                deliver_after_ms=args.deliver_after_ms,
+                deliver_at_ms=args.deliver_at_ms,
+            ).add_done_callback(done)
 
-        args = (content, callback, properties, partition_key, event_timestamp)
+        args = _SendArgs(
+            content,
+            callback,
+            properties,
+            partition_key,
+            event_timestamp,
+            deliver_after_ms,
+            deliver_at_ms,
+        )
         try:
             self._runner.call_soon(hand_over)
         except BaseException:
@@ -193,7 +266,7 @@ class Producer:
         once there is room (on the loop)."""
         while self._backlog:
             args, done = self._backlog[0]
-            inner = await self._aio.send_async_when_room(*args)
+            inner = await _send_when_room(self._aio, args)
             self._backlog.popleft()
             inner.add_done_callback(done)
 
@@ -239,6 +312,11 @@ class Consumer:
 
     def has_reached_end_of_topic(self) -> bool:
         return self._aio.has_reached_end_of_topic()
+
+    def active_partitions(self) -> list[int]:
+        """Failover: the partitions this consumer is the active consumer of (indexes; -1 for a
+        non-partitioned topic)."""
+        return self._aio.active_partitions()
 
     def receive(self, timeout_millis: int | None = None) -> Message:
         """The next message; :class:`ReceiveTimeoutError` when none comes in ``timeout_millis``
@@ -488,11 +566,20 @@ class Client:
         subscription_type: Literal["exclusive", "failover", "shared", "key_shared"] = "exclusive",
         *,
         config: ConsumerConfig | None = None,
+        on_active_change: Callable[[str, bool], None] | None = None,
         **settings: Any,
     ) -> Consumer:
+        """A consumer; see :meth:`magnetar.aio.Client.subscribe`. ``on_active_change``
+        (failover: ``(partition_topic, is_active)``) runs on the client's thread: it must
+        return quickly and must not call blocking methods of this client."""
         aio = self._runner.run(
             self._aio.subscribe(
-                topic, subscription_name, subscription_type, config=config, **settings
+                topic,
+                subscription_name,
+                subscription_type,
+                config=config,
+                on_active_change=on_active_change,
+                **settings,
             )
         )
         return Consumer(aio, self._runner)

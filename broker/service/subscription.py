@@ -409,8 +409,9 @@ class Subscription:
             items, entries = await self._read_replay(candidates)
         else:
             budget = dispatcher.fresh_budget()
-            if budget > 0 and self.durable and self.cursor.ack_ranges_over_limit:
-                budget = 0
+            ceiling = self._hole_ceiling()
+            if ceiling is not None and self.cursor.read_position > ceiling:
+                budget = 0  # at the hole limit: only entries inside the holes may go out
             if budget <= 0:
                 self._note_blocked()
                 await self._sleep()
@@ -431,6 +432,10 @@ class Subscription:
                 # that are now dropped: put it back where the rewind or seek wanted
                 self.cursor.seek(self._repositioned)
                 return
+            if ceiling is not None and read and read[-1].position > ceiling:
+                beyond = next(i for i, e in enumerate(read) if e.position > ceiling)
+                self.cursor.seek(read[beyond].position)
+                read = read[:beyond]
             entries = {entry.position: entry for entry in read}
             items = [item for item in map(self._fresh_item, read) if item is not None]
         if epoch != self._epoch or dispatcher is not self.dispatcher:
@@ -441,6 +446,15 @@ class Subscription:
         self._deliver(plan, entries)
         if dispatcher.delayed:
             self._arm_due_timer(now_ms)
+
+    def _hole_ceiling(self) -> Position | None:
+        """At the ack-hole limit: the highest acknowledged entry. Entries below it fill holes
+        (each ack removes or shrinks one); entries above it could only add holes, so they wait.
+        None: not at the limit."""
+        if not self.durable or not self.cursor.ack_ranges_over_limit:
+            return None
+        ranges = self.cursor.ack_ranges
+        return ranges[-1][1] if ranges else None
 
     async def _sleep(self) -> None:
         self._wake.clear()

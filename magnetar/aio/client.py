@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Callable
 from typing import Any, Literal
 
 from magnetar.aio.admin import AdminClient
@@ -89,13 +90,17 @@ class Client:
         subscription_type: Literal["exclusive", "failover", "shared", "key_shared"] = "exclusive",
         *,
         config: ConsumerConfig | None = None,
+        on_active_change: Callable[[str, bool], None] | None = None,
         **settings: Any,
     ) -> Consumer:
         """A consumer of ``topic`` (every partition) on ``subscription_name``.
 
         Settings are the fields of :class:`ConsumerConfig` (``initial_position``,
         ``receiver_queue_size``, ``consumer_name``, ``negative_ack_redelivery_delay_ms``,
-        ``ack_receipts`` ...), or a whole ``config``.
+        ``ack_receipts``, ``ack_timeout_ms``, ``max_redelivery_count`` ...), or a whole
+        ``config``. ``on_active_change(partition_topic, is_active)`` hears a failover
+        consumer become, or stop being, a partition's active consumer (see
+        :meth:`Consumer.active_partitions`); it runs on the event loop and must not block.
         """
         self._check_open()
         if config is None:
@@ -115,6 +120,7 @@ class Client:
             client_config=self.config,
             pool=self._pool,
             on_close=self._consumers.discard,
+            on_active_change=on_active_change,
         )
         await consumer._start()
         self._consumers.add(consumer)

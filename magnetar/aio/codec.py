@@ -2,7 +2,10 @@
 
 A producer packs the messages of one partition into a :class:`BatchBuilder`; sealing it gives the
 bytes of one ``magnetar.format.v1.MessageBatch`` (optionally zlib-compressed), which the broker
-stores as one entry wrapped in an ``EntryEnvelope`` and never unpacks. A consumer turns each
+stores as one entry wrapped in an ``EntryEnvelope`` and never unpacks. What the broker must know
+of the messages without unpacking them travels beside the bytes: their key hashes (key_shared
+routing, :mod:`magnetar.common.keys`) and the time before which they must not be delivered (one
+per batch: a message with another delivery time starts a new batch). A consumer turns each
 delivered envelope back into its messages with :func:`decode_entry`.
 
 Batching is the client's main lever on throughput: every gRPC stream message costs about 0.2 ms
@@ -20,6 +23,7 @@ from google.protobuf.message import DecodeError
 
 from magnetar.aio.config import CompressionName
 from magnetar.common.errors import CorruptionError, InvalidArgumentError
+from magnetar.common.keys import batch_key_hashes
 from proto.common.v1 import types_pb2
 from proto.format.v1 import entry_pb2
 
@@ -88,6 +92,10 @@ class SealedBatch(Generic[H]):
     """One per message, in batch order (the producer's futures and callbacks)."""
     first_added_at: float
     """Clock reading when the first message entered the batch."""
+    key_hashes: Sequence[int] = ()
+    """Routing hashes of the messages' keys, as :func:`batch_key_hashes` gives them."""
+    deliver_at_ms: int = 0
+    """Deliver no earlier than this (ms since the epoch); 0: at once."""
 
     @property
     def num_messages(self) -> int:
@@ -98,7 +106,8 @@ class BatchBuilder(Generic[H]):
     """Gathers one partition's messages until a limit is reached; :meth:`seal` encodes them.
 
     ``add`` never refuses: the caller asks :meth:`has_room_for` first and seals when there is no
-    room, so a batch holds at least one message however large it is.
+    room, so a batch holds at least one message however large it is. Likewise the caller seals
+    before a message whose delivery time differs from the batch's (:attr:`deliver_at_ms`).
     """
 
     def __init__(
@@ -113,6 +122,8 @@ class BatchBuilder(Generic[H]):
         self._handles: list[H] = []
         self._bytes = 0
         self._first_added_at = 0.0
+        self._keys: list[str | None] = []
+        self._deliver_at_ms = 0
 
     def __len__(self) -> int:
         return len(self._handles)
@@ -125,6 +136,11 @@ class BatchBuilder(Generic[H]):
     @property
     def first_added_at(self) -> float:
         return self._first_added_at
+
+    @property
+    def deliver_at_ms(self) -> int:
+        """The delivery time of the messages in the batch (0: at once, or an empty batch)."""
+        return self._deliver_at_ms
 
     def has_room_for(self, size: int) -> bool:
         """Whether a message of ``size`` bytes fits (an empty batch takes any message)."""
@@ -145,7 +161,13 @@ class BatchBuilder(Generic[H]):
         event_time_ms: int = 0,
         size: int | None = None,
         now: float = 0.0,
+        deliver_at_ms: int = 0,
     ) -> None:
+        if self._handles and deliver_at_ms != self._deliver_at_ms:
+            raise InvalidArgumentError(
+                f"a batch delivered at {self._deliver_at_ms} cannot take a message delivered at"
+                f" {deliver_at_ms}: seal it first"
+            )
         message = self._batch.messages.add(value=content, event_time_ms=event_time_ms)
         if partition_key is not None:
             message.partition_key = partition_key
@@ -153,7 +175,9 @@ class BatchBuilder(Generic[H]):
             message.properties.update(properties)
         if not self._handles:
             self._first_added_at = now
+            self._deliver_at_ms = deliver_at_ms
         self._handles.append(handle)
+        self._keys.append(partition_key)
         self._bytes += (
             size if size is not None else message_size(content, partition_key, properties)
         )
@@ -171,19 +195,24 @@ class BatchBuilder(Generic[H]):
             uncompressed_size=len(raw),
             handles=self._handles,
             first_added_at=self._first_added_at,
+            key_hashes=tuple(batch_key_hashes(self._keys)),
+            deliver_at_ms=self._deliver_at_ms,
         )
-        self._batch = entry_pb2.MessageBatch()
-        self._handles = []
-        self._bytes = 0
+        self._reset()
         return sealed
 
     def take_handles(self) -> list[H]:
         """Empty the batch without encoding it; the handles of its messages (to fail them)."""
         handles = self._handles
+        self._reset()
+        return handles
+
+    def _reset(self) -> None:
         self._batch = entry_pb2.MessageBatch()
         self._handles = []
         self._bytes = 0
-        return handles
+        self._keys = []
+        self._deliver_at_ms = 0
 
 
 @dataclass(frozen=True, slots=True)

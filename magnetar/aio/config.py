@@ -32,6 +32,8 @@ InitialPositionName = Literal["latest", "earliest"]
 _COMPRESSIONS = ("none", "zlib")
 _SUBSCRIPTION_TYPES = ("exclusive", "failover", "shared", "key_shared")
 _INITIAL_POSITIONS = ("latest", "earliest")
+_MIN_ACK_TIMEOUT_MS = 1000
+"""Shorter ack timeouts redeliver messages the application is still working on."""
 
 
 def _at_least(config: object, names: tuple[str, ...], minimum: float) -> None:
@@ -182,11 +184,17 @@ class ConsumerConfig:
     ack_receipts: bool = False
     """acknowledge() waits until the broker confirms it applied the acknowledgement."""
 
+    ack_timeout_ms: int = 0
+    """A received message not acknowledged this long after is redelivered (0: never; >= 1000)."""
+
+    ack_timeout_tick_ms: int = 1000
+    """How often unacknowledged messages are checked against ack_timeout_ms (its granularity)."""
+
     max_redelivery_count: int = 0
-    """Deliveries after which a message goes to the dead-letter topic (0: never)."""
+    """A message redelivered more times than this goes to the dead-letter topic (0: never)."""
 
     dead_letter_topic: str = ""
-    """Where those messages go; empty: ``<topic>-DLQ``."""
+    """Where those messages go; empty: ``<topic>-DLQ`` (the consumer's topic's full name)."""
 
     properties: dict[str, str] = field(default_factory=dict)
     """Free-form properties given to the broker on subscribe."""
@@ -215,6 +223,13 @@ class ConsumerConfig:
             1,
         )
         _at_least(self, ("batch_receive_timeout_ms",), 0)
+        _at_least(self, ("ack_timeout_tick_ms",), 10)
+        if self.ack_timeout_ms != 0 and self.ack_timeout_ms < _MIN_ACK_TIMEOUT_MS:
+            raise config_error(
+                "ack_timeout_ms",
+                self.ack_timeout_ms,
+                f"must be 0 (off) or >= {_MIN_ACK_TIMEOUT_MS}",
+            )
         _at_least(
             self,
             (

@@ -7,9 +7,27 @@ of it. Every message the broker sent gives its permit back when it leaves the cl
 the application, or dropped by the client (acknowledged already, before a seek target).
 
 Acknowledgements go through :mod:`magnetar.aio.acks`: batch messages are tracked per entry and
-the entry is acked once all its delivered messages are; acks are gathered for
-``ack_group_time_ms`` (or ``ack_group_max_ids`` entries) into one stream message, and flushed on
-close.
+the entry is acked once all its delivered messages are (with a partial ack when only some of the
+entry's messages were delivered here); acks are gathered for ``ack_group_time_ms`` (or
+``ack_group_max_ids`` entries) into one stream message, and flushed on close, together with
+partial acks of entries the application acknowledged in part, so that a restart does not bring
+those messages back.
+
+Ack timeout (``ack_timeout_ms``): a message handed to the application and neither acknowledged
+nor negatively acknowledged within it is asked back (``RedeliverUnacknowledged`` naming its
+entry), checked every ``ack_timeout_tick_ms`` by one task per consumer.
+
+Dead letters (``max_redelivery_count``): a message whose redelivery count is above it is not
+handed to the application. The consumer publishes it to the dead-letter topic (its value, key,
+event time and properties, plus ``REAL_TOPIC`` and ``ORIGIN_MESSAGE_ID``) through a producer it
+opens on first need, and acknowledges the original only once the broker confirmed that send. A
+send that fails is logged and the original is negatively acknowledged, so that it comes again
+and is tried again: a message is never acknowledged before its copy is stored.
+
+Failover subscriptions: the broker tells each consumer when it becomes, or stops being, the
+active consumer of a partition; :meth:`Consumer.active_partitions` says which partitions are
+active and ``on_active_change`` hears each change. A partition whose stream ended is inactive
+until the broker says otherwise on the new stream.
 
 Failover: when the stream ends (``ConsumerClosed``, a transport error) the partition consumer
 drops its queued but not yet received messages, looks the topic up again and resubscribes. A
@@ -31,13 +49,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from magnetar.aio.acks import AckGroup, BatchAckTracker, Entry
+from magnetar.aio.acks import AckGroup, BatchAckTracker, Entry, EntryAck, UnackedMessages
 from magnetar.aio.codec import decode_entry
-from magnetar.aio.config import ClientConfig, ConsumerConfig
+from magnetar.aio.config import ClientConfig, ConsumerConfig, ProducerConfig
 from magnetar.aio.connection import ConnectionPool, PartitionOwner
 from magnetar.aio.message import Message
 from magnetar.aio.message_id import MessageId
-from magnetar.aio.names import TopicName
+from magnetar.aio.names import TopicName, parse_topic
+from magnetar.aio.producer import Producer
 from magnetar.aio.stream import PartitionStream
 from magnetar.common.errors import (
     ClientConnectionError,
@@ -57,7 +76,7 @@ from proto.common.v1 import types_pb2
 if TYPE_CHECKING:
     from proto.broker.v1 import broker_pb2_grpc
 
-__all__ = ["Consumer", "start_position"]
+__all__ = ["ActiveChangeCallback", "Consumer", "start_position"]
 
 log = get_library_logger("magnetar.aio.consumer", component="client")
 
@@ -76,6 +95,15 @@ _WHOLE_ENTRY = 2**31
 
 Floor = tuple[int, int, int]
 """Messages whose ``(ledger_id, entry_id, batch_index)`` is below the floor are skipped."""
+
+ActiveChangeCallback = Callable[[str, bool], None]
+"""``on_active_change(partition_topic, is_active)``: a failover consumer became (or stopped
+being) the active consumer of that partition."""
+
+REAL_TOPIC_PROPERTY = "REAL_TOPIC"
+"""Set on a dead-lettered message: the partition it came from."""
+ORIGIN_MESSAGE_ID_PROPERTY = "ORIGIN_MESSAGE_ID"
+"""Set on a dead-lettered message: ``str()`` of its original message id."""
 
 
 def start_position(target: MessageId | int | None, publish_time_ms: int | None) -> Any:
@@ -172,7 +200,7 @@ class _ReceiveQueue:
 class _AckFlush:
     """Acks sent with request ids, waiting for their receipts (kept for resending)."""
 
-    individual: list[Entry]
+    individual: list[EntryAck]
     cumulative: Entry | None
     waiters: list[asyncio.Future[None]]
     request_ids: set[int] = field(default_factory=set)
@@ -220,6 +248,16 @@ class _PartitionConsumer(PartitionStream):
         self._consumed = 0
         """Permits given back by the application since the last Flow."""
         self._tracker = BatchAckTracker()
+        self._unacked = UnackedMessages()
+        """Messages handed out and not acknowledged (kept when ack_timeout_ms is on)."""
+        self._track_unacked = consumer.durable and self._config.ack_timeout_ms > 0
+        self._dead_letter_after = self._config.max_redelivery_count if consumer.durable else 0
+        self._dead_lettering: set[tuple[int, int, int]] = set()
+        """Messages on their way to the dead-letter topic: a redelivery of one is dropped."""
+        self._generation = 0
+        """Counts streams: permits of messages from an earlier stream are not given back."""
+        self.active = False
+        """Failover: the broker made this consumer the partition's active one."""
         self._acks = AckGroup()
         self._ack_timer: asyncio.TimerHandle | None = None
         self._ack_waiters: list[asyncio.Future[None]] = []
@@ -246,7 +284,14 @@ class _PartitionConsumer(PartitionStream):
         self._offset_floor = offset_floor
 
     async def close(self, timeout_s: float) -> None:
-        """Flush acks (waiting up to ``timeout_s`` for the broker to confirm), then close."""
+        """Flush acks (waiting up to ``timeout_s`` for the broker to confirm), then close.
+
+        Entries the application acknowledged in part are acked in part too: otherwise the
+        broker, which only knows entries, would deliver those messages again after a restart.
+        """
+        if self._durable:
+            for partial in self._tracker.partially_acked():
+                self._acks.add_individual(partial)
         if self.connected and len(self._acks):
             waiter = self._ack_waiter()
             self._flush_acks(receipt=True)
@@ -295,7 +340,18 @@ class _PartitionConsumer(PartitionStream):
             message_id = message.message_id()
             self._floor = (message_id.ledger_id, message_id.entry_id, message_id.batch_index + 1)
             self._offset_floor = None
+        elif self._track_unacked:
+            message_id = message.message_id()
+            self._unacked.add(
+                message_id.entry, message_id.batch_index, asyncio.get_running_loop().time()
+            )
         self._credit(1)
+
+    def _give_back(self, generation: int) -> None:
+        """A message the application never saw is done with: its permit comes back, unless it
+        came on an earlier stream (the new one was granted the whole queue)."""
+        if generation == self._generation:
+            self._credit(1)
 
     def _credit(self, permits: int) -> None:
         self._consumed += permits
@@ -305,12 +361,15 @@ class _PartitionConsumer(PartitionStream):
 
     def acknowledge(self, message_id: MessageId) -> asyncio.Future[None] | None:
         """Mark one message; a waiter when acks wait for receipts and an entry ack was queued."""
-        if not self._tracker.ack(message_id.entry, message_id.batch_index):
+        self._unacked.remove(message_id.entry, message_id.batch_index)
+        ack = self._tracker.ack(message_id.entry, message_id.batch_index)
+        if ack is None:
             return None
-        self._acks.add_individual(message_id.entry)
+        self._acks.add_individual(ack)
         return self._queue_ack()
 
     def acknowledge_cumulative(self, message_id: MessageId) -> asyncio.Future[None] | None:
+        self._unacked.remove_up_to(message_id.entry, message_id.batch_index)
         entry = self._tracker.ack_cumulative(message_id.entry, message_id.batch_index)
         if entry is None:
             return None
@@ -318,8 +377,64 @@ class _PartitionConsumer(PartitionStream):
         return self._queue_ack()
 
     def negative_acknowledge(self, message_id: MessageId) -> None:
+        self._unacked.remove(message_id.entry, message_id.batch_index)
+        self._give_back_entry(message_id.entry)
         self._acks.add_nack(message_id.entry)
         self._queue_ack(waiter=False)
+
+    def _give_back_entry(self, entry: Entry) -> None:
+        """Before an entry is asked back (nack, ack timeout), tell the broker which of its
+        messages were acknowledged already, so that its redelivery leaves them out."""
+        so_far = self._tracker.acked_so_far(entry)
+        if so_far is not None:
+            self._acks.add_individual(so_far)
+
+    def redeliver_unacknowledged(self, handed_out_before: float) -> None:
+        """Ack timeout: ask back the entries of messages handed out at or before
+        ``handed_out_before`` (loop time) and not acknowledged since."""
+        entries = self._unacked.expired(handed_out_before)
+        if not entries or not self.connected:
+            # not connected: the broker redelivers every unacknowledged message on resubscribe
+            return
+        for entry in entries:
+            self._give_back_entry(entry)
+        self._flush_acks()  # on the wire before the redelivery request
+        partition = self.partition
+        self._send(
+            broker_pb2.ConsumeRequest(
+                redeliver=broker_pb2.RedeliverUnacknowledged(
+                    message_ids=[_wire_id(e, partition) for e in entries]
+                )
+            )
+        )
+        self._log.info(
+            "consumer_ack_timeout_redelivery",
+            entries=len(entries),
+            ack_timeout_ms=self._config.ack_timeout_ms,
+        )
+
+    # --- dead letters ----------------------------------------------------------------------
+
+    def dead_lettered(self, message: Message, generation: int) -> None:
+        """The dead-letter topic stored ``message``: acknowledge the original."""
+        message_id = message.message_id()
+        self._dead_lettering.discard((*message_id.entry, message_id.batch_index))
+        ack = self._tracker.ack(message_id.entry, message_id.batch_index, dead_lettered=True)
+        if ack is not None:
+            self._acks.add_individual(ack)
+            self._queue_ack(waiter=False)
+        self._give_back(generation)
+
+    def dead_letter_failed(self, message: Message, generation: int) -> None:
+        """The copy was not stored: leave the original unacknowledged, and ask for it again
+        (after the negative-ack delay) so that it is tried again."""
+        message_id = message.message_id()
+        self._dead_lettering.discard((*message_id.entry, message_id.batch_index))
+        if not self._closing:
+            self._give_back_entry(message_id.entry)
+            self._acks.add_nack(message_id.entry)
+            self._queue_ack(waiter=False)
+        self._give_back(generation)
 
     def _ack_waiter(self) -> asyncio.Future[None]:
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -353,8 +468,20 @@ class _PartitionConsumer(PartitionStream):
                 broker_pb2.ConsumeRequest(
                     ack=broker_pb2.Ack(
                         ack_type=broker_pb2.ACK_TYPE_INDIVIDUAL,
-                        message_ids=[_wire_id(e, partition) for e in individual],
+                        message_ids=[
+                            _wire_id(a.entry, partition) for a in individual if not a.partial
+                        ],
+                        partial=[
+                            broker_pb2.PartialAck(
+                                message_id=_wire_id(a.entry, partition),
+                                batch_indexes=a.batch_indexes,
+                                batch_size=a.batch_size,
+                            )
+                            for a in individual
+                            if a.partial
+                        ],
                         request_id=request_id,
+                        dead_lettered=sum(a.dead_lettered for a in individual),
                     )
                 )
             )
@@ -475,6 +602,7 @@ class _PartitionConsumer(PartitionStream):
         self.broker = owner.address
         self._outbox.clear()
         self._consumed = 0
+        self._generation += 1
         # acks that never reached the broker, or whose receipt never came, go first
         for flush in {id(f): f for f in self._unconfirmed.values()}.values():
             self._acks.extend(flush.individual, flush.cumulative)
@@ -493,6 +621,9 @@ class _PartitionConsumer(PartitionStream):
         self._outbox.clear()
         dropped = self._queue.purge(self)
         self._consumed = 0
+        # whatever the application holds unacknowledged comes again on the new stream
+        self._unacked.clear()
+        self._set_active(active=False)
         broken = ClientConnectionError(f"the consumer stream of {self.partition_topic} ended")
         for request in self._requests.values():
             if not request.future.done():
@@ -522,10 +653,20 @@ class _PartitionConsumer(PartitionStream):
         elif kind == "error":
             self._on_error(response.error)
         elif kind == "active_change":
-            self._log.info("consumer_active_change", active=response.active_change.is_active)
+            self._set_active(response.active_change.is_active)
+
+    def _set_active(self, active: bool) -> None:
+        if active == self.active:
+            return
+        self.active = active
+        if not active:
+            self._unacked.clear()  # they go to the consumer that took over
+        self._log.info("consumer_active_change", active=active)
+        self._consumer.active_changed(self, active)
 
     def _on_deliveries(self, deliveries: Any) -> None:
         messages: list[Message] = []
+        dead: list[Message] = []
         credit = 0
         tracker = self._tracker
         partition = self.partition
@@ -543,30 +684,32 @@ class _PartitionConsumer(PartitionStream):
             batch = decoded.messages
             size = len(batch)
             if self._durable:
-                indexes, acked_already = tracker.delivered(entry, size, delivery.batch_indexes)
+                indexes = tracker.delivered(entry, size, delivery.batch_indexes)
             else:  # a reader acknowledges nothing: nothing to track
                 wanted = delivery.batch_indexes
                 indexes = (
                     sorted(i for i in wanted if 0 <= i < size) if wanted else list(range(size))
                 )
-                acked_already = False
             credit += (len(delivery.batch_indexes) or size) - len(indexes)
-            if acked_already:
-                self._acks.add_individual(entry)
-                self._queue_ack(waiter=False)
-                continue
             ledger_id, entry_id = entry
             first_offset = decoded.first_offset
+            to_dead_letter = 0 < self._dead_letter_after < delivery.redelivery_count
             for index in indexes:
                 offset = first_offset + index
                 if not self._passes(ledger_id, entry_id, index, offset):
                     credit += 1
-                    if self._durable and tracker.ack(entry, index):
+                    if self._durable and (ack := tracker.ack(entry, index)) is not None:
                         # skipped on purpose (before a seek target): consumed for the cursor
-                        self._acks.add_individual(entry)
+                        self._acks.add_individual(ack)
                         self._queue_ack(waiter=False)
                     continue
-                messages.append(
+                if to_dead_letter:
+                    key = (ledger_id, entry_id, index)
+                    if key in self._dead_lettering:
+                        credit += 1  # already on its way; that send acks or asks again
+                        continue
+                    self._dead_lettering.add(key)
+                (dead if to_dead_letter else messages).append(
                     Message(
                         message=batch[index],
                         message_id=MessageId(ledger_id, entry_id, index, partition, size),
@@ -580,6 +723,9 @@ class _PartitionConsumer(PartitionStream):
                 )
         if messages:
             self._queue.put(self, messages)
+        if dead:
+            # their permits come back once each is dealt with: that bounds the sends in flight
+            self._consumer.dead_letter(self, dead, self._generation)
         if credit:
             self._credit(credit)
 
@@ -612,6 +758,7 @@ class _PartitionConsumer(PartitionStream):
             return
         dropped = self._queue.purge(self)
         self._tracker.clear()
+        self._unacked.clear()
         self._floor = request.floor
         self._offset_floor = request.offset_floor
         if not self._durable:
@@ -652,6 +799,20 @@ class Consumer:
     """Receives from one topic (all its partitions) on one subscription.
 
     Create it with ``client.subscribe``; readers use the same machinery without a durable cursor.
+
+    Dead letters: with ``max_redelivery_count`` N > 0, a message redelivered more than N times
+    (``redelivery_count() > N``: it reached the application N + 1 times already) is not handed
+    to the application again. The consumer publishes it to ``dead_letter_topic`` (default
+    ``<topic>-DLQ``) with the same value, key, event time and properties, plus ``REAL_TOPIC``
+    (the partition it came from) and ``ORIGIN_MESSAGE_ID`` (``str()`` of its id), through a
+    producer of the same client opened on first need and closed with the consumer; once the
+    broker confirmed that copy, it acknowledges the original. When the copy cannot be stored it
+    logs why and negatively acknowledges the original, which comes again and is tried again.
+
+    ``on_active_change(partition_topic, is_active)``: called (on the event loop; it must not
+    block) each time a partition becomes active or inactive for this consumer, as
+    :meth:`active_partitions` reports it: told by the broker on failover subscriptions, and
+    inactive when the partition's stream ends (a reconnect, or close).
     """
 
     def __init__(
@@ -663,6 +824,7 @@ class Consumer:
         pool: ConnectionPool,
         durable: bool = True,
         on_close: Callable[[Consumer], None] | None = None,
+        on_active_change: ActiveChangeCallback | None = None,
     ) -> None:
         self._topic = topic
         self.config = config
@@ -675,6 +837,14 @@ class Consumer:
         self._consumer_name = config.consumer_name or f"consumer-{uuid.uuid4().hex[:10]}"
         self._closed = False
         self._on_close = on_close
+        self._on_active_change = on_active_change
+        self._ack_timeout_task: asyncio.Task[None] | None = None
+        # dead letters: the topic is checked now, the producer opened on first need
+        self._dead_letter_topic: TopicName | None = None
+        if durable and config.max_redelivery_count > 0:
+            self._dead_letter_topic = parse_topic(config.dead_letter_topic or f"{topic.full}-DLQ")
+        self._dead_letter_producer: asyncio.Task[Producer] | None = None
+        self._dead_letter_tasks: set[asyncio.Task[None]] = set()
 
     # --- creation ----------------------------------------------------------------------------
 
@@ -704,6 +874,10 @@ class Consumer:
         except BaseException:
             await self._abandon()
             raise
+        if self.durable and self.config.ack_timeout_ms > 0:
+            self._ack_timeout_task = asyncio.create_task(
+                self._ack_timeout_loop(), name=f"consumer-ack-timeout:{self._topic}"
+            )
 
     async def _open_partitions(
         self,
@@ -746,9 +920,11 @@ class Consumer:
 
     async def _abandon(self) -> None:
         self._closed = True
+        await self._stop_background(0)
         await asyncio.gather(
             *(p.close(0) for p in self._partitions.values()), return_exceptions=True
         )
+        await self._close_dead_letter_producer(0)
 
     # --- what users call ---------------------------------------------------------------------
 
@@ -767,6 +943,12 @@ class Consumer:
     def has_reached_end_of_topic(self) -> bool:
         """The topic was terminated and every partition delivered its last message."""
         return bool(self._partitions) and all(p.end_of_topic for p in self._partitions.values())
+
+    def active_partitions(self) -> list[int]:
+        """Failover: the partitions (indexes; -1 for a non-partitioned topic) this consumer is
+        the active consumer of, as the broker last said. Other subscription types are not told
+        and list none."""
+        return sorted(index for index, p in self._partitions.items() if p.active)
 
     async def receive(self, timeout_millis: int | None = None) -> Message:
         """The next message; :class:`ReceiveTimeoutError` when none comes in ``timeout_millis``."""
@@ -823,7 +1005,7 @@ class Consumer:
     async def acknowledge(self, message: Message | MessageId) -> None:
         """Acknowledge one message. Returns once queued (acks are grouped), or once the broker
         confirmed when ``ack_receipts`` is on."""
-        message_id = self._id_of(message)
+        message_id = self._ack_id_of(message)
         waiter = self._partition_of(message_id).acknowledge(message_id)
         if waiter is not None:
             await self._wait_ack(waiter)
@@ -835,14 +1017,14 @@ class Consumer:
                 f"cumulative acknowledgement is not allowed on a {self.config.subscription_type}"
                 " subscription (acknowledge messages individually)"
             )
-        message_id = self._id_of(message)
+        message_id = self._ack_id_of(message)
         waiter = self._partition_of(message_id).acknowledge_cumulative(message_id)
         if waiter is not None:
             await self._wait_ack(waiter)
 
     def negative_acknowledge(self, message: Message | MessageId) -> None:
         """Ask for the message again after ``negative_ack_redelivery_delay_ms``."""
-        message_id = self._id_of(message)
+        message_id = self._ack_id_of(message)
         self._partition_of(message_id).negative_acknowledge(message_id)
 
     async def seek(
@@ -867,14 +1049,19 @@ class Consumer:
         await asyncio.gather(*(p.seek(position, floor, offset_floor) for p in partitions))
 
     async def close(self) -> None:
-        """Flush acknowledgements, then close every partition's stream. Idempotent."""
+        """Flush acknowledgements, then close every partition's stream. Idempotent.
+
+        Messages on their way to the dead-letter topic get up to the close timeout to be stored
+        and acknowledged; those that are not stay unacknowledged (they come again)."""
         if self._closed:
             return
         self._closed = True
         if self._on_close is not None:
             self._on_close(self)
         timeout_s = min(self.client_config.operation_timeout_s, 5.0)
+        await self._stop_background(timeout_s)
         await asyncio.gather(*(p.close(timeout_s) for p in self._partitions.values()))
+        await self._close_dead_letter_producer(timeout_s)
         self.queue.fail(ConsumerClosedError(f"the consumer on {self._topic} was closed"))
         log.info("consumer_closed", topic=self._topic.full, subscription=self.subscription_name())
 
@@ -890,6 +1077,152 @@ class Consumer:
         log.warning("consumer_partition_failed", topic=partition.partition_topic, error=repr(error))
         self.queue.fail(error)
 
+    def active_changed(self, partition: _PartitionConsumer, active: bool) -> None:
+        callback = self._on_active_change
+        if callback is None:
+            return
+        try:
+            callback(partition.partition_topic, active)
+        except Exception:  # an application callback must not break the stream's reader
+            log.exception("active_change_callback_failed", topic=partition.partition_topic)
+
+    async def _ack_timeout_loop(self) -> None:
+        """Every ``ack_timeout_tick_ms``: ask back what was handed out ``ack_timeout_ms`` ago or
+        more and is still unacknowledged."""
+        timeout_s = self.config.ack_timeout_ms / 1000
+        tick_s = self.config.ack_timeout_tick_ms / 1000
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(tick_s)
+            handed_out_before = loop.time() - timeout_s
+            for partition in self._partitions.values():
+                try:
+                    partition.redeliver_unacknowledged(handed_out_before)
+                except Exception:  # a bug must not stop the timer for every partition; logged
+                    log.exception("ack_timeout_check_failed", topic=partition.partition_topic)
+
+    def dead_letter(
+        self, partition: _PartitionConsumer, messages: list[Message], generation: int
+    ) -> None:
+        """Move ``messages`` (over ``max_redelivery_count``) to the dead-letter topic, in the
+        background: the stream's reader must not wait for another topic's broker."""
+        if self._closed:
+            return  # they stay unacknowledged, and come again
+        task = asyncio.create_task(
+            self._dead_letter(partition, messages, generation),
+            name=f"consumer-dead-letter:{partition.partition_topic}",
+        )
+        self._dead_letter_tasks.add(task)
+        task.add_done_callback(self._dead_letter_tasks.discard)
+
+    async def _dead_letter(
+        self, partition: _PartitionConsumer, messages: list[Message], generation: int
+    ) -> None:
+        try:
+            producer = await self._dead_letter_producer_ready()
+        except Exception as e:  # noqa: BLE001 - whatever it is, the messages must come again
+            log.warning(
+                "dead_letter_producer_failed",
+                topic=partition.partition_topic,
+                dead_letter_topic=str(self._dead_letter_topic),
+                messages=len(messages),
+                error=repr(e),
+            )
+            for message in messages:
+                partition.dead_letter_failed(message, generation)
+            return
+        sends = []
+        for message in messages:
+            properties = message.properties()
+            properties[REAL_TOPIC_PROPERTY] = partition.partition_topic
+            properties[ORIGIN_MESSAGE_ID_PROPERTY] = str(message.message_id())
+            sends.append(
+                await producer.send_async_when_room(
+                    message.data(),
+                    properties=properties,
+                    partition_key=message.partition_key(),
+                    event_timestamp=message.event_timestamp() or None,
+                )
+            )
+        results = await asyncio.gather(*sends, return_exceptions=True)
+        stored = 0
+        for message, result in zip(messages, results, strict=True):
+            if isinstance(result, BaseException):
+                log.warning(
+                    "dead_letter_send_failed",
+                    topic=partition.partition_topic,
+                    message_id=str(message.message_id()),
+                    dead_letter_topic=producer.topic(),
+                    error=repr(result),
+                )
+                partition.dead_letter_failed(message, generation)
+            else:
+                stored += 1
+                partition.dead_lettered(message, generation)
+        if stored:
+            log.info(
+                "messages_dead_lettered",
+                topic=partition.partition_topic,
+                dead_letter_topic=producer.topic(),
+                messages=stored,
+                max_redelivery_count=self.config.max_redelivery_count,
+            )
+
+    async def _dead_letter_producer_ready(self) -> Producer:
+        """The dead-letter producer, opened once for every partition; a failed open is tried
+        again by the next message that needs it."""
+        if self._closed:
+            raise ConsumerClosedError(f"the consumer on {self._topic} is closing")
+        opening = self._dead_letter_producer
+        if opening is None or (
+            opening.done() and (opening.cancelled() or opening.exception() is not None)
+        ):
+            opening = asyncio.create_task(self._open_dead_letter_producer())
+            self._dead_letter_producer = opening
+        return await asyncio.shield(opening)
+
+    async def _open_dead_letter_producer(self) -> Producer:
+        assert self._dead_letter_topic is not None
+        producer = Producer(
+            topic=self._dead_letter_topic,
+            config=ProducerConfig(),
+            client_config=self.client_config,
+            pool=self.pool,
+        )
+        await producer._start()
+        log.info(
+            "dead_letter_producer_opened",
+            topic=self._topic.full,
+            dead_letter_topic=producer.topic(),
+        )
+        return producer
+
+    async def _stop_background(self, timeout_s: float) -> None:
+        """Stop the ack-timeout timer; give dead-letter sends up to ``timeout_s`` to finish."""
+        if self._ack_timeout_task is not None:
+            self._ack_timeout_task.cancel()
+            await asyncio.gather(self._ack_timeout_task, return_exceptions=True)
+            self._ack_timeout_task = None
+        tasks = list(self._dead_letter_tasks)
+        if tasks and timeout_s > 0:
+            await asyncio.wait(tasks, timeout=timeout_s)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _close_dead_letter_producer(self, timeout_s: float) -> None:
+        """Close the dead-letter producer, waiting at most ``timeout_s`` for its receipts: what
+        it still holds belongs to sends given up on, whose originals stay unacknowledged."""
+        opening, self._dead_letter_producer = self._dead_letter_producer, None
+        if opening is None:
+            return
+        if not opening.done():
+            opening.cancel()
+        results = await asyncio.gather(opening, return_exceptions=True)
+        producer = results[0]
+        if isinstance(producer, Producer):
+            await producer._close(timeout_s)
+
     @staticmethod
     def _id_of(message: Message | MessageId) -> MessageId:
         if isinstance(message, Message):
@@ -898,15 +1231,35 @@ class Consumer:
             return message
         raise InvalidArgumentError(f"expected a Message or a MessageId, got {message!r}")
 
+    def _ack_id_of(self, message: Message | MessageId) -> MessageId:
+        """The id of a message to (negatively) acknowledge: one that names a stored message."""
+        message_id = self._id_of(message)
+        if message_id.ledger_id < 0 or message_id.entry_id < 0 or message_id.is_latest():
+            raise InvalidArgumentError(
+                f"message id {message_id} names no stored message (earliest, latest or"
+                f" negative ids cannot be acknowledged) on {self._topic}",
+                context={"message_id": str(message_id), "topic": self._topic.full},
+            )
+        return message_id
+
     def _partition_of(self, message_id: MessageId) -> _PartitionConsumer:
         if self._closed:
             raise ConsumerClosedError(f"the consumer on {self._topic} is closed")
         found = self._partitions.get(message_id.partition)
-        if found is None and len(self._partitions) == 1:
+        if found is None and message_id.partition == -1 and len(self._partitions) == 1:
+            # an id built without its partition, for a consumer of one partition
             found = next(iter(self._partitions.values()))
         if found is None:
+            indexes = sorted(self._partitions)
+            have = (
+                "it is not partitioned"
+                if indexes == [-1]
+                else f"this consumer has partitions {', '.join(map(str, indexes))}"
+            )
             raise InvalidArgumentError(
-                f"message id {message_id} is not from a partition of {self._topic}"
+                f"message id {message_id} is from partition {message_id.partition}, which is not"
+                f" a partition of {self._topic} that this consumer receives ({have})",
+                context={"message_id": str(message_id), "topic": self._topic.full},
             )
         return found
 

@@ -18,6 +18,12 @@ a bad name, a producer of that name already connected at first open) fails the p
 
 Bounds: at most ``max_pending_messages`` messages are pending over all partitions; ``send()``
 waits for room and ``send_async()`` fails at once with :class:`ProducerQueueFullError`.
+
+Each batch carries what the broker routes and schedules on without opening it: the hashes of its
+messages' keys (key_shared subscriptions) and its delivery time. Delayed delivery
+(``deliver_after_ms`` / ``deliver_at_ms``) is per batch, so a message whose delivery time differs
+from that of the batch being filled seals it and starts the next one; ``deliver_after_ms`` is
+turned into a time with this process's wall clock when the message is sent.
 """
 
 from __future__ import annotations
@@ -56,7 +62,7 @@ if TYPE_CHECKING:
     from magnetar.aio.connection import PartitionOwner
     from proto.broker.v1 import broker_pb2_grpc
 
-__all__ = ["Producer", "SendCallback"]
+__all__ = ["Producer", "SendCallback", "deliver_time_ms"]
 
 log = get_library_logger("magnetar.aio.producer", component="client")
 
@@ -67,6 +73,25 @@ _Handle = tuple["asyncio.Future[MessageId]", SendCallback | None]
 _DEFAULT_MAX_MESSAGE_BYTES = 5 * 1024 * 1024
 _ENVELOPE_ROOM_BYTES = 1024
 """Kept free under the broker's max_message_bytes for the entry envelope around a batch."""
+
+
+def deliver_time_ms(deliver_after_ms: int | None, deliver_at_ms: int | None) -> int:
+    """The delivery time of a message sent now (ms since the epoch; 0: at once) from
+    ``send``'s ``deliver_after_ms`` or ``deliver_at_ms``; :class:`InvalidArgumentError` when both
+    are given or one is not an int >= 0."""
+    if deliver_after_ms is not None and deliver_at_ms is not None:
+        raise InvalidArgumentError(
+            "give deliver_after_ms or deliver_at_ms, not both"
+            f" (got deliver_after_ms={deliver_after_ms!r}, deliver_at_ms={deliver_at_ms!r})"
+        )
+    for name, value in (("deliver_after_ms", deliver_after_ms), ("deliver_at_ms", deliver_at_ms)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise InvalidArgumentError(f"{name} is an int (milliseconds), got {value!r}")
+        if value is not None and value < 0:
+            raise InvalidArgumentError(f"{name} must be >= 0, got {value}")
+    if deliver_after_ms:
+        return time.time_ns() // 1_000_000 + deliver_after_ms
+    return deliver_at_ms or 0
 
 
 def _run_callback(
@@ -152,6 +177,8 @@ class _PendingBatch:
             batch=batch.payload,
             compression=batch.compression,  # type: ignore[arg-type]
             uncompressed_size=batch.uncompressed_size,
+            key_hashes=batch.key_hashes,
+            deliver_at_ms=batch.deliver_at_ms,
         )
 
 
@@ -272,10 +299,13 @@ class _PartitionProducer(PartitionStream):
         properties: Mapping[str, str] | None,
         event_time_ms: int,
         size: int,
+        deliver_at_ms: int,
     ) -> None:
         builder = self._builder
-        if not builder.has_room_for(size):
-            self.seal()
+        if not builder.has_room_for(size) or (
+            len(builder) and builder.deliver_at_ms != deliver_at_ms
+        ):
+            self.seal()  # a batch has one delivery time
         builder.add(
             content,
             handle,
@@ -284,6 +314,7 @@ class _PartitionProducer(PartitionStream):
             event_time_ms=event_time_ms,
             size=size,
             now=time.monotonic(),
+            deliver_at_ms=deliver_at_ms,
         )
         if builder.is_full():
             self.seal()
@@ -585,14 +616,18 @@ class Producer:
         properties: Mapping[str, str] | None = None,
         partition_key: str | None = None,
         event_timestamp: int | None = None,
+        *,
+        deliver_after_ms: int | None = None,
+        deliver_at_ms: int | None = None,
     ) -> asyncio.Future[MessageId]:
         """Queue a message; the future gives its id once the broker stored it durably.
 
         Never waits: when ``max_pending_messages`` are pending the future fails with
         :class:`ProducerQueueFullError` (``send`` waits for room instead). ``callback(error,
-        message_id)`` is called too, when given.
+        message_id)`` is called too, when given. ``deliver_after_ms`` / ``deliver_at_ms``: see
+        :meth:`send`.
         """
-        error = self._unusable()
+        error, deliver_at = self._check(deliver_after_ms, deliver_at_ms)
         if error is None and not self.capacity.try_acquire():
             error = self._queue_full()
         return self._queue(
@@ -602,6 +637,7 @@ class Producer:
             properties=properties,
             partition_key=partition_key,
             event_timestamp=event_timestamp,
+            deliver_at_ms=deliver_at,
         )
 
     async def send_async_when_room(
@@ -611,12 +647,24 @@ class Producer:
         properties: Mapping[str, str] | None = None,
         partition_key: str | None = None,
         event_timestamp: int | None = None,
+        *,
+        deliver_after_ms: int | None = None,
+        deliver_at_ms: int | None = None,
     ) -> asyncio.Future[MessageId]:
         """:meth:`send_async` that first waits for room in the pending queue when
-        ``block_if_queue_full`` is on (the sync client's ``send_async``)."""
+        ``block_if_queue_full`` is on (the sync client's ``send_async``). A delay
+        (``deliver_after_ms``) counts from the call, not from when room was found."""
         if not self.config.block_if_queue_full:
-            return self.send_async(content, callback, properties, partition_key, event_timestamp)
-        error = self._unusable()
+            return self.send_async(
+                content,
+                callback,
+                properties,
+                partition_key,
+                event_timestamp,
+                deliver_after_ms=deliver_after_ms,
+                deliver_at_ms=deliver_at_ms,
+            )
+        error, deliver_at = self._check(deliver_after_ms, deliver_at_ms)
         if error is None:
             await self.capacity.acquire()
             error = self._unusable()
@@ -629,7 +677,20 @@ class Producer:
             properties=properties,
             partition_key=partition_key,
             event_timestamp=event_timestamp,
+            deliver_at_ms=deliver_at,
         )
+
+    def _check(
+        self, deliver_after_ms: int | None, deliver_at_ms: int | None
+    ) -> tuple[MagnetarError | None, int]:
+        """Why a message cannot be sent now (or None), and its delivery time."""
+        error = self._unusable()
+        if error is not None:
+            return error, 0
+        try:
+            return None, deliver_time_ms(deliver_after_ms, deliver_at_ms)
+        except InvalidArgumentError as e:
+            return e, 0
 
     def _queue(
         self,
@@ -640,6 +701,7 @@ class Producer:
         properties: Mapping[str, str] | None,
         partition_key: str | None,
         event_timestamp: int | None,
+        deliver_at_ms: int,
     ) -> asyncio.Future[MessageId]:
         """A message's future: failed with ``error``, or the message added (its pending slot
         already taken)."""
@@ -648,7 +710,14 @@ class Producer:
         if error is not None:
             _fail_handle(handle, error)
         else:
-            self._add(content, handle, properties, partition_key, event_timestamp)
+            self._add(
+                content,
+                handle,
+                properties=properties,
+                partition_key=partition_key,
+                event_timestamp=event_timestamp,
+                deliver_at_ms=deliver_at_ms,
+            )
         return future
 
     async def send(
@@ -657,13 +726,27 @@ class Producer:
         properties: Mapping[str, str] | None = None,
         partition_key: str | None = None,
         event_timestamp: int | None = None,
+        *,
+        deliver_after_ms: int | None = None,
+        deliver_at_ms: int | None = None,
     ) -> MessageId:
         """Publish a message and wait until the broker stored it durably; its id.
 
         Waits for room while ``max_pending_messages`` are pending (back-pressure).
+
+        Delayed delivery: ``deliver_after_ms`` (from now, by this process's wall clock) or
+        ``deliver_at_ms`` (ms since the epoch), not both; the broker holds the message until
+        then on shared and key_shared subscriptions (exclusive and failover ones get it at
+        once). 0 or None: at once.
         """
         queued = await self.send_async_when_room(
-            content, None, properties, partition_key, event_timestamp
+            content,
+            None,
+            properties,
+            partition_key,
+            event_timestamp,
+            deliver_after_ms=deliver_after_ms,
+            deliver_at_ms=deliver_at_ms,
         )
         return await queued
 
@@ -675,13 +758,17 @@ class Producer:
     async def close(self) -> None:
         """Flush (waiting at most ``send_timeout_ms``, or the operation timeout when sends
         never time out), then close every partition's stream. Idempotent."""
+        send_timeout_s = self.config.send_timeout_ms / 1000
+        await self._close(send_timeout_s or self.client_config.operation_timeout_s)
+
+    async def _close(self, timeout_s: float) -> None:
+        """:meth:`close`, waiting at most ``timeout_s`` for what is pending (a consumer's
+        dead-letter producer closes within the consumer's own close timeout)."""
         if self._closed:
             return
         self._closed = True
         if self._on_close is not None:
             self._on_close(self)
-        send_timeout_s = self.config.send_timeout_ms / 1000
-        timeout_s = send_timeout_s or self.client_config.operation_timeout_s
         await asyncio.gather(*(p.close(timeout_s) for p in self._partitions))
         self.capacity.fail_waiters(ProducerClosedError(f"the producer on {self._topic} was closed"))
         log.info("producer_closed", topic=self._topic.full, producer_name=self.producer_name())
@@ -716,9 +803,11 @@ class Producer:
         self,
         content: bytes,
         handle: _Handle,
+        *,
         properties: Mapping[str, str] | None,
         partition_key: str | None,
         event_timestamp: int | None,
+        deliver_at_ms: int,
     ) -> None:
         given: object = content
         if not isinstance(given, bytes):
@@ -758,4 +847,5 @@ class Producer:
             properties=properties,
             event_time_ms=event_timestamp or 0,
             size=size,
+            deliver_at_ms=deliver_at_ms,
         )

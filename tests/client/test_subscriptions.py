@@ -1,0 +1,654 @@
+"""Subscription types and delivery semantics, end to end on a real cluster.
+
+One cluster of separate processes (etcd, 3 bookies, 2 brokers) serves the module, with small
+limits so that they are reached: 40 unacknowledged messages per shared consumer, 50 ack holes
+per cursor. Consumers that must die holding messages run in their own process
+(``sub_worker.py``) and are killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+import magnetar
+from magnetar.common.errors import (
+    IncompatibleSubscriptionError,
+    InvalidArgumentError,
+    ReceiveTimeoutError,
+)
+from magnetar.testing import LocalCluster
+
+pytestmark = [pytest.mark.etcd, pytest.mark.slow, pytest.mark.timeout(240)]
+
+BROKER_ARGS = [
+    "--session-ttl-s", "3",
+    "--load-report-interval-ms", "500",
+    "--max-unacked-messages-per-consumer", "40",
+    "--managed-ledger-max-inline-ack-ranges", "50",
+]  # fmt: skip
+WORKER = Path(__file__).with_name("sub_worker.py")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalCluster]:
+    root = tmp_path_factory.mktemp("subscriptions")
+    async with LocalCluster(root, bookies=3, brokers=2, broker_args=BROKER_ARGS) as running:
+        await running.wait_brokers_registered()
+        yield running
+
+
+@pytest.fixture
+def client(cluster: LocalCluster) -> Iterator[magnetar.Client]:
+    with magnetar.Client(cluster.service_url, operation_timeout_s=60) as c:
+        yield c
+
+
+@pytest.fixture
+def admin(cluster: LocalCluster) -> Iterator[magnetar.AdminClient]:
+    with magnetar.AdminClient(cluster.service_url) as a:
+        yield a
+
+
+def unique(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+def wait_until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def nothing_arrives(consumer: magnetar.Consumer, wait_ms: int = 1000) -> bool:
+    try:
+        consumer.receive(timeout_millis=wait_ms)
+    except ReceiveTimeoutError:
+        return True
+    return False
+
+
+class Worker:
+    """A consumer process that receives ``count`` messages, holds them, and waits to die."""
+
+    def __init__(
+        self, service_url: str, topic: str, subscription: str, sub_type: str, name: str, count: int
+    ) -> None:
+        self.lines: list[str] = []
+        self.process = subprocess.Popen(
+            [sys.executable, str(WORKER), service_url, topic, subscription, sub_type, name,
+             str(count)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line.strip())
+
+    def wait(self, marker: str, timeout_s: float = 60) -> None:
+        wait_until(
+            lambda: marker in self.lines or self.process.poll() is not None, timeout_s, marker
+        )
+        assert marker in self.lines, f"the worker exited ({self.process.returncode})"
+
+    @property
+    def held(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.lines if line.startswith("{")]
+
+    def kill(self) -> None:
+        self.process.kill()  # SIGKILL
+        self.process.wait(10)
+        self._reader.join(10)
+        assert self.process.stdout is not None
+        self.process.stdout.close()
+
+
+class Collector:
+    """Receives and acknowledges on a thread, recording (key, value, redelivery count)."""
+
+    def __init__(self, consumer: magnetar.Consumer, *, ack: bool = True) -> None:
+        self.consumer = consumer
+        self.ack = ack
+        self.received: list[tuple[str | None, str, int, int]] = []
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                messages = self.consumer.batch_receive(max_messages=100, timeout_millis=100)
+            except ReceiveTimeoutError:
+                continue
+            except magnetar.MagnetarError:
+                return  # closed under us
+            with self.lock:
+                for m in messages:
+                    self.received.append(
+                        (
+                            m.partition_key(),
+                            m.data().decode(),
+                            m.redelivery_count(),
+                            m.message_id().partition,
+                        )
+                    )
+            if self.ack:
+                for m in messages:
+                    self.consumer.acknowledge(m)
+
+    def values(self) -> set[str]:
+        with self.lock:
+            return {value for _, value, _, _ in self.received}
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.thread.join(10)
+
+
+def per_key_in_order(received: list[tuple[str | None, str, int, int]]) -> bool:
+    """Within one consumer, each key's messages (by sequence number) arrive in increasing order,
+    a redelivery restarting no earlier than the first unacknowledged one."""
+    last: dict[str | None, int] = {}
+    for key, value, redelivery, _ in received:
+        seq = int(value.split(":")[1])
+        if redelivery == 0 and seq <= last.get(key, -1):
+            return False
+        last[key] = max(seq, last.get(key, -1))
+    return True
+
+
+def produce(client: magnetar.Client, topic: str, count: int, keys: int = 10, **settings: Any):
+    with client.create_producer(topic, **settings) as producer:
+        for i in range(count):
+            key = f"k{i % keys}"
+            producer.send_async(f"{key}:{i}".encode(), None, partition_key=key)
+        producer.flush()
+
+
+# --- failover --------------------------------------------------------------------------------
+
+
+def test_failover_spreads_partitions_and_prefers_priority(
+    client: magnetar.Client, admin: magnetar.AdminClient
+) -> None:
+    topic = unique("failover")
+    admin.create_topic(topic, partitions=4)
+    changes: list[tuple[str, str, bool]] = []
+
+    def listener(name: str) -> Callable[[str, bool], None]:
+        return lambda partition, active: changes.append((name, partition, active))
+
+    a = client.subscribe(
+        topic, "fo", "failover", consumer_name="a", priority_level=1,
+        on_active_change=listener("a"),
+    )  # fmt: skip
+    b = client.subscribe(
+        topic, "fo", "failover", consumer_name="b", priority_level=1,
+        on_active_change=listener("b"),
+    )  # fmt: skip
+    # sorted by name, consumer i % 2 is active for partition i
+    wait_until(
+        lambda: sorted(a.active_partitions()) == [0, 2] and sorted(b.active_partitions()) == [1, 3],
+        30,
+        "a active on 0 and 2, b on 1 and 3",
+    )
+    assert ("b", f"public/default/{topic}-partition-1", True) in changes
+    produce(client, topic, 200)
+    ca, cb = Collector(a), Collector(b)
+    wait_until(lambda: len(ca.values() | cb.values()) == 200, 60, "200 messages")
+    ca.finish()
+    cb.finish()
+    assert {p for *_, p in ca.received} == {0, 2}
+    assert {p for *_, p in cb.received} == {1, 3}
+    assert ca.values().isdisjoint(cb.values())  # exactly once: no failover happened
+
+    # a consumer with a better (lower) priority level takes every partition
+    z = client.subscribe(topic, "fo", "failover", consumer_name="z", priority_level=0)
+    wait_until(lambda: sorted(z.active_partitions()) == [0, 1, 2, 3], 30, "z active everywhere")
+    wait_until(lambda: not a.active_partitions() and not b.active_partitions(), 30, "a, b idle")
+    produce(client, topic, 40)
+    cz = Collector(z)
+    wait_until(lambda: len(cz.values()) == 40, 60, "z receives everything")
+    cz.finish()
+    assert nothing_arrives(a, 300)
+    assert nothing_arrives(b, 300)
+    z.close()
+    wait_until(lambda: sorted(a.active_partitions()) == [0, 2], 30, "a active again")
+    a.close()
+    b.close()
+
+
+def test_failover_standby_takes_over_from_a_killed_consumer(
+    client: magnetar.Client, admin: magnetar.AdminClient, cluster: LocalCluster
+) -> None:
+    topic = unique("failover-kill")
+    admin.create_topic(topic)
+    worker = Worker(cluster.service_url, topic, "fo", "failover", "a", 30)
+    worker.wait("SUBSCRIBED")
+    standby = client.subscribe(topic, "fo", "failover", consumer_name="b")
+    with client.create_producer(topic) as producer:
+        for i in range(100):
+            producer.send(f"k:{i}".encode(), partition_key="k")
+    worker.wait("HOLDING")
+    assert not standby.active_partitions()  # "a" sorts first: b is the standby
+    assert nothing_arrives(standby, 300)
+    held = [m["value"] for m in worker.held]
+    assert held == [f"k:{i}" for i in range(30)]
+    worker.kill()
+
+    collector = Collector(standby)
+    wait_until(lambda: len(collector.values()) == 100, 60, "the standby receives everything")
+    collector.finish()
+    assert standby.active_partitions()
+    values = [value for _, value, _, _ in collector.received]
+    assert values == [f"k:{i}" for i in range(100)]  # in order, from the first unacked
+    redelivered = {value for _, value, count, _ in collector.received if count > 0}
+    assert set(held) <= redelivered  # (and what its client had prefetched beyond them)
+    standby.close()
+
+
+# --- shared ----------------------------------------------------------------------------------
+
+
+def test_shared_round_robin_and_a_killed_consumers_messages_go_to_the_others(
+    client: magnetar.Client, admin: magnetar.AdminClient, cluster: LocalCluster
+) -> None:
+    topic = unique("shared-kill")
+    admin.create_topic(topic)
+    worker = Worker(cluster.service_url, topic, "sh", "shared", "w", 30)
+    worker.wait("SUBSCRIBED")
+    c1 = Collector(client.subscribe(topic, "sh", "shared", consumer_name="c1"))
+    c2 = Collector(client.subscribe(topic, "sh", "shared", consumer_name="c2"))
+    produce(client, topic, 300, batching_max_messages=5)
+    worker.wait("HOLDING")
+    held = {m["value"] for m in worker.held}
+    assert len(held) == 30
+    # the worker's queue may hold more than it printed; what it holds goes nowhere else
+    wait_until(lambda: len(c1.values() | c2.values()) >= 200, 60, "the others' share")
+    assert held.isdisjoint(c1.values() | c2.values())
+    worker.kill()
+    everything = {f"k{i % 10}:{i}" for i in range(300)}
+    wait_until(lambda: c1.values() | c2.values() == everything, 60, "all 300")
+    c1.finish()
+    c2.finish()
+    assert c1.values()  # both took a share
+    assert c2.values()
+    redelivered = {v for c in (c1, c2) for _, v, count, _ in c.received if count > 0}
+    assert held <= redelivered
+
+
+def test_shared_unacked_limit_blocks_a_consumer_until_it_acks_half(
+    client: magnetar.Client, admin: magnetar.AdminClient
+) -> None:
+    topic = unique("shared-limit")
+    admin.create_topic(topic)
+    consumer = client.subscribe(topic, "lim", "shared", receiver_queue_size=500)
+    with client.create_producer(topic) as producer:
+        for i in range(100):
+            producer.send(f"k:{i}".encode())
+    got = []
+    while True:
+        try:
+            got.append(consumer.receive(timeout_millis=1000))
+        except ReceiveTimeoutError:
+            break
+    assert len(got) == 40  # the broker's max_unacked_messages_per_consumer
+    stats = admin.topic_stats(topic)["partitions"][0]["subscriptions"][0]
+    assert stats["consumers"][0]["blocked"]
+    assert stats["consumers"][0]["unacked_messages"] == 40
+    for message in got[:19]:
+        consumer.acknowledge(message)
+    assert nothing_arrives(consumer)  # 21 held: still over half the limit
+    consumer.acknowledge(got[19])  # 20 held: unblocked
+    more = consumer.receive(timeout_millis=10_000)
+    assert more.data() == b"k:40"
+    consumer.close()
+
+
+# --- key_shared ------------------------------------------------------------------------------
+
+
+def test_key_shared_same_key_same_consumer_and_order_through_joins_leaves_and_a_kill(
+    client: magnetar.Client, admin: magnetar.AdminClient, cluster: LocalCluster
+) -> None:
+    topic = unique("key-shared")
+    admin.create_topic(topic)
+    consumers = {
+        name: Collector(client.subscribe(topic, "ks", "key_shared", consumer_name=name))
+        for name in ("c1", "c2", "c3")
+    }
+    produce(client, topic, 600, keys=12, batching_max_messages=20)
+    wait_until(lambda: sum(len(c.values()) for c in consumers.values()) == 600, 60, "600 messages")
+    owners: dict[str | None, set[str]] = defaultdict(set)
+    for name, collector in consumers.items():
+        for key, *_ in collector.received:
+            owners[key].add(name)
+    assert all(len(names) == 1 for names in owners.values()), owners  # a key, one consumer
+    assert len({next(iter(n)) for n in owners.values()}) > 1  # the keys spread
+
+    # consumers join, leave and die while messages flow; nothing is lost or reordered per key
+    worker = Worker(cluster.service_url, topic, "ks", "key_shared", "w", 30)
+    worker.wait("SUBSCRIBED")
+    stop = threading.Event()
+    sent: list[int] = []
+
+    def produce_forever() -> None:
+        with client.create_producer(topic, batching_max_messages=20) as producer:
+            i = 600
+            while not stop.is_set() or i < 1200:
+                key = f"k{i % 12}"
+                producer.send_async(f"{key}:{i}".encode(), None, partition_key=key)
+                sent.append(i)
+                i += 1
+                if i % 50 == 0:
+                    time.sleep(0.02)
+            producer.flush()
+
+    thread = threading.Thread(target=produce_forever, daemon=True)
+    thread.start()
+    worker.wait("HOLDING")
+    consumers["c4"] = Collector(client.subscribe(topic, "ks", "key_shared", consumer_name="c4"))
+    time.sleep(0.3)
+    consumers["c1"].finish()
+    consumers["c1"].consumer.close()
+    worker.kill()
+    time.sleep(0.3)
+    consumers["c1b"] = Collector(client.subscribe(topic, "ks", "key_shared", consumer_name="c1"))
+    stop.set()
+    thread.join(60)
+    everything = {f"k{i % 12}:{i}" for i in range(len(sent) + 600)}
+    wait_until(
+        lambda: set().union(*(c.values() for c in consumers.values())) == everything,
+        90,
+        "every message (no stuck keys)",
+    )
+    for collector in consumers.values():
+        collector.finish()
+        assert per_key_in_order(collector.received)
+        collector.consumer.close()
+    held = {m["value"] for m in worker.held}
+    redelivered = {v for c in consumers.values() for _, v, n, _ in c.received if n > 0}
+    assert held <= redelivered
+
+
+# --- acknowledgement and redelivery ----------------------------------------------------------
+
+
+def test_acks_nacks_ack_timeout_and_dead_letters(
+    client: magnetar.Client, admin: magnetar.AdminClient
+) -> None:
+    topic = unique("acks")
+    admin.create_topic(topic)
+    with client.create_producer(topic) as producer:
+        for i in range(10):
+            producer.send(f"m{i}".encode(), properties={"n": str(i)})
+
+    # cumulative acks (exclusive): nothing up to the acked message comes back
+    consumer = client.subscribe(topic, "cumulative", initial_position="earliest")
+    got = [consumer.receive(timeout_millis=10_000) for _ in range(10)]
+    consumer.acknowledge_cumulative(got[6])
+    consumer.close()
+    consumer = client.subscribe(topic, "cumulative")
+    assert consumer.receive(timeout_millis=10_000).data() == b"m7"
+    consumer.close()
+
+    # a negative ack redelivers after the delay, with the count on the message
+    consumer = client.subscribe(
+        topic, "nack", "shared", initial_position="earliest",
+        negative_ack_redelivery_delay_ms=200,
+    )  # fmt: skip
+    first = consumer.receive(timeout_millis=10_000)
+    assert first.redelivery_count() == 0
+    consumer.negative_acknowledge(first)
+    seen = [consumer.receive(timeout_millis=10_000) for _ in range(10)]
+    again = [m for m in seen if m.data() == first.data()]
+    assert [m.redelivery_count() for m in again] == [1]
+    consumer.close()
+
+    # ack timeout: a message not acknowledged in time is delivered again
+    consumer = client.subscribe(
+        topic, "timeout", "shared", initial_position="earliest", ack_timeout_ms=1000,
+        ack_timeout_tick_ms=100,
+    )  # fmt: skip
+    first = consumer.receive(timeout_millis=10_000)
+    for _ in range(9):
+        consumer.acknowledge(consumer.receive(timeout_millis=10_000))
+    redelivered = consumer.receive(timeout_millis=10_000)
+    assert redelivered.data() == first.data()
+    assert redelivered.redelivery_count() == 1
+    consumer.close()
+
+    # after max_redelivery_count redeliveries the message goes to <topic>-DLQ, properties kept
+    consumer = client.subscribe(
+        topic, "dlq", "shared", initial_position="earliest", max_redelivery_count=2,
+        negative_ack_redelivery_delay_ms=100,
+    )  # fmt: skip
+    counts: list[int] = []
+    while True:
+        try:
+            message = consumer.receive(timeout_millis=2000)
+        except ReceiveTimeoutError:
+            break
+        if message.data() == b"m3":
+            counts.append(message.redelivery_count())
+            consumer.negative_acknowledge(message)
+        else:
+            consumer.acknowledge(message)
+    assert counts == [0, 1, 2]
+    dlq = client.subscribe(f"{topic}-DLQ", "inspect", initial_position="earliest")
+    dead = dlq.receive(timeout_millis=10_000)
+    assert dead.data() == b"m3"
+    assert dead.properties()["n"] == "3"
+    assert dead.properties()["REAL_TOPIC"] == f"public/default/{topic}"
+    assert "ORIGIN_MESSAGE_ID" in dead.properties()
+    stats = admin.topic_stats(topic)["partitions"][0]["subscriptions"]
+    assert next(s for s in stats if s["subscription"] == "dlq")["dead_lettered_messages"] == 1
+    dlq.close()
+    consumer.close()
+
+
+# --- cursor state ----------------------------------------------------------------------------
+
+
+def test_ack_holes_over_the_limit_pause_dispatch_and_survive_a_reload(
+    client: magnetar.Client, admin: magnetar.AdminClient
+) -> None:
+    topic = unique("holes")
+    admin.create_topic(topic)
+    consumer = client.subscribe(topic, "holes", initial_position="earliest", ack_receipts=True)
+    with client.create_producer(topic) as producer:
+        for i in range(120):
+            producer.send(f"m{i}".encode())
+    got = [consumer.receive(timeout_millis=10_000) for _ in range(120)]
+    for message in got[1::2]:  # every other one: 60 holes, over the limit of 50
+        consumer.acknowledge(message)
+    sub = admin.topic_stats(topic)["partitions"][0]["subscriptions"][0]
+    assert sub["ack_hole_ranges"] == 60
+    assert sub["ack_ranges_over_limit"]
+    assert sub["blocked"]
+    with client.create_producer(topic) as producer:
+        producer.send(b"after")
+    assert nothing_arrives(consumer)  # no new dispatch while over the limit
+
+    # every hole is persisted: after the partition moves, exactly the unacked come back
+    admin.unload_topic(topic)
+    redelivered = [consumer.receive(timeout_millis=30_000) for _ in range(60)]
+    assert sorted(m.data() for m in redelivered) == sorted(m.data() for m in got[0::2])
+    for message in redelivered:
+        consumer.acknowledge(message)
+    assert consumer.receive(timeout_millis=10_000).data() == b"after"
+    sub = admin.topic_stats(topic)["partitions"][0]["subscriptions"][0]
+    assert sub["ack_hole_ranges"] == 0
+    assert not sub["blocked"]
+    consumer.close()
+
+
+# --- replay and time -------------------------------------------------------------------------
+
+
+def test_seek_reset_initial_position_ttl_and_delayed_delivery(
+    client: magnetar.Client, admin: magnetar.AdminClient
+) -> None:
+    topic = unique("replay")
+    admin.create_topic(topic)
+    latest = client.subscribe(topic, "latest", initial_position="latest")
+    with client.create_producer(topic) as producer:
+        ids = [producer.send(f"m{i}".encode()) for i in range(20)]
+        middle_ms = int(time.time() * 1000)
+        time.sleep(0.05)
+        ids += [producer.send(f"m{i}".encode()) for i in range(20, 30)]
+    assert latest.receive(timeout_millis=10_000).data() == b"m0"  # subscribed before m0
+    latest.close()
+    late = client.subscribe(topic, "late", initial_position="latest")
+    assert nothing_arrives(late, 500)  # a new subscription at latest sees none of the 30
+    late.close()
+
+    consumer = client.subscribe(topic, "replay", initial_position="earliest")
+    assert consumer.receive(timeout_millis=10_000).data() == b"m0"
+    consumer.seek(ids[12])
+    assert consumer.receive(timeout_millis=10_000).data() == b"m12"
+    consumer.seek(25)  # an offset
+    assert consumer.receive(timeout_millis=10_000).data() == b"m25"
+    consumer.seek(publish_time_ms=middle_ms)
+    assert consumer.receive(timeout_millis=10_000).data() == b"m20"
+    consumer.close()
+    admin.reset_cursor(topic, "replay", 5)
+    consumer = client.subscribe(topic, "replay")
+    assert consumer.receive(timeout_millis=10_000).data() == b"m5"
+    consumer.close()
+
+    # delayed delivery: a shared subscription gets the message when it is due
+    delayed = client.subscribe(topic, "delayed", "shared", initial_position="latest")
+    with client.create_producer(topic) as producer:
+        sent_at = time.monotonic()
+        producer.send(b"later", deliver_after_ms=1500)
+        producer.send(b"now")
+    assert delayed.receive(timeout_millis=10_000).data() == b"now"
+    later = delayed.receive(timeout_millis=10_000)
+    assert later.data() == b"later"
+    assert time.monotonic() - sent_at >= 1.4
+    delayed.close()
+
+    # message TTL: messages older than the TTL are acknowledged for every subscription
+    ttl_topic = unique("ttl")
+    admin.create_topic(ttl_topic, policies={"message_ttl_ms": 1000})
+    admin.create_subscription(ttl_topic, "idle")
+    with client.create_producer(ttl_topic) as producer:
+        for i in range(20):
+            producer.send(f"old{i}".encode())
+
+    def backlog() -> int:
+        sub = admin.topic_stats(ttl_topic)["partitions"][0]["subscriptions"][0]
+        return int(sub["backlog_messages"])
+
+    wait_until(lambda: backlog() == 0, 30, "the TTL to expire the backlog")
+    consumer = client.subscribe(ttl_topic, "idle")
+    with client.create_producer(ttl_topic) as producer:
+        producer.send(b"fresh")
+    assert consumer.receive(timeout_millis=10_000).data() == b"fresh"
+    consumer.close()
+
+
+# --- broker failover ---------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_subscription_state_survives_a_broker_sigkill(
+    client: magnetar.Client, admin: magnetar.AdminClient, cluster: LocalCluster
+) -> None:
+    """Acknowledgements confirmed by the broker and older than cursor_persist_interval_ms (1 s)
+    are persisted: none is redelivered by the new owner; every unacknowledged one is."""
+    topic = unique("broker-kill")
+    admin.create_topic(topic)
+    consumer = client.subscribe(
+        topic, "survive", "shared", initial_position="earliest", ack_receipts=True
+    )
+    everything = {f"k:{i}".encode() for i in range(200)}
+    with client.create_producer(topic) as producer:
+        for i in range(200):
+            producer.send_async(f"k:{i}".encode(), None)
+        producer.flush()
+    got = [consumer.receive(timeout_millis=10_000) for _ in range(30)]
+    acked = {m.data() for m in got[::3]}
+    for message in got[::3]:
+        consumer.acknowledge(message)  # confirmed by the broker (ack_receipts)
+    await asyncio.sleep(1.5)  # past the persist interval: those acks are persisted
+    owners = {o["partition_topic"]: o["broker_id"] for o in admin.list_ownership()}
+    victim = next(b for b in cluster.brokers if b.broker_id == owners[f"public/default/{topic}"])
+    await victim.kill()
+    try:
+
+        def drain() -> list[magnetar.Message]:
+            received: list[magnetar.Message] = []
+            while {m.data() for m in received} | acked != everything:
+                message = consumer.receive(timeout_millis=60_000)
+                received.append(message)
+                consumer.acknowledge(message)
+            return received
+
+        received = await asyncio.to_thread(drain)
+        values = {m.data() for m in received}
+        assert values.isdisjoint(acked)  # no persisted ack is redelivered
+        assert values | acked == everything
+        assert {m.data() for m in got} - acked <= values  # what it held unacked came back
+    finally:
+        await victim.start()
+        consumer.close()
+
+
+# --- bad input ---------------------------------------------------------------------------------
+
+
+def test_bad_input_gets_clear_errors(client: magnetar.Client, admin: magnetar.AdminClient) -> None:
+    topic = unique("bad")
+    admin.create_topic(topic)
+    other = unique("other")
+    admin.create_topic(other)
+    with client.create_producer(topic) as producer:
+        for i in range(5):
+            producer.send(f"m{i}".encode())
+    with client.create_producer(other) as producer:
+        foreign = producer.send(b"x")
+
+    consumer = client.subscribe(
+        topic, "bad", "shared", initial_position="earliest", ack_receipts=True
+    )
+    with pytest.raises(IncompatibleSubscriptionError, match="shared"):
+        client.subscribe(topic, "bad", "failover")
+    message = consumer.receive(timeout_millis=10_000)
+    with pytest.raises(InvalidArgumentError, match="cumulative"):
+        consumer.acknowledge_cumulative(message)
+    with pytest.raises(InvalidArgumentError):
+        consumer.acknowledge(foreign)  # another topic's message id
+    unknown = magnetar.MessageId(
+        message.message_id().ledger_id + 1000, 0, -1, message.message_id().partition
+    )
+    with pytest.raises(InvalidArgumentError, match=r"past the last confirmed|not an entry"):
+        consumer.acknowledge(unknown)
+    with pytest.raises(InvalidArgumentError, match="past the end"):
+        consumer.seek(10_000)
+    with pytest.raises(InvalidArgumentError, match="past the end"):
+        admin.reset_cursor(topic, "bad", 10_000)
+    # the subscription still works
+    consumer.acknowledge(message)
+    assert consumer.receive(timeout_millis=10_000).data() == b"m1"
+    consumer.close()
