@@ -344,6 +344,13 @@ def add_client_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
         metavar="N",
         help="send each message N times in a row (default 1)",
     )
+    produce.add_argument(
+        "--deliver-after-ms",
+        type=_int_at_least(0),
+        metavar="MS",
+        help="shared and key_shared subscriptions receive the messages no earlier than this"
+        " many ms from now (exclusive and failover ones at once)",
+    )
 
     consume = commands.add_parser(
         "consume",
@@ -912,6 +919,7 @@ def _produce(args: argparse.Namespace) -> int:
                         tally.callback(sent),
                         properties=properties or None,
                         partition_key=args.key,
+                        deliver_after_ms=args.deliver_after_ms,
                     )
                     sent += 1
                 if progress.due():

@@ -291,6 +291,28 @@ async def test_produce_then_consume_round_trip(node: StandaloneNode) -> None:
 
 
 @on_node
+async def test_delayed_produce_reaches_a_shared_subscription_when_due(
+    node: StandaloneNode,
+) -> None:
+    url = ("--service-url", node.service_url)
+    topic = unique("delayed")
+    ok(await magnetar("topics", "create", topic, *url))
+    ok(await magnetar("subscriptions", "create", topic, "work", *url))
+    ok(await magnetar("produce", topic, "-m", "later", "--deliver-after-ms", "1000", *url))
+    ok(await magnetar("produce", topic, "-m", "now", *url))
+    consumed = ok(
+        await magnetar(
+            "consume", topic, "-s", "work", "-t", "shared", "-n", "2", "--timeout", "20",
+            "--json", *url,
+        )
+    )  # fmt: skip
+    # the second message overtakes the first, which waits until it is due
+    assert [m["value"] for m in consumed.json_lines()] == ["now", "later"]
+    bad = await magnetar("produce", topic, "-m", "x", "--deliver-after-ms", "-5", *url)
+    assert bad.code == EXIT_USAGE, str(bad)
+
+
+@on_node
 async def test_produce_from_stdin_and_files(node: StandaloneNode, tmp_path: Path) -> None:
     url = ("--service-url", node.service_url)
     topic = unique("lines")
