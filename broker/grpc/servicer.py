@@ -361,6 +361,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                 topic=name.full,
                 subscription=consumer.subscription.name,
                 consumer_name=consumer.name,
+                max_redelivery_count=topic.max_redelivery_count,
             )
         )
         reader = asyncio.create_task(self._read_consume(request_iterator, consumer))

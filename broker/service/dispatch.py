@@ -224,8 +224,10 @@ class Dispatcher:
         self._drop_held(slot)
         self.msgs_redelivered += held
         if self.type is SubscriptionType.FAILOVER:
-            changes, _ = self._elect()
-            return changes, True
+            changes, rewind = self._elect()
+            # an inactive consumer leaving leaves the active one as it was: a rewind would
+            # deliver again what that one holds
+            return changes, rewind or held > 0
         return [], True
 
     def _drop_held(self, slot: Slot) -> None:
@@ -370,14 +372,17 @@ class Dispatcher:
         return None
 
     def _assign_by_key(self, items: Sequence[Item], plan: Plan) -> None:
-        # hashes with earlier messages still waiting in replay (not offered now) stay blocked
+        # hashes with earlier messages still waiting in replay (not offered now) stay blocked;
+        # entries waiting after an item (beyond the replay read's limit) must not block it
         offered = {item.position for item in items}
+        waiting = sorted(p for p in self.replay if p not in offered)
+        next_waiting = 0
         blocked: set[int] = set()
-        for position, pending in self.replay.items():
-            if position not in offered:
-                blocked |= pending.hashes
         permits = {slot.seq: slot.permits for slot in self.slots}
         for item in items:
+            while next_waiting < len(waiting) and waiting[next_waiting] < item.position:
+                blocked |= self.replay[waiting[next_waiting]].hashes
+                next_waiting += 1
             hashes = expand_key_hashes(item.key_hashes, item.num_messages)
             indexes = range(item.num_messages) if item.indexes is None else sorted(item.indexes)
             taken: dict[int, list[int]] = {}

@@ -28,6 +28,7 @@ from broker.service.streams import (
     ConsumerEvent,
     Deliveries,
     DeliveryItem,
+    OffsetStart,
     RequestFailed,
     SeekDone,
     Start,
@@ -108,8 +109,13 @@ class ConsumerSession(Closable):
         self.subscription.redeliver(self, positions)
 
     async def seek(self, start: Start, request_id: int) -> None:
+        # a consumer of a partitioned topic seeks every partition to the same offset, and the
+        # partitions hold different numbers of messages: past a partition's end means its end
+        strict = not (
+            isinstance(start, OffsetStart) and self.subscription.topic.name.partition >= 0
+        )
         try:
-            await self.subscription.seek(start, requester=self)
+            await self.subscription.seek(start, requester=self, strict=strict)
         except MagnetarError as e:
             self.events.put_nowait(RequestFailed(request_id, e))
             return

@@ -114,6 +114,8 @@ class Topic:
         self._trim_task: asyncio.Task[None] | None = None
         self._ttl_task: asyncio.Task[None] | None = None
         self.message_ttl_ms = 0
+        self.max_redelivery_count = 0
+        """The topic's policy (0: none), told to consumers that set none of their own."""
         self._fence_watch = asyncio.create_task(self._watch_fenced(), name=f"fenced:{name}")
 
     @property

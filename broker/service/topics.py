@@ -167,6 +167,8 @@ class TopicManager:
                 await ml.close()
             raise self._not_owned(name, None)
         topic = Topic(name, ml, dedup, self.config, on_fenced=self._fenced, clock=self.clock)
+        if policies.HasField("max_redelivery_count"):
+            topic.max_redelivery_count = policies.max_redelivery_count
         topic.set_message_ttl(
             policies.message_ttl_ms
             if policies.HasField("message_ttl_ms")

@@ -594,9 +594,13 @@ class _PartitionConsumer(PartitionStream):
 
     def _on_opened(
         self,
-        reply: broker_pb2.ConsumeResponse,  # noqa: ARG002 - Subscribed holds nothing to keep
+        reply: broker_pb2.ConsumeResponse,
         owner: PartitionOwner,
     ) -> None:
+        policy = reply.subscribed.max_redelivery_count
+        if self._durable and self._config.max_redelivery_count == 0 and policy > 0:
+            # the topic's max_redelivery_count policy applies when the consumer sets none
+            self._dead_letter_after = policy
         self.connected = True
         self._connected_event.set()
         self.broker = owner.address
@@ -1182,7 +1186,10 @@ class Consumer:
         return await asyncio.shield(opening)
 
     async def _open_dead_letter_producer(self) -> Producer:
-        assert self._dead_letter_topic is not None
+        if self._dead_letter_topic is None:  # dead letters by the topic's policy
+            self._dead_letter_topic = parse_topic(
+                self.config.dead_letter_topic or f"{self._topic.full}-DLQ"
+            )
         producer = Producer(
             topic=self._dead_letter_topic,
             config=ProducerConfig(),

@@ -465,6 +465,29 @@ def test_acks_nacks_ack_timeout_and_dead_letters(
     dlq.close()
     consumer.close()
 
+    # the topic's max_redelivery_count policy applies to consumers that set none
+    policy_topic = unique("acks-policy")
+    admin.create_topic(policy_topic, policies={"max_redelivery_count": 1})
+    with client.create_producer(policy_topic) as producer:
+        producer.send(b"poison", properties={"n": "p"})
+    consumer = client.subscribe(
+        policy_topic, "policy", "shared", initial_position="earliest",
+        negative_ack_redelivery_delay_ms=100,
+    )  # fmt: skip
+    counts = []
+    while True:
+        try:
+            message = consumer.receive(timeout_millis=2000)
+        except ReceiveTimeoutError:
+            break
+        counts.append(message.redelivery_count())
+        consumer.negative_acknowledge(message)
+    assert counts == [0, 1]
+    dlq = client.subscribe(f"{policy_topic}-DLQ", "inspect", initial_position="earliest")
+    assert dlq.receive(timeout_millis=10_000).properties()["n"] == "p"
+    dlq.close()
+    consumer.close()
+
 
 # --- cursor state ----------------------------------------------------------------------------
 
@@ -651,4 +674,16 @@ def test_bad_input_gets_clear_errors(client: magnetar.Client, admin: magnetar.Ad
     # the subscription still works
     consumer.acknowledge(message)
     assert consumer.receive(timeout_millis=10_000).data() == b"m1"
+    consumer.close()
+
+    # on a partitioned topic one offset goes to every partition: past a shorter one's end is
+    # that partition's end, not an error
+    partitioned = unique("bad-partitioned")
+    admin.create_topic(partitioned, partitions=2)
+    with client.create_producer(partitioned) as producer:
+        for i in range(6):
+            producer.send(f"p{i}".encode(), partition_key="only-one-partition")
+    consumer = client.subscribe(partitioned, "seek", initial_position="earliest")
+    consumer.seek(4)
+    assert consumer.receive(timeout_millis=10_000).data() == b"p4"
     consumer.close()

@@ -490,7 +490,10 @@ class SubscriptionStats(_message.Message):
     msg_rate_out: _builtins.float
     msg_rate_redeliver: _builtins.float
     blocked: _builtins.bool
-    """Over the subscription-wide unacknowledged limit."""
+    """No new entries are dispatched: the subscription-wide unacknowledged limit is reached, or the
+    acknowledgement holes reached max_inline_ack_ranges (then only entries inside the holes go
+    out).
+    """
     ack_hole_ranges: _builtins.int
     """Individually acknowledged ranges above the mark-delete position."""
     ack_ranges_over_limit: _builtins.bool

@@ -835,19 +835,25 @@ class Subscribed(_message.Message):
     TOPIC_FIELD_NUMBER: _builtins.int
     SUBSCRIPTION_FIELD_NUMBER: _builtins.int
     CONSUMER_NAME_FIELD_NUMBER: _builtins.int
+    MAX_REDELIVERY_COUNT_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     subscription: _builtins.str
     consumer_name: _builtins.str
+    max_redelivery_count: _builtins.int
+    """The topic's max_redelivery_count policy (0: none): a consumer that sets no
+    max_redelivery_count of its own dead-letters after this many redeliveries.
+    """
     def __init__(
         self,
         *,
         topic: _builtins.str = ...,
         subscription: _builtins.str = ...,
         consumer_name: _builtins.str = ...,
+        max_redelivery_count: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer_name", b"consumer_name", "subscription", b"subscription", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer_name", b"consumer_name", "max_redelivery_count", b"max_redelivery_count", "subscription", b"subscription", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
