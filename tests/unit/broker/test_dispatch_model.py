@@ -416,12 +416,11 @@ class Glue:
 entries_st = st.lists(st.sampled_from(KEYS), min_size=1, max_size=4)
 
 
-class KeySharedMachine(RuleBasedStateMachine):
-    """A key_shared subscription: per-key order, nothing lost, no stall, redelivery."""
+class SharingMachine(RuleBasedStateMachine):
+    """The rules and checks shared and key_shared subscriptions have in common: consumers
+    join, leave, flow, dispatch, ack and nack; nothing is lost and the books agree."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.glue = Glue(Dispatcher(SubscriptionType.KEY_SHARED), max_entries=3)
+    glue: Glue
 
     @property
     def live(self) -> list[int]:
@@ -430,11 +429,6 @@ class KeySharedMachine(RuleBasedStateMachine):
     @property
     def holding(self) -> list[int]:
         return sorted(seq for seq, held in self.glue.held.items() if held)
-
-    @rule(keys=entries_st, count=st.integers(1, 3))
-    def append(self, keys: list[str | None], count: int) -> None:
-        for _ in range(count):
-            self.glue.append(keys)
 
     @precondition(lambda self: len(self.live) < MAX_LIVE_CONSUMERS)
     @rule(name=st.sampled_from(NAMES), permits=st.integers(0, 6))
@@ -474,6 +468,34 @@ class KeySharedMachine(RuleBasedStateMachine):
         self.glue.requeue(seq, entries)
 
     @rule()
+    def drain(self) -> None:
+        self.glue.drain()
+
+    @invariant()
+    def nothing_lost(self) -> None:
+        self.glue.check_nothing_lost()
+
+    @invariant()
+    def books_agree(self) -> None:
+        self.glue.check_books()
+
+    def teardown(self) -> None:
+        self.glue.drain()
+
+
+class KeySharedMachine(SharingMachine):
+    """A key_shared subscription: per-key order, nothing lost, no stall, redelivery."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.glue = Glue(Dispatcher(SubscriptionType.KEY_SHARED), max_entries=3)
+
+    @rule(keys=entries_st, count=st.integers(1, 3))
+    def append(self, keys: list[str | None], count: int) -> None:
+        for _ in range(count):
+            self.glue.append(keys)
+
+    @rule()
     def settle(self) -> None:
         glue = self.glue
         glue.settle()
@@ -501,21 +523,6 @@ class KeySharedMachine(RuleBasedStateMachine):
                 f" (replay: {sorted(d.replay)}, read position {glue.read_pos})"
             )
 
-    @rule()
-    def drain(self) -> None:
-        self.glue.drain()
-
-    @invariant()
-    def nothing_lost(self) -> None:
-        self.glue.check_nothing_lost()
-
-    @invariant()
-    def books_agree(self) -> None:
-        self.glue.check_books()
-
-    def teardown(self) -> None:
-        self.glue.drain()
-
 
 KeySharedMachine.TestCase.settings = settings(MACHINE_SETTINGS, max_examples=300)
 test_key_shared = KeySharedMachine.TestCase
@@ -526,7 +533,7 @@ test_key_shared = KeySharedMachine.TestCase
 PER_CONSUMER_LIMIT = 4
 
 
-class SharedMachine(RuleBasedStateMachine):
+class SharedMachine(SharingMachine):
     """A shared subscription with a small per-consumer unacknowledged limit."""
 
     def __init__(self) -> None:
@@ -536,54 +543,10 @@ class SharedMachine(RuleBasedStateMachine):
             max_entries=3,
         )
 
-    @property
-    def live(self) -> list[int]:
-        return sorted(self.glue.slots)
-
-    @property
-    def holding(self) -> list[int]:
-        return sorted(seq for seq, held in self.glue.held.items() if held)
-
     @rule(size=st.integers(1, 3), count=st.integers(1, 3))
     def append(self, size: int, count: int) -> None:
         for _ in range(count):
             self.glue.append([None] * size)
-
-    @precondition(lambda self: len(self.live) < MAX_LIVE_CONSUMERS)
-    @rule(name=st.sampled_from(NAMES), permits=st.integers(0, 6))
-    def join(self, name: str, permits: int) -> None:
-        slot, _, _ = self.glue.join(name)
-        self.glue.flow(slot.seq, permits)  # a client's first flow request follows at once
-
-    @precondition(lambda self: self.live)
-    @rule(data=st.data())
-    def leave(self, data: st.DataObject) -> None:
-        self.glue.leave(data.draw(st.sampled_from(self.live)))
-
-    @precondition(lambda self: self.live)
-    @rule(data=st.data(), permits=st.integers(1, 6))
-    def flow(self, data: st.DataObject, permits: int) -> None:
-        self.glue.flow(data.draw(st.sampled_from(self.live)), permits)
-
-    @rule()
-    def dispatch(self) -> None:
-        self.glue.dispatch_once()
-
-    @precondition(lambda self: self.holding)
-    @rule(data=st.data(), everything=st.booleans())
-    def ack(self, data: st.DataObject, everything: bool) -> None:
-        seq = data.draw(st.sampled_from(self.holding))
-        held = self.glue.held[seq]
-        entry = data.draw(st.sampled_from(sorted(held)))
-        one = {data.draw(st.sampled_from(sorted(held[entry])))}
-        self.glue.ack(seq, entry, set(held[entry]) if everything else one)
-
-    @precondition(lambda self: self.holding)
-    @rule(data=st.data(), everything=st.booleans())
-    def nack(self, data: st.DataObject, everything: bool) -> None:
-        seq = data.draw(st.sampled_from(self.holding))
-        held = sorted(self.glue.held[seq])
-        self.glue.requeue(seq, held if everything else [data.draw(st.sampled_from(held))])
 
     @rule()
     def settle(self) -> None:
@@ -592,21 +555,6 @@ class SharedMachine(RuleBasedStateMachine):
         if any(slot.available for slot in glue.slots.values()):
             waiting = [m for m in glue.messages() if m not in glue.acked and not glue.holder_of(m)]
             assert not waiting, f"{waiting} wait although a consumer could take them"
-
-    @rule()
-    def drain(self) -> None:
-        self.glue.drain()
-
-    @invariant()
-    def nothing_lost(self) -> None:
-        self.glue.check_nothing_lost()
-
-    @invariant()
-    def books_agree(self) -> None:
-        self.glue.check_books()
-
-    def teardown(self) -> None:
-        self.glue.drain()
 
 
 SharedMachine.TestCase.settings = settings(MACHINE_SETTINGS, max_examples=100)
