@@ -69,7 +69,6 @@ class Pending:
 
     indexes: frozenset[int] | None
     """``None``: every message of the entry."""
-    num_messages: int
     hashes: frozenset[int] = frozenset()
     """key_shared: the key hashes of those messages."""
 
@@ -470,7 +469,7 @@ class Dispatcher:
             else:
                 indexes = current.indexes | indexes
             hashes = hashes | current.hashes
-        self.replay[position] = Pending(indexes, num_messages, hashes)
+        self.replay[position] = Pending(indexes, hashes)
 
     def _delay(self, item: Item) -> None:
         self.delayed[item.position] = item
