@@ -147,6 +147,7 @@ class Autorecovery:
         self._session: Session | None = None
         self._election: LeaderElection | None = None
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         self.copied_entries = 0
         self.replicated_fragments = 0
         self.active = asyncio.Event()
@@ -159,7 +160,7 @@ class Autorecovery:
         return self
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 self._session = await Session.start(
                     self.store, ttl_s=self.config.session_ttl_s, name=self.name
@@ -170,9 +171,11 @@ class Autorecovery:
                 await self._election.campaign()
                 log.info("autorecovery_active", name=self.name)
                 self.active.set()
-                while self._session.alive:
+                while self._session.alive and self._election.is_leader and not self._stopping:
                     await self.run_once()
                     await asyncio.sleep(self.config.check_interval_s)
+                if not self._stopping:
+                    log.warning("autorecovery_leadership_lost", name=self.name)
             except (SessionLostError, MetadataError) as e:
                 log.warning("autorecovery_interrupted", error=str(e))
                 await asyncio.sleep(1.0)
@@ -361,10 +364,15 @@ class Autorecovery:
 
     async def close(self) -> None:
         """Stop; if this instance was active, another one takes over."""
+        self._stopping = True
         if self._task is not None:
-            self._task.cancel()
+            # a cancellation that lands just as an inner wait_for finishes is lost on Python
+            # 3.11, so cancel until the task has really ended (the flag ends its loops anyway)
+            while not self._task.done():
+                self._task.cancel()
+                await asyncio.wait({self._task}, timeout=1.0)
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                self._task.result()
         if self._client is not None:
             await self._client.close()
 

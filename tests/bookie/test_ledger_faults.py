@@ -240,16 +240,26 @@ async def test_autorecovery_restores_copies_of_a_lost_bookie_even_across_its_res
 
     second = await Autorecovery(store, config).start()
 
-    async def still_on_victim() -> bool:
-        for metadata in ledgers:
-            if victim in (await client.ledgers.read(metadata.ledger_id)).all_bookies():
-                return True
-        return False
+    async def still_on_victim() -> list[int]:
+        return [
+            m.ledger_id
+            for m in ledgers
+            if victim in (await client.ledgers.read(m.ledger_id)).all_bookies()
+        ]
 
-    async with asyncio.timeout(90):
-        while await list_under_replicated(store) or await still_on_victim():
-            await asyncio.sleep(0.2)
-    await second.close()
+    try:
+        # well inside the test's own timeout, so a stall fails with what is left to do
+        async with asyncio.timeout(60):
+            while await list_under_replicated(store) or await still_on_victim():
+                await asyncio.sleep(0.2)
+    except TimeoutError:
+        left = await list_under_replicated(store)
+        pytest.fail(
+            f"not re-replicated in 60 s: records {left}, on {victim}: {await still_on_victim()}"
+        )
+    finally:
+        async with asyncio.timeout(20):
+            await second.close()
     for metadata in ledgers:
         final = await client.ledgers.read(metadata.ledger_id)
         assert victim not in final.all_bookies()
