@@ -30,6 +30,13 @@ log = structlog.get_logger("magnetar.broker.dedup")
 
 RECENT_RECEIPTS = 10_000
 """Receipts remembered so a duplicate can be answered with the original message id."""
+RECENT_MESSAGES = 20_000
+"""How far back a new owner replays to know the receipts of recent batches: twice a producer's
+default ``max_pending_messages``, so that whatever a producer can resend after a failover is
+known. Older resends (not possible with default settings) are answered with -1:-1, as Pulsar
+answers every duplicate."""
+RECENT_BYTES = 64 << 20
+"""...but never more than about this many bytes of replay before the snapshot's position."""
 REPLAY_BATCH = 500
 
 
@@ -78,22 +85,53 @@ class Deduplication:
             covered = Position(snapshot.ledger_id, snapshot.entry_id)
             if covered >= start:
                 start = self._ml.next_position(covered)
+        # the sequence marks need only the entries after the snapshot; the receipts of the
+        # batches a producer may resend need the recent ones before it too
+        marks_from = start
+        start = min(start, await self._recent_start())
         replayed = 0
+        before_marks = 0
         end = self._ml.last_confirmed
         while start <= end:
+            if start < marks_from and before_marks > RECENT_BYTES:
+                start = marks_from  # enough receipts: large messages fill the budget early
             entries = await self._ml.read(start, max_entries=REPLAY_BATCH, max_bytes=64 << 20)
             if not entries:
                 break
+            before_marks += sum(len(e.payload) for e in entries if e.position < marks_from)
             for entry in entries:
                 with contextlib.suppress(MagnetarError):
                     producer, last_sequence_id = producer_of(entry.payload)
                     if last_sequence_id > self.persisted.get(producer, -1):
                         self.persisted[producer] = last_sequence_id
+                    self._remember(
+                        producer,
+                        last_sequence_id,
+                        Stored(entry.position, entry.first_offset, entry.publish_time_ms),
+                    )
                 replayed += 1
             start = self._ml.next_position(entries[-1].position)
         self.pushed = dict(self.persisted)
         self._last_position = end
         log.info("dedup_loaded", key=self._key, producers=len(self.persisted), replayed=replayed)
+
+    async def _recent_start(self) -> Position:
+        """Where the last ``RECENT_MESSAGES`` messages begin (fewer when they are large)."""
+        ml = self._ml
+        stored = ml.confirmed_next_offset - ml.earliest_offset
+        if stored <= 0:
+            return ml.first_position
+        average = max(1, ml.storage_size_bytes // stored)
+        window = min(RECENT_MESSAGES, max(1, RECENT_BYTES // average))
+        return await ml.position_for_offset(
+            max(ml.earliest_offset, ml.confirmed_next_offset - window)
+        )
+
+    def _remember(self, producer: str, last_sequence_id: int, stored: Stored) -> None:
+        self._recent[(producer, last_sequence_id)] = stored
+        self._recent.move_to_end((producer, last_sequence_id))
+        if len(self._recent) > RECENT_RECEIPTS:
+            self._recent.popitem(last=False)
 
     def last_sequence_id(self, producer: str) -> int:
         return self.persisted.get(producer, -1)
@@ -123,11 +161,11 @@ class Deduplication:
         self._inflight.pop((producer, last_sequence_id), None)
         if last_sequence_id > self.persisted.get(producer, -1):
             self.persisted[producer] = last_sequence_id
-        self._recent[(producer, last_sequence_id)] = Stored(
-            result.position, result.first_offset, result.publish_time_ms
+        self._remember(
+            producer,
+            last_sequence_id,
+            Stored(result.position, result.first_offset, result.publish_time_ms),
         )
-        if len(self._recent) > RECENT_RECEIPTS:
-            self._recent.popitem(last=False)
         self._last_position = max(self._last_position, result.position)
         self._since_snapshot += 1
         if self._since_snapshot >= self._interval and self._snapshotting is None:

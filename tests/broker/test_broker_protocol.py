@@ -102,6 +102,14 @@ async def test_resent_batches_are_answered_not_stored_twice(start_cluster: Start
     answers = [r for resp in await producer.receipts(2) for r in resp.receipts.receipts]
     assert [(r.request_id, r.duplicate) for r in answers] == [(5, True), (6, False)]
     assert answers[1].first_offset == 2  # nothing was stored twice
+    # the new owner answers the resend with the original id, not -1:-1 (magnetar verify
+    # seed 1 found receipts of resends after a failover naming no position)
+    original = first[1].message_id
+    assert (answers[0].message_id.ledger_id, answers[0].message_id.entry_id) == (
+        original.ledger_id,
+        original.entry_id,
+    )
+    assert answers[0].first_offset == 1
     await producer.close()
 
 
