@@ -665,6 +665,11 @@ class _PartitionConsumer(PartitionStream):
         self.active = active
         if not active:
             self._unacked.clear()  # they go to the consumer that took over
+            # and so do the queued ones: handing them to the application now would deliver
+            # them after the new active consumer got (and maybe acknowledged) them
+            dropped = self._queue.purge(self)
+            if dropped and self.connected:
+                self._credit(dropped)
         self._log.info("consumer_active_change", active=active)
         self._consumer.active_changed(self, active)
 

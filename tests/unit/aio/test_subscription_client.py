@@ -558,6 +558,33 @@ async def test_active_partitions_follow_what_the_broker_says(
     assert heard[-1] == ("public/default/ha-partition-1", True)
 
 
+async def test_a_consumer_that_stops_being_active_drops_what_it_had_queued(
+    cluster: ScriptedCluster, client: Client
+) -> None:
+    # the broker gives the new active consumer everything unacknowledged: handing the queued
+    # copies to this application too would deliver them after the other one acknowledged them
+    cluster.create_topic("handover")
+    consumer = await client.subscribe("handover", "sub", "failover", receiver_queue_size=4)
+    stream = await cluster.stream("handover")
+    stream.set_active(True)
+    stream.deliver(delivery(E1, [b"one"]), delivery(E2, [b"two"]), delivery(E3, [b"three"]))
+    (first,) = await receive_all(consumer, 1)
+    assert first.data() == b"one"
+    granted = stream.permits()
+    stream.set_active(False)
+    await until(lambda: consumer.active_partitions() == [], "inactive")
+    with pytest.raises(ReceiveTimeoutError):
+        await consumer.receive(timeout_millis=200)
+    # the two dropped messages' permits come back with the received one's (refills go out
+    # at half the queue), so the queue is whole again when it is active once more
+    await until(lambda: stream.permits() == granted + 3, "the permits of the dropped messages")
+    stream.set_active(True)
+    stream.deliver(delivery(E2, [b"two"], redelivery_count=1))
+    (again,) = await receive_all(consumer, 1)
+    assert (again.data(), again.redelivery_count()) == (b"two", 1)
+    await consumer.close()
+
+
 async def test_a_failing_active_change_callback_breaks_nothing(
     cluster: ScriptedCluster, client: Client
 ) -> None:
