@@ -17,6 +17,11 @@ Typical use in a test::
         await leader.kill()  # the other two keep a quorum
         await leader.start()  # rejoins with its old data
 
+A server can also listen for clients on more addresses of this machine (``extra_client_hosts``),
+say the host side of an :class:`~magnetar.testing.netns.IsolatedHost` link, so that a process in
+another network namespace reaches it there (:meth:`EtcdServer.url_on`); peers always talk on
+127.0.0.1.
+
 etcd's own output goes to a log file next to each data dir (``<data_dir>.log``), never to the
 test's stdout; start failures quote its tail. A process a test forgets to stop is killed when its
 server object is garbage-collected or when the interpreter exits.
@@ -55,7 +60,7 @@ __all__ = [
 ]
 
 HOST = "127.0.0.1"
-"""Every harness process listens on loopback only."""
+"""Where harness processes listen, unless told to listen elsewhere too."""
 DEFAULT_CLUSTER_TOKEN = "magnetar-test"  # noqa: S105 - names a cluster, not a secret
 """``--initial-cluster-token`` unless told otherwise; keeps test clusters apart from real ones."""
 
@@ -209,12 +214,15 @@ class EtcdServer:
         extra_args: Sequence[str] = (),
         log_path: Path | None = None,
         binary: Path | None = None,
+        extra_client_hosts: Sequence[str] = (),
     ) -> None:
         """Describe the server; nothing runs until :meth:`start`.
 
         ``data_dir`` defaults to a temporary directory removed by :meth:`aclose` (or at exit).
         ``initial_cluster`` is etcd's ``name=peer_url,...`` list for cluster members; a lone
         server forms a cluster of itself. ``log_path`` defaults to ``<data_dir>.log``.
+        ``extra_client_hosts`` are addresses of this machine where etcd also serves clients,
+        on the same client port (see :attr:`extra_client_hosts`).
         """
         self._owned_root: Path | None = None
         self._cleanup_root: weakref.finalize[..., EtcdServer] | None = None
@@ -241,6 +249,7 @@ class EtcdServer:
         self._cluster_token = cluster_token
         self._extra_args = tuple(extra_args)
         self._binary = binary
+        self._extra_client_hosts = tuple(extra_client_hosts)
         self._proc: subprocess.Popen[bytes] | None = None
         self._reaper: weakref.finalize[..., EtcdServer] | None = None
         self._log_offset = 0
@@ -293,6 +302,24 @@ class EtcdServer:
     def url(self) -> str:
         """Magnetar's metadata URL for this server alone: ``"etcd://127.0.0.1:PORT"``."""
         return f"etcd://{self.endpoint}"
+
+    @property
+    def extra_client_hosts(self) -> tuple[str, ...]:
+        """Addresses where etcd serves clients besides 127.0.0.1, on the same client port.
+
+        Each must be an address of this machine when etcd starts. Setting it takes effect at
+        the next :meth:`start` (a running etcd keeps listening where it did).
+        """
+        return self._extra_client_hosts
+
+    @extra_client_hosts.setter
+    def extra_client_hosts(self, hosts: Sequence[str]) -> None:
+        self._extra_client_hosts = tuple(hosts)
+
+    def url_on(self, host: str) -> str:
+        """Magnetar's metadata URL for this server at another of its client addresses
+        (``host`` in :attr:`extra_client_hosts`): ``"etcd://HOST:PORT"``."""
+        return f"etcd://{host}:{self._client_port}"
 
     @property
     def pid(self) -> int | None:
@@ -448,12 +475,16 @@ class EtcdServer:
 
     def _command(self, binary: Path) -> list[str]:
         initial_cluster = self._initial_cluster or f"{self._name}={self.peer_url}"
+        client_urls = ",".join(
+            [self.client_url]
+            + [f"http://{host}:{self._client_port}" for host in self._extra_client_hosts]
+        )
         return [
             str(binary),
             "--name", self._name,
             "--data-dir", str(self._data_dir),
-            "--listen-client-urls", self.client_url,
-            "--advertise-client-urls", self.client_url,
+            "--listen-client-urls", client_urls,
+            "--advertise-client-urls", client_urls,
             "--listen-peer-urls", self.peer_url,
             "--initial-advertise-peer-urls", self.peer_url,
             "--initial-cluster", initial_cluster,
@@ -551,11 +582,13 @@ class EtcdCluster:
         cluster_token: str = DEFAULT_CLUSTER_TOKEN,
         extra_args: Sequence[str] = (),
         binary: Path | None = None,
+        extra_client_hosts: Sequence[str] = (),
     ) -> None:
         """Describe the cluster; member ``i`` is named ``f"{name_prefix}{i}"``.
 
         Each member's data dir is ``data_dir / name`` and its log ``data_dir / f"{name}.log"``;
         ``data_dir`` defaults to a temporary directory removed by :meth:`aclose` (or at exit).
+        ``extra_client_hosts`` are given to every member (:attr:`EtcdServer.extra_client_hosts`).
         """
         if size < 1:
             raise ValueError(f"an etcd cluster needs at least 1 member, got size={size}")
@@ -583,6 +616,7 @@ class EtcdCluster:
                 cluster_token=cluster_token,
                 extra_args=extra_args,
                 binary=binary,
+                extra_client_hosts=extra_client_hosts,
             )
             for name, client_port, peer_port in zip(names, ports[:size], peer_ports, strict=True)
         ]
@@ -604,6 +638,24 @@ class EtcdCluster:
     def url(self) -> str:
         """Magnetar's metadata URL: ``"etcd://127.0.0.1:P1,127.0.0.1:P2,..."``."""
         return "etcd://" + ",".join(self.endpoints)
+
+    @property
+    def extra_client_hosts(self) -> tuple[str, ...]:
+        """Where every member also serves clients (see :attr:`EtcdServer.extra_client_hosts`);
+        setting it sets it on every member, for their next start."""
+        return self._members[0].extra_client_hosts
+
+    @extra_client_hosts.setter
+    def extra_client_hosts(self, hosts: Sequence[str]) -> None:
+        for member in self._members:
+            member.extra_client_hosts = hosts
+
+    def url_on(self, host: str) -> str:
+        """Magnetar's metadata URL naming every member at ``host``, one of
+        :attr:`extra_client_hosts`: ``"etcd://HOST:P1,HOST:P2,..."``."""
+        return "etcd://" + ",".join(
+            member.url_on(host).removeprefix("etcd://") for member in self._members
+        )
 
     @property
     def data_dir(self) -> Path:
