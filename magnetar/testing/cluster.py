@@ -24,6 +24,18 @@ Typical use in a test::
         await broker.restart()  # the same broker id (the cluster names its brokers)
         await cluster.add_broker(extra_args=["--load-shedding-interval-ms", "2000"])
 
+Fault tests that need more than processes dying get two more kinds of fault (both need root):
+
+    async with LocalCluster(
+        tmp_path, bookies=3, brokers=1, isolated_brokers=1, fixed_broker_ports=True,
+        bookie_tmpfs_mb=64,
+    ) as cluster:
+        host = cluster.isolated_host  # the last broker runs in a network namespace of its own
+        await host.cut("etcd")  # ... cut off from etcd; also "bookies" and "clients"
+        await host.heal("etcd")
+        cluster.bookies[0].fill_disk()  # its tmpfs is full: the bookie turns read-only
+        cluster.bookies[0].free_disk()
+
 Several clusters may share one etcd in a session: pass its URL as ``metadata_url`` and a
 ``bookie_id_prefix`` and ``broker_id_prefix`` of the test's own, so that ids never clash.
 
@@ -40,6 +52,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import dataclasses
 import os
 import re
 import signal
@@ -54,11 +67,12 @@ from types import TracebackType
 from typing import IO, ClassVar, Self, TypeVar
 
 from magnetar.testing._processes import KILL_WAIT_S, kill_quietly, wait_exit, wait_state
-from magnetar.testing.etcd import HOST, EtcdCluster, EtcdServer
+from magnetar.testing.etcd import HOST, EtcdCluster, EtcdServer, free_port
+from magnetar.testing.netns import LINKS, IsolatedHost, netns_unsupported_reason
 from metadata import MetadataStore, layout, open_store
 from proto.format.v1 import cluster_pb2
 
-__all__ = ["BookieNode", "BrokerNode", "LocalCluster", "ServerNode", "StandaloneNode"]
+__all__ = ["BookieNode", "BrokerNode", "LocalCluster", "ServerNode", "StandaloneNode", "Tmpfs"]
 
 _Node = TypeVar("_Node", bound="ServerNode")
 
@@ -81,6 +95,16 @@ def _ready_line_pattern(kind: str) -> re.Pattern[str]:
         rf"^{kind} (?P<node_id>\S+) serving on (?P<address>\S+) "
         r"\(metrics: http://(?P<http_host>\S+):(?P<http_port>\d+)/metrics\)$"
     )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Network:
+    """Where a server of a :class:`LocalCluster` listens, and how it reaches etcd."""
+
+    bind_host: str
+    advertised_host: str
+    metadata_url: str
+    command_prefix: tuple[str, ...] = ()
 
 
 def _server_environment(env: Mapping[str, str] | None) -> dict[str, str]:
@@ -129,12 +153,16 @@ class _StdoutReader:
 
 
 class ServerNode(abc.ABC):
-    """One ``magnetar <kind>`` server OS process on 127.0.0.1: what bookies and brokers share.
+    """One ``magnetar <kind>`` server OS process: what bookies and brokers share.
 
-    The process listens on port 0 for gRPC and HTTP, and prints one ready line
-    (``<kind> <id> serving on <host:port> (metrics: http://<host>:<port>/metrics)``) once it
-    serves and is registered; :meth:`start` waits for that line. Each :meth:`start` is a new
-    incarnation, usually on new ports.
+    The process listens on ``bind_host`` (127.0.0.1 unless told otherwise) and advertises
+    ``advertised_host``; its gRPC port is ``port`` (0: a free one), its HTTP port a free one.
+    It prints one ready line (``<kind> <id> serving on <host:port> (metrics:
+    http://<host>:<port>/metrics)``) once it serves and is registered; :meth:`start` waits for
+    that line. Each :meth:`start` is a new incarnation, on new ports unless ``port`` is fixed.
+    ``command_prefix`` goes before the command, say ``["ip", "netns", "exec", NAME]`` to run it
+    in another network namespace; the prefix must exec the server (as ``ip netns exec`` does),
+    so that signals reach the server itself.
     """
 
     _kind: ClassVar[str]
@@ -151,8 +179,18 @@ class ServerNode(abc.ABC):
         log_path: Path,
         extra_args: Sequence[str],
         env: Mapping[str, str] | None,
+        bind_host: str = HOST,
+        advertised_host: str = HOST,
+        port: int = 0,
+        command_prefix: Sequence[str] = (),
     ) -> None:
+        if not 0 <= port <= 65535:
+            raise ValueError(f"port must be 0 (a free one) or a port number, got {port}")
         self._metadata_url = metadata_url
+        self._bind_host = bind_host
+        self._advertised_host = advertised_host
+        self._port = port
+        self._command_prefix = tuple(command_prefix)
         self._configured_id = node_id
         self._node_id = node_id
         self._log_path = log_path
@@ -163,6 +201,7 @@ class ServerNode(abc.ABC):
         self._reaper: weakref.finalize[..., ServerNode] | None = None
         self._paused = False
         self._address: str | None = None
+        self._http_host: str | None = None
         self._http_port: int | None = None
         self._exit_code: int | None = None
         self._log_offset = 0
@@ -174,7 +213,8 @@ class ServerNode(abc.ABC):
 
     @property
     def address(self) -> str:
-        """``"127.0.0.1:PORT"`` of the gRPC service of the current (or last) incarnation."""
+        """``"HOST:PORT"`` of the gRPC service of the current (or last) incarnation, as the
+        server advertises it (``"127.0.0.1:PORT"`` by default)."""
         if self._address is None:
             raise RuntimeError(f"{self!r} has not been started, so it has no address yet")
         return self._address
@@ -185,6 +225,22 @@ class ServerNode(abc.ABC):
         if self._http_port is None:
             raise RuntimeError(f"{self!r} has not been started, so it has no HTTP port yet")
         return self._http_port
+
+    @property
+    def http_address(self) -> str:
+        """``"HOST:PORT"`` of ``/metrics`` and ``/health`` of the current (or last) incarnation."""
+        if self._http_port is None:
+            raise RuntimeError(f"{self!r} has not been started, so it has no HTTP port yet")
+        return f"{self._http_host or HOST}:{self._http_port}"
+
+    @property
+    def port(self) -> int:
+        """The gRPC port every incarnation binds, or 0 when each takes a free one."""
+        return self._port
+
+    @property
+    def command_prefix(self) -> tuple[str, ...]:
+        return self._command_prefix
 
     @property
     def pid(self) -> int | None:
@@ -237,6 +293,7 @@ class ServerNode(abc.ABC):
         """Keep what the ready line says about this incarnation."""
         self._node_id = ready["node_id"]
         self._address = ready["address"]
+        self._http_host = ready["http_host"]
         self._http_port = int(ready["http_port"])
 
     async def stop(self, timeout_s: float | None = None) -> None:
@@ -331,15 +388,23 @@ class ServerNode(abc.ABC):
 
     def _command(self) -> list[str]:
         return [
+            *self._command_prefix,
             sys.executable, "-m", "magnetar.cli", self._kind,
             "--metadata", self._metadata_url,
-            "--port", "0",
+            "--port", str(self._port),
             "--http-port", "0",
-            "--bind-host", HOST,
-            "--advertised-host", HOST,
+            "--bind-host", self._bind_host,
+            "--advertised-host", self._advertised_host,
             *self._kind_args(),
             *self._extra_args,
         ]  # fmt: skip
+
+    def _set_network(self, network: _Network) -> None:
+        """Where the next incarnation listens and finds its metadata (a re-created network)."""
+        self._bind_host = network.bind_host
+        self._advertised_host = network.advertised_host
+        self._metadata_url = network.metadata_url
+        self._command_prefix = network.command_prefix
 
     def _spawn(self) -> tuple[subprocess.Popen[bytes], _StdoutReader]:
         if self.is_running:
@@ -431,12 +496,130 @@ class ServerNode(abc.ABC):
         return "\n".join(text.splitlines()[-_LOG_TAIL_LINES:])
 
 
+def _unmount_quietly(mount_point: Path) -> None:
+    """Finalizer: unmount a tmpfs a test left mounted (lazily if something still uses it)."""
+    if os.path.ismount(mount_point):
+        result = subprocess.run(["umount", str(mount_point)], capture_output=True, check=False)
+        if result.returncode != 0:
+            subprocess.run(["umount", "-l", str(mount_point)], capture_output=True, check=False)
+
+
+class Tmpfs:
+    """A tmpfs of ``size_mb`` MiB mounted at ``mount_point``: a small disk of its own that a
+    test can fill (root only).
+
+    :meth:`mount` and :meth:`unmount` are idempotent; a mount a test forgets is unmounted when
+    this object is garbage-collected or the interpreter exits. What is on it is gone once it is
+    unmounted.
+    """
+
+    FILLER_NAME = "filler"
+    """The file :meth:`fill` grows, at the top of the file system."""
+
+    def __init__(self, mount_point: Path, size_mb: int) -> None:
+        if size_mb < 1:
+            raise ValueError(f"a tmpfs needs at least 1 MiB, got size_mb={size_mb}")
+        self._mount_point = mount_point
+        self._size_mb = size_mb
+        self._unmounter: weakref.finalize[..., Tmpfs] | None = None
+
+    def __repr__(self) -> str:
+        state = "mounted" if self.is_mounted else "not mounted"
+        return f"Tmpfs({self._mount_point}, {self._size_mb} MiB, {state})"
+
+    @property
+    def mount_point(self) -> Path:
+        return self._mount_point
+
+    @property
+    def size_bytes(self) -> int:
+        return self._size_mb * 1024 * 1024
+
+    @property
+    def is_mounted(self) -> bool:
+        return os.path.ismount(self._mount_point)
+
+    @property
+    def filler_path(self) -> Path:
+        return self._mount_point / self.FILLER_NAME
+
+    @property
+    def filled(self) -> bool:
+        """Whether :meth:`fill` left a filler file (not yet removed by :meth:`free`)."""
+        return self.filler_path.exists()
+
+    def free_bytes(self) -> int:
+        """Bytes an unprivileged writer can still put on the file system."""
+        stat = os.statvfs(self._mount_point)
+        return stat.f_bavail * stat.f_frsize
+
+    def mount(self) -> None:
+        """Mount it (an empty file system) unless it is mounted already."""
+        if self.is_mounted:
+            return
+        if os.geteuid() != 0:
+            raise RuntimeError(
+                f"mounting a tmpfs at {self._mount_point} needs root; this process runs as "
+                f"uid {os.geteuid()}"
+            )
+        self._mount_point.mkdir(parents=True, exist_ok=True)
+        result = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={self._size_mb}m,mode=0755",
+             "magnetar-test", str(self._mount_point)],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if result.returncode != 0:
+            raise RuntimeError(
+                f"cannot mount a {self._size_mb} MiB tmpfs at {self._mount_point}: "
+                f"{result.stderr.strip()}"
+            )
+        self._unmounter = weakref.finalize(self, _unmount_quietly, self._mount_point)
+
+    def unmount(self) -> None:
+        """Unmount it (lazily, if a process still has files open on it). Idempotent."""
+        if self._unmounter is not None:
+            self._unmounter()
+            self._unmounter = None
+        else:
+            _unmount_quietly(self._mount_point)
+
+    def fill(self, leave_bytes: int = 1 << 20) -> int:
+        """Grow :attr:`filler_path` until at most ``leave_bytes`` stay free (to within a page);
+        returns how many bytes it grew by (0 if no more than that was free already)."""
+        if leave_bytes < 0:
+            raise ValueError(f"leave_bytes must be >= 0, got {leave_bytes}")
+        if not self.is_mounted:
+            raise RuntimeError(f"{self!r}: mount it before filling it")
+        with self.filler_path.open("ab") as filler:
+            start = filler.seek(0, os.SEEK_END)
+            size = start
+            page = os.statvfs(self._mount_point).f_frsize
+            # others (the bookie) may write at the same time, so measure again each round
+            for _ in range(100):
+                excess = self.free_bytes() - leave_bytes
+                if excess < page:
+                    break
+                with contextlib.suppress(OSError):  # ENOSPC: someone took some; measure again
+                    os.posix_fallocate(filler.fileno(), size, excess - excess % page)
+                size = os.fstat(filler.fileno()).st_size
+        return size - start
+
+    def free(self) -> None:
+        """Remove what :meth:`fill` wrote."""
+        self.filler_path.unlink(missing_ok=True)
+
+
 class BookieNode(ServerNode):
-    """One ``magnetar bookie`` OS process on 127.0.0.1, on a data dir fixed for its life.
+    """One ``magnetar bookie`` OS process, on a data dir fixed for its life.
 
     The bookie keeps its identity in its data dir, so every :meth:`start` after the first is
     the same bookie, usually on a new port (each incarnation listens on port 0). On SIGTERM
     it deregisters and closes its files; :meth:`stop` waits 30 s for that by default.
+
+    It listens on and advertises ``host`` (127.0.0.1 by default). Given a :class:`Tmpfs` that
+    holds ``data_dir``, the data lives on that small file system of its own (mounted at the
+    first start and kept across restarts, so a killed bookie comes back with its data), and
+    :meth:`fill_disk` makes the disk full.
     """
 
     _kind = "bookie"
@@ -453,6 +636,8 @@ class BookieNode(ServerNode):
         log_path: Path | None = None,
         extra_args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
+        host: str = HOST,
+        tmpfs: Tmpfs | None = None,
     ) -> None:
         """Describe the bookie; nothing runs until :meth:`start`.
 
@@ -460,17 +645,25 @@ class BookieNode(ServerNode):
         start. ``extra_args`` follow the harness's own flags, so they override them (the last
         value of a flag wins). ``env`` is added to this process's environment, with
         ``GRPC_VERBOSITY=ERROR`` and without ``MAGNETAR_*`` config variables.
-        ``log_path`` defaults to ``data_dir.with_suffix(".log")``.
+        ``log_path`` defaults to ``data_dir.with_suffix(".log")``. ``host`` is the address it
+        binds and advertises. ``tmpfs``, when given, must hold ``data_dir`` (say
+        ``Tmpfs(root / "b.fs", 64)`` with ``data_dir=root / "b.fs" / "data"``; keep the log
+        elsewhere); the caller unmounts it (or :meth:`aclose` does).
         """
+        if tmpfs is not None and not data_dir.is_relative_to(tmpfs.mount_point):
+            raise ValueError(f"data_dir {data_dir} is not on the tmpfs at {tmpfs.mount_point}")
         super().__init__(
             metadata_url,
             node_id=bookie_id,
             log_path=log_path or data_dir.with_suffix(".log"),
             extra_args=extra_args,
             env=env,
+            bind_host=host,
+            advertised_host=host,
         )
         self._data_dir = data_dir
         self._zone = zone
+        self._tmpfs = tmpfs
 
     def __repr__(self) -> str:
         return (
@@ -486,6 +679,49 @@ class BookieNode(ServerNode):
     def data_dir(self) -> Path:
         return self._data_dir
 
+    @property
+    def tmpfs(self) -> Tmpfs | None:
+        """The file system of its own the data dir is on, if it has one."""
+        return self._tmpfs
+
+    @property
+    def disk_filled(self) -> bool:
+        """Whether :meth:`fill_disk` filled its disk and :meth:`free_disk` has not freed it."""
+        return self._tmpfs is not None and self._tmpfs.is_mounted and self._tmpfs.filled
+
+    def fill_disk(self, leave_bytes: int = 1 << 20) -> int:
+        """Fill the bookie's own file system with a file beside its data dir until at most
+        ``leave_bytes`` stay free; returns the bytes written.
+
+        With the defaults (1 MiB left of tens of MiB) its disk usage passes the bookie's
+        ``readonly_disk_usage`` and the bookie turns read-only at its next disk check
+        (``--disk-check-interval-s``). RuntimeError if the bookie has no :class:`Tmpfs`.
+        """
+        return self._require_tmpfs("fill its disk").fill(leave_bytes)
+
+    def free_disk(self) -> None:
+        """Remove what :meth:`fill_disk` wrote; the bookie turns writable at its next check."""
+        self._require_tmpfs("free its disk").free()
+
+    async def aclose(self) -> None:
+        """Stop for good, and unmount its tmpfs, if it has one (its data goes with it)."""
+        try:
+            await self.stop()
+        finally:
+            if self._tmpfs is not None:
+                self._tmpfs.unmount()
+
+    def _require_tmpfs(self, action: str) -> Tmpfs:
+        if self._tmpfs is None:
+            raise RuntimeError(
+                f"cannot {action}: {self._describe()} has no file system of its own (its data"
+                f" dir {self._data_dir} is on the machine's disk, which a test must not fill);"
+                " give it a Tmpfs, or use LocalCluster(bookie_tmpfs_mb=N)"
+            )
+        if not self._tmpfs.is_mounted:
+            raise RuntimeError(f"cannot {action}: {self._tmpfs!r} is not mounted (start it first)")
+        return self._tmpfs
+
     def _kind_args(self) -> list[str]:
         args = ["--data-dir", str(self._data_dir)]
         if self._configured_id is not None:
@@ -498,18 +734,21 @@ class BookieNode(ServerNode):
         return f"bookie at {self._data_dir}"
 
     def _prepare(self) -> None:
+        if self._tmpfs is not None:
+            self._tmpfs.mount()
         self._data_dir.parent.mkdir(parents=True, exist_ok=True)
         super()._prepare()
 
 
 class BrokerNode(ServerNode):
-    """One ``magnetar broker`` OS process on 127.0.0.1.
+    """One ``magnetar broker`` OS process (on 127.0.0.1 unless told otherwise).
 
     A broker keeps nothing on disk: its identity is ``broker_id`` when one is given (then every
-    :meth:`start` is the same broker, usually on a new port), else the broker names itself
-    ``<host>-<port>`` and each incarnation is a new broker. On SIGTERM it deregisters and hands
-    its partitions over to other brokers, which may take a few seconds; :meth:`stop` waits 75 s
-    for that by default (the broker's own ``--shutdown-timeout-s`` is 60 s).
+    :meth:`start` is the same broker, on a new port unless ``port`` is fixed), else the broker
+    names itself ``<host>-<port>`` and each incarnation is a new broker. On SIGTERM it
+    deregisters and hands its partitions over to other brokers, which may take a few seconds;
+    :meth:`stop` waits 75 s for that by default (the broker's own ``--shutdown-timeout-s`` is
+    60 s).
     """
 
     _kind = "broker"
@@ -525,6 +764,10 @@ class BrokerNode(ServerNode):
         broker_id: str | None = None,
         extra_args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
+        bind_host: str = HOST,
+        advertised_host: str = HOST,
+        port: int = 0,
+        command_prefix: Sequence[str] = (),
     ) -> None:
         """Describe the broker; nothing runs until :meth:`start`.
 
@@ -533,9 +776,20 @@ class BrokerNode(ServerNode):
         flag, say ``["--session-ttl-s", "2", "--load-shedding-interval-ms", "2000"]``. ``env``
         is added to this process's environment, with ``GRPC_VERBOSITY=ERROR`` and without
         ``MAGNETAR_*`` config variables. The broker's stderr goes to ``log_path``.
+        ``bind_host``/``advertised_host`` are its ``--bind-host``/``--advertised-host``; a
+        ``port`` other than 0 is bound by every incarnation, so a restarted broker keeps its
+        address. ``command_prefix`` runs it through, say, ``ip netns exec NAME``.
         """
         super().__init__(
-            metadata_url, node_id=broker_id, log_path=log_path, extra_args=extra_args, env=env
+            metadata_url,
+            node_id=broker_id,
+            log_path=log_path,
+            extra_args=extra_args,
+            env=env,
+            bind_host=bind_host,
+            advertised_host=advertised_host,
+            port=port,
+            command_prefix=command_prefix,
         )
 
     def __repr__(self) -> str:
@@ -550,7 +804,7 @@ class BrokerNode(ServerNode):
 
     @property
     def service_url(self) -> str:
-        """``"magnetar://127.0.0.1:PORT"`` of the current (or last) incarnation."""
+        """``"magnetar://HOST:PORT"`` of the current (or last) incarnation."""
         return f"magnetar://{self.address}"
 
     def _kind_args(self) -> list[str]:
@@ -617,6 +871,7 @@ class StandaloneNode(ServerNode):
 
     def _on_ready(self, ready: re.Match[str]) -> None:
         self._address = ready["address"]
+        self._http_host = ready["http_host"]
         self._http_port = int(ready["http_port"])
         self.ready_s = float(ready["ready_s"])
 
@@ -647,6 +902,25 @@ class LocalCluster:
     ``zones[i % len(zones)]`` when zones are given. Broker ``i`` runs as
     ``f"{broker_id_prefix}-{i}"`` and logs to ``root / f"broker-{i}.log"``. The node objects
     exist once :meth:`start` has run (an owned etcd's URL is known only then).
+
+    Fault options (each off by default):
+
+    - ``fixed_broker_ports``: every broker binds a port picked once, on every incarnation, so a
+      restarted broker keeps its address and :attr:`service_url` stays valid.
+    - ``bookie_tmpfs_mb`` (root only): bookie ``i`` keeps its data on a tmpfs of its own of
+      that many MiB, mounted at ``root / f"bookie-{i}.fs"`` (data dir ``.../data``, log
+      ``root / f"bookie-{i}.log"``), for :meth:`BookieNode.fill_disk`. The file systems stay
+      mounted across :meth:`stop` and :meth:`start` (the bookies keep their data) and are
+      unmounted by :meth:`aclose`.
+    - ``isolated_brokers=1`` (root only): one more broker, the last of :attr:`brokers`, runs in
+      an :class:`~magnetar.testing.netns.IsolatedHost` (:attr:`isolated_host`), reaching etcd
+      through its "etcd" link, the bookies through its "bookies" link, and reached by clients
+      and the other brokers through its "clients" link, each of which a test can cut and heal.
+      For that, etcd also listens on ``gateway("etcd")``, every bookie binds and advertises
+      ``gateway("bookies")``, and every other broker binds and advertises
+      ``gateway("clients")`` (processes on this machine reach all three addresses whatever
+      the links' state). The namespace is created by the first :meth:`start`, kept (with its
+      links healed) by :meth:`stop`, and removed by :meth:`aclose`.
     """
 
     def __init__(
@@ -662,13 +936,17 @@ class LocalCluster:
         brokers: int = 0,
         broker_args: Sequence[str] = (),
         broker_id_prefix: str = "broker",
+        fixed_broker_ports: bool = False,
+        bookie_tmpfs_mb: int | None = None,
+        isolated_brokers: int = 0,
     ) -> None:
         """Describe the cluster; nothing runs until :meth:`start`.
 
         Without ``metadata_url`` the cluster starts its own etcd under ``root / "etcd"`` (one
         server, or ``etcd_members`` of them) and stops it with the servers; with one it uses
         that store and leaves it alone. ``bookie_args`` go to every bookie's command line,
-        ``broker_args`` to every broker's (say ``["--session-ttl-s", "2"]``).
+        ``broker_args`` to every broker's (say ``["--session-ttl-s", "2"]``), the isolated
+        one's included. The fault options are described on the class.
         """
         if bookies < 0:
             raise ValueError(f"a cluster cannot have {bookies} bookies")
@@ -676,7 +954,30 @@ class LocalCluster:
             raise ValueError(f"a cluster cannot have {brokers} brokers")
         if zones is not None and not zones:
             raise ValueError("zones, when given, must name at least one zone")
+        if isolated_brokers not in (0, 1):
+            raise ValueError(f"isolated_brokers must be 0 or 1, got {isolated_brokers}")
+        if isolated_brokers and metadata_url is not None:
+            raise ValueError(
+                "isolated_brokers needs the cluster's own etcd (it must also listen on the"
+                " isolated host's etcd link); do not pass metadata_url with it"
+            )
+        if isolated_brokers and (reason := netns_unsupported_reason()) is not None:
+            raise RuntimeError(f"isolated_brokers=1 is not possible on this machine: {reason}")
+        if bookie_tmpfs_mb is not None:
+            if bookie_tmpfs_mb < 1:
+                raise ValueError(f"bookie_tmpfs_mb must be at least 1, got {bookie_tmpfs_mb}")
+            if os.geteuid() != 0:
+                raise RuntimeError(
+                    "bookie_tmpfs_mb needs root (it mounts a tmpfs per bookie); this process"
+                    f" runs as uid {os.geteuid()}"
+                )
         self._root = root
+        self._fixed_broker_ports = fixed_broker_ports
+        self._broker_ports: dict[int, int] = {}
+        self._bookie_tmpfs_mb = bookie_tmpfs_mb
+        self._isolated_brokers = isolated_brokers
+        self._isolated_host: IsolatedHost | None = None
+        self._isolated_broker: BrokerNode | None = None
         self._initial_bookies = bookies
         self._zones = tuple(zones) if zones is not None else None
         self._bookie_args = tuple(bookie_args)
@@ -719,11 +1020,26 @@ class LocalCluster:
         return list(self._brokers)
 
     @property
+    def isolated_host(self) -> IsolatedHost | None:
+        """The network namespace the isolated broker runs in (``isolated_brokers=1``), from
+        :meth:`start` until :meth:`aclose`; else None."""
+        host = self._isolated_host
+        return host if host is not None and host.is_created else None
+
+    @property
+    def isolated_broker(self) -> BrokerNode | None:
+        """The broker in :attr:`isolated_host` (the last of the initial brokers), once
+        :meth:`start` has made it; None without ``isolated_brokers``."""
+        return self._isolated_broker
+
+    @property
     def service_url(self) -> str:
-        """What a client connects to: ``"magnetar://h1:p1,h2:p2"``, the brokers running now.
+        """What a client connects to: ``"magnetar://h1:p1,h2:p2"``, the brokers running now
+        (the isolated broker included).
 
         A paused broker is left out (it would only make clients time out). Computed at each
-        call, so read it again after a broker restarts on a new port. RuntimeError if no
+        call, so read it again after a broker restarts on a new port (with
+        ``fixed_broker_ports`` it only changes as brokers stop and start). RuntimeError if no
         broker runs.
         """
         addresses = [
@@ -746,16 +1062,22 @@ class LocalCluster:
         """Start etcd, then every bookie not running (in parallel) and wait until all are
         registered, then every broker not running likewise.
 
-        On failure every process of the cluster is killed and the first error is raised.
+        With ``isolated_brokers=1`` the isolated host is created first (unless it exists). On
+        failure every process of the cluster is killed, the isolated host and the bookies' file
+        systems are removed, and the first error is raised.
         """
         try:
+            if self._isolated_brokers and self.isolated_host is None:
+                self._isolated_host = IsolatedHost()
+                await self._isolated_host.create()
+                self._wire_network()
             if self._etcd is not None:
                 await self._etcd.start()
             while len(self._bookies) < self._initial_bookies:
                 self._bookies.append(self._new_bookie())
             await self._start_nodes(self._bookies, timeout_s)
             await self.wait_registered(timeout_s=timeout_s)
-            while len(self._brokers) < self._initial_brokers:
+            while len(self._brokers) < self._initial_brokers + self._isolated_brokers:
                 self._brokers.append(self._new_broker())
             await self._start_nodes(self._brokers, timeout_s)
             await self.wait_brokers_registered(timeout_s=timeout_s)
@@ -872,8 +1194,15 @@ class LocalCluster:
         """SIGTERM every broker (they hand their partitions over), then every bookie (they
         deregister), then stop the owned etcd.
 
-        Everything stays configured: :meth:`start` brings the same cluster back.
+        Everything stays configured: :meth:`start` brings the same cluster back. The isolated
+        host stays too, but its cut links are healed first, so that the brokers' graceful
+        shutdown can reach etcd and the bookies; the bookies' file systems stay mounted.
         """
+        host = self.isolated_host
+        if host is not None:
+            for link in LINKS:
+                if host.is_cut(link):
+                    await host.heal(link)
         try:
             await self._gather_all(node.stop() for node in self._brokers)
         finally:
@@ -884,8 +1213,13 @@ class LocalCluster:
                     await self._etcd.stop()
 
     async def aclose(self) -> None:
-        """Stop for good. The data under ``root`` is left for the test to inspect."""
-        await self.stop()
+        """Stop for good: :meth:`stop`, then remove the isolated host and unmount the bookies'
+        file systems (their data goes with them). The data under ``root`` that is on the
+        machine's disk is left for the test to inspect."""
+        try:
+            await self.stop()
+        finally:
+            await self._remove_fault_fixtures()
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -913,14 +1247,23 @@ class LocalCluster:
         index = len(self._bookies)
         if zone is None and self._zones is not None:
             zone = self._zones[index % len(self._zones)]
+        tmpfs: Tmpfs | None = None
+        data_dir = self._root / f"bookie-{index}"
+        if self._bookie_tmpfs_mb is not None:
+            tmpfs = Tmpfs(self._root / f"bookie-{index}.fs", self._bookie_tmpfs_mb)
+            data_dir = tmpfs.mount_point / "data"
+            # the log stays off the small file system, where a full disk would cut it short
+            log_path = log_path or self._root / f"bookie-{index}.log"
         return BookieNode(
-            self._root / f"bookie-{index}",
+            data_dir,
             self.metadata_url,
             bookie_id=bookie_id or f"{self._bookie_id_prefix}-{index}",
             zone=zone,
             log_path=log_path,
             extra_args=(*self._bookie_args, *extra_args),
             env=env,
+            host=self._bookie_network().bind_host,
+            tmpfs=tmpfs,
         )
 
     def _new_broker(
@@ -932,13 +1275,27 @@ class LocalCluster:
         env: Mapping[str, str] | None = None,
     ) -> BrokerNode:
         index = len(self._brokers)
-        return BrokerNode(
-            self.metadata_url,
+        isolated = self._isolated_brokers == 1 and index == self._initial_brokers
+        network = self._broker_network(isolated=isolated)
+        port = 0
+        if self._fixed_broker_ports:
+            if index not in self._broker_ports:
+                self._broker_ports[index] = free_port()
+            port = self._broker_ports[index]
+        node = BrokerNode(
+            network.metadata_url,
             broker_id=broker_id or f"{self._broker_id_prefix}-{index}",
             log_path=log_path or self._root / f"broker-{index}.log",
             extra_args=(*self._broker_args, *extra_args),
             env=env,
+            bind_host=network.bind_host,
+            advertised_host=network.advertised_host,
+            port=port,
+            command_prefix=network.command_prefix,
         )
+        if isolated:
+            self._isolated_broker = node
+        return node
 
     @staticmethod
     def _id_of(node: ServerNode) -> str:
@@ -976,8 +1333,57 @@ class LocalCluster:
         try:
             await self._gather_all(node.kill() for node in [*self._brokers, *self._bookies])
         finally:
-            if self._etcd is not None:
-                await self._etcd.stop()
+            try:
+                if self._etcd is not None:
+                    await self._etcd.stop()
+            finally:
+                await self._remove_fault_fixtures()
+
+    async def _remove_fault_fixtures(self) -> None:
+        """Remove the isolated host and unmount the bookies' tmpfs (their processes are gone)."""
+        try:
+            if self._isolated_host is not None:
+                await self._isolated_host.close()
+        finally:
+            for node in self._bookies:
+                if node.tmpfs is not None:
+                    node.tmpfs.unmount()
+
+    def _wire_network(self) -> None:
+        """Point etcd and the existing nodes at the (new) isolated host's addresses (a start
+        after an :meth:`aclose` makes a new host)."""
+        host = self._isolated_host
+        assert host is not None  # only called once it is created
+        assert self._etcd is not None  # isolated_brokers refuses a given metadata_url
+        self._etcd.extra_client_hosts = [host.gateway("etcd")]
+        for bookie in self._bookies:
+            bookie._set_network(self._bookie_network())
+        for broker in self._brokers:
+            broker._set_network(self._broker_network(isolated=broker is self._isolated_broker))
+
+    def _bookie_network(self) -> _Network:
+        host = self.isolated_host
+        address = host.gateway("bookies") if host is not None else HOST
+        return _Network(bind_host=address, advertised_host=address, metadata_url=self.metadata_url)
+
+    def _broker_network(self, *, isolated: bool) -> _Network:
+        host = self.isolated_host
+        if host is None:
+            return _Network(bind_host=HOST, advertised_host=HOST, metadata_url=self.metadata_url)
+        if not isolated:
+            # the isolated broker must reach the others too (admin calls are forwarded to a
+            # partition's owner), and inside its namespace 127.0.0.1 is its own
+            address = host.gateway("clients")
+            return _Network(
+                bind_host=address, advertised_host=address, metadata_url=self.metadata_url
+            )
+        assert self._etcd is not None  # isolated_brokers refuses a given metadata_url
+        return _Network(
+            bind_host="0.0.0.0",  # noqa: S104 - every address of its own namespace
+            advertised_host=host.address,
+            metadata_url=self._etcd.url_on(host.gateway("etcd")),
+            command_prefix=tuple(host.command_prefix),
+        )
 
     @staticmethod
     async def _read_bookies(store: MetadataStore) -> dict[str, str]:
