@@ -136,7 +136,9 @@ class Session:
     async def _keepalive(self) -> None:
         interval = self.ttl_s / 3
         retry = min(0.5, interval)
-        next_refresh = self._clock.monotonic() + interval
+        # the lease's validity counts from when the grant was sent, and so does the first
+        # refresh: counting from when a slow grant returned could sleep past the give-up point
+        next_refresh = self._valid_until - self.ttl_s + interval
         while True:
             give_up_at = self._valid_until - self.safety_margin_s
             now = self._clock.monotonic()

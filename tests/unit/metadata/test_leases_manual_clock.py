@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from magnetar.common.clock import ManualClock
+from metadata.api import Lease
 from metadata.coordination import Session
 from metadata.memory import MemoryMetadataStore
 
@@ -48,4 +49,32 @@ async def test_a_kept_session_outlives_many_ttls() -> None:
     assert await store.get("/member") is not None
     await session.close()
     assert await store.get("/member") is None
+    await store.close()
+
+
+class SlowGrantStore(MemoryMetadataStore):
+    """Grants take 1.6 s of manual time, as after etcd comes back from a partition."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        super().__init__(clock=clock)
+        self.manual_clock = clock
+
+    async def _do_grant_lease(self, ttl_s: int) -> Lease:
+        lease = await super()._do_grant_lease(ttl_s)
+        await self.manual_clock.advance(1.6)
+        return lease
+
+
+async def test_a_slow_grant_is_refreshed_in_time_not_given_up() -> None:
+    # the helper building the network-partition kit saw a broker lose its new session 5 s
+    # after a partition healed: the first refresh was due ttl/3 after the slow grant returned,
+    # past the moment the session gives up (TTL minus its margin, counted from the send)
+    clock = ManualClock()
+    store = SlowGrantStore(clock)
+    session = await Session.start(store, ttl_s=3, clock=clock)
+    for _ in range(20):
+        await clock.advance(0.25)
+        await settle()
+    assert session.alive, session.lost_error
+    await session.close()
     await store.close()
