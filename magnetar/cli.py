@@ -30,9 +30,7 @@ from magnetar.common.config import add_config_arguments, config_overrides_from_a
 from magnetar.common.errors import MagnetarError
 from magnetar.common.log import configure_logging
 
-NOT_BUILT = {
-    "verify": "fault-injecting durability checker",
-}
+NOT_BUILT: dict[str, str] = {}
 
 
 def _add_server_options(parser: argparse.ArgumentParser) -> None:
@@ -190,11 +188,95 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_client_commands(commands)
     add_perf_command(commands)
+    _add_verify_command(commands)
 
     for name, summary in NOT_BUILT.items():
         sub = commands.add_parser(name, help=summary, description=summary)
         sub.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return parser
+
+
+def _add_verify_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from magnetar.verify.nemesis import FAULT_KINDS  # noqa: PLC0415
+
+    summary = "fault-injecting durability checker (starts its own cluster; see docs/verify.md)"
+    verify = commands.add_parser("verify", help=summary, description=summary)
+    add = verify.add_argument
+    add("--duration", type=float, default=60.0, metavar="S", help="seconds of faults (60)")
+    add("--seed", type=int, default=None, help="the schedule's seed (default: random, printed)")
+    add("--json", action="store_true", help="print the summary as one JSON line")
+    add(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="where report.json, timeline.png and summary.md go (verify-<seed>/)",
+    )
+    add(
+        "--faults",
+        default=",".join(FAULT_KINDS),
+        metavar="KINDS",
+        help=f"comma-separated fault kinds (default all: {','.join(FAULT_KINDS)})",
+    )
+    add(
+        "--pace",
+        type=float,
+        default=1.0,
+        help="scale fault lengths and gaps (0.5: twice as many faults; default 1)",
+    )
+    add("--bookies", type=int, default=4, help="bookies (4)")
+    add(
+        "--brokers",
+        type=int,
+        default=2,
+        help="brokers on the host (2); one more runs in a network namespace when root",
+    )
+    add("--etcd-members", type=int, default=3, help="etcd members (3)")
+    add("--partitions", type=int, default=4, help="partitions of the topic (4)")
+    add("--producers", type=int, default=2, help="producers (2)")
+    add("--keys", type=int, default=8, help="keys per producer (8)")
+    add("--rate", type=float, default=300.0, help="messages per second in all (300)")
+    add("--message-size", type=int, default=100, metavar="BYTES", help="payload size (100)")
+    add("--work-dir", type=Path, default=None, help="cluster data and logs (a temp dir)")
+    add("--keep", action="store_true", help="keep the work dir even when the run passes")
+    add("--save-history", action="store_true", help="also write every event to history.json")
+
+
+def _run_verify(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    import random  # noqa: PLC0415
+
+    from magnetar.verify.runner import VerifyConfig, verify_main  # noqa: PLC0415
+
+    configure_logging(mode="console", level="warning", stream=sys.stderr)
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
+    faults = tuple(k.strip() for k in args.faults.split(",") if k.strip())
+    words = list(sys.argv[1:] if argv is None else argv)
+    if args.seed is None:
+        words += ["--seed", str(seed)]
+    try:
+        config = VerifyConfig(
+            duration_s=args.duration,
+            seed=seed,
+            faults=faults,
+            pace=args.pace,
+            bookies=args.bookies,
+            brokers=args.brokers,
+            etcd_members=args.etcd_members,
+            partitions=args.partitions,
+            producers=args.producers,
+            keys=args.keys,
+            rate=args.rate,
+            message_size=args.message_size,
+            out_dir=args.out or Path(f"verify-{seed}"),
+            work_dir=args.work_dir,
+            keep=args.keep,
+            save_history=args.save_history,
+            command="magnetar " + " ".join(words),
+        )
+    except ValueError as e:
+        print(f"magnetar verify: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    return verify_main(config, as_json=args.json)
 
 
 def _run_bookie(args: argparse.Namespace) -> int:
@@ -361,6 +443,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from magnetar.perf import run_perf  # noqa: PLC0415
 
             return run_perf(args)
+        if args.command == "verify":
+            return _run_verify(args, argv)
     except MagnetarError as e:
         print(f"magnetar {args.command}: {e.message}", file=sys.stderr)
         return EXIT_FAILED

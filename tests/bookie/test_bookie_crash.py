@@ -110,6 +110,7 @@ async def check(
     return intact, absent_unacked
 
 
+@pytest.mark.soak  # 30 s; tests/verify/test_verify.py SIGKILLs bookies under load on every run
 async def test_no_acknowledged_entry_is_lost_over_many_sigkills(
     etcd_server: EtcdServer, tmp_path: Path
 ) -> None:

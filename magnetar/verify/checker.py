@@ -1,0 +1,387 @@
+"""The checker: what a run's history says about durability, order and duplicates.
+
+It reads a :class:`~magnetar.verify.history.History` and nothing else. The rules, each a
+count in :class:`Verdict` (a violation fails the run):
+
+- **lost**: an acknowledged send missing from the final read of the topic, or stored but never
+  delivered to one of the subscriptions (counted once per subscription that missed it).
+- **misplaced**: stored somewhere else than the message id its acknowledgement gave.
+- **phantoms**: a stored or delivered payload no producer wrote (unknown or corrupt).
+- **duplicates**: a message stored more than once (the broker deduplicates producer retries,
+  so this must be 0 when deduplication is on; with it off they are counted, not failed).
+- **reordered**:
+  * in the log: one producer's messages for one key stored out of send order (they share a
+    partition, so their offsets must follow their sequence numbers);
+  * exclusive and failover subscriptions: a consumer given a message it had never been given
+    at a lower offset than one it was given before, on the same partition (a rewind to
+    redeliver is fine; a new message overtaking is not);
+  * key_shared: the first delivery of a key's messages, across all consumers, out of offset
+    order (the draining rule exists to prevent exactly this when keys move).
+  Shared subscriptions promise no order and are not checked for it.
+- **acknowledged positions**: a message delivered again after the broker confirmed its ack.
+  The broker persists acks at most every ``cursor_persist_interval_ms``, so acks confirmed
+  within that window before a broker crash or pause (or before and during a broker's cut from
+  the metadata store) may come back: those are *explained*. So is a failover consumer handing
+  over a message it had queued just as it stopped being the partition's active consumer (within
+  ``switch_s`` of being told). Any other is a violation.
+
+Unavailability windows are the gaps in each partition's stream of acknowledgements longer
+than ``gap_s``, with the faults active during each.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from magnetar.verify.history import Delivery, History, Name
+
+ORDERED_PER_CONSUMER = ("exclusive", "failover")
+ACK_LOSING_FAULTS = ("kill-broker", "pause-broker")
+"""Faults that end a broker's ownership without it persisting its cursors first."""
+ACK_LOSING_WHILE_ACTIVE = ("cut-broker-etcd",)
+"""Faults during which a broker may confirm acks it can no longer persist."""
+SAMPLE = 10
+
+
+@dataclass
+class Window:
+    """A stretch of time a partition acknowledged no send."""
+
+    partition: int
+    start: float
+    end: float
+    faults: list[str]
+
+    @property
+    def duration_s(self) -> float:
+        return self.end - self.start
+
+
+@dataclass
+class Verdict:
+    """The counts the checker found, and samples of every violation."""
+
+    attempted: int = 0
+    acked: int = 0
+    failed: int = 0
+    pending: int = 0
+    stored: int = 0
+    delivered: dict[str, int] = field(default_factory=dict)
+    """Distinct messages each subscription was given."""
+    deliveries: int = 0
+    redeliveries: int = 0
+    lost: int = 0
+    lost_from_log: int = 0
+    lost_by_subscription: dict[str, int] = field(default_factory=dict)
+    misplaced: int = 0
+    phantoms: int = 0
+    duplicates: int = 0
+    reordered: int = 0
+    redelivered_after_ack: int = 0
+    explained_redeliveries_after_ack: int = 0
+    explained_by: dict[str, int] = field(default_factory=dict)
+    """Explained redeliveries after an ack, by reason: ``switch`` or a fault kind."""
+    unexplained_redeliveries_after_ack: int = 0
+    faults: int = 0
+    fault_kinds: dict[str, int] = field(default_factory=dict)
+    failed_faults: int = 0
+    windows: list[Window] = field(default_factory=list)
+    longest_window_s: float = 0.0
+    drain_complete: bool = True
+    dedup: bool = True
+    samples: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def duplicates_unexplained(self) -> int:
+        return self.duplicates if self.dedup else 0
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.lost == 0
+            and self.misplaced == 0
+            and self.phantoms == 0
+            and self.duplicates_unexplained == 0
+            and self.reordered == 0
+            and self.unexplained_redeliveries_after_ack == 0
+            and self.drain_complete
+        )
+
+    def problems(self) -> list[str]:
+        """One line per violated rule (empty when the run passed)."""
+        found = []
+        for name, count in (
+            ("lost", self.lost),
+            ("misplaced", self.misplaced),
+            ("phantoms", self.phantoms),
+            ("duplicates", self.duplicates_unexplained),
+            ("reordered", self.reordered),
+            ("unexplained redeliveries after ack", self.unexplained_redeliveries_after_ack),
+        ):
+            if count:
+                examples = "; ".join(self.samples.get(name.split(" ")[0], [])[:3])
+                found.append(f"{name}: {count}" + (f" (e.g. {examples})" if examples else ""))
+        if not self.drain_complete:
+            found.append("the final read did not reach the end of every partition")
+        return found
+
+    def summary(self) -> dict[str, Any]:
+        """The one-line summary (``magnetar verify --json``)."""
+        return {
+            "ok": self.ok,
+            "acked": self.acked,
+            "lost": self.lost,
+            "duplicates": self.duplicates,
+            "reordered": self.reordered,
+            "faults": self.faults,
+            "attempted": self.attempted,
+            "failed": self.failed,
+            "stored": self.stored,
+            "delivered": self.delivered,
+            "redeliveries": self.redeliveries,
+            "misplaced": self.misplaced,
+            "phantoms": self.phantoms,
+            "redelivered_after_ack": self.redelivered_after_ack,
+            "unexplained_redeliveries_after_ack": self.unexplained_redeliveries_after_ack,
+            "explained_by": self.explained_by,
+            "fault_kinds": self.fault_kinds,
+            "failed_faults": self.failed_faults,
+            "unavailability_windows": len(self.windows),
+            "longest_unavailability_s": round(self.longest_window_s, 3),
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        body = asdict(self)
+        body["ok"] = self.ok
+        body["problems"] = self.problems()
+        return body
+
+
+def _note(verdict: Verdict, rule: str, text: str) -> None:
+    examples = verdict.samples.setdefault(rule, [])
+    if len(examples) < SAMPLE:
+        examples.append(text)
+
+
+def _label(name: Name) -> str:
+    return f"{name[0]}/{name[1]}#{name[2]}"
+
+
+def check(
+    history: History,
+    *,
+    cursor_persist_interval_s: float = 1.0,
+    slack_s: float = 1.0,
+    gap_s: float = 1.0,
+    switch_s: float = 2.0,
+) -> Verdict:
+    """Judge one history (see the module docstring for the rules)."""
+    verdict = Verdict(drain_complete=history.drain_complete)
+    verdict.dedup = bool(history.config.get("dedup", True))
+    _check_sends_and_log(history, verdict)
+    _check_subscriptions(history, verdict, cursor_persist_interval_s, slack_s, switch_s)
+    _check_faults_and_windows(history, verdict, gap_s)
+    verdict.lost = verdict.lost_from_log + sum(verdict.lost_by_subscription.values())
+    return verdict
+
+
+def _check_sends_and_log(history: History, verdict: Verdict) -> None:
+    sent = {s.name: s for s in history.sends}
+    verdict.attempted = len(history.sends)
+    acked = {name: s for name, s in sent.items() if s.outcome == "acked"}
+    verdict.acked = len(acked)
+    verdict.failed = sum(1 for s in history.sends if s.outcome == "failed")
+    verdict.pending = sum(1 for s in history.sends if s.outcome == "pending")
+    verdict.stored = len(history.stored)
+
+    where: dict[Name, tuple[int, int, int, int]] = {}
+    last_seq: dict[tuple[str, str], tuple[int, int, int]] = {}
+    for record in sorted(history.stored, key=lambda r: (r.partition, r.offset)):
+        if record.phantom or record.name not in sent:
+            verdict.phantoms += 1
+            _note(verdict, "phantoms", f"stored at {record.partition}:{record.offset}")
+            continue
+        position = (record.partition, record.ledger_id, record.entry_id, record.batch_index)
+        if record.name in where:
+            verdict.duplicates += 1
+            _note(
+                verdict,
+                "duplicates",
+                f"{_label(record.name)} at {where[record.name]} and {position}",
+            )
+            continue
+        where[record.name] = position
+        stream = (record.producer, record.key)
+        previous = last_seq.get(stream)
+        if previous is not None and previous[0] > record.seq and previous[1] == record.partition:
+            verdict.reordered += 1
+            _note(
+                verdict,
+                "reordered",
+                f"log: {_label(record.name)} at offset {record.offset} after seq {previous[0]}"
+                f" at offset {previous[2]}",
+            )
+        last_seq[stream] = (record.seq, record.partition, record.offset)
+
+    for name, send in acked.items():
+        stored_at = where.get(name)
+        if stored_at is None:
+            verdict.lost_from_log += 1
+            _note(verdict, "lost", f"{_label(name)} acked at {send.answered_at:.3f}s, not stored")
+        elif stored_at != (send.partition, send.ledger_id, send.entry_id, send.batch_index):
+            verdict.misplaced += 1
+            _note(
+                verdict,
+                "misplaced",
+                f"{_label(name)} acked as {send.partition}:{send.ledger_id}:{send.entry_id}"
+                f":{send.batch_index}, stored at {stored_at}",
+            )
+
+
+def _check_subscriptions(
+    history: History, verdict: Verdict, persist_s: float, slack_s: float, switch_s: float
+) -> None:
+    acked = {s.name for s in history.sends if s.outcome == "acked"}
+    stored = {r.name for r in history.stored if not r.phantom}
+    sent = {s.name for s in history.sends}
+    ack_losses = _ack_losing_spans(history, persist_s, slack_s)
+    switches: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for switch in history.switches:
+        switches[(switch.consumer, switch.partition)].append(switch.at)
+    by_subscription: dict[str, list[Delivery]] = defaultdict(list)
+    for delivery in history.deliveries:
+        by_subscription[delivery.subscription].append(delivery)
+    verdict.deliveries = len(history.deliveries)
+    for subscription in history.config.get("subscriptions", sorted(by_subscription)):
+        deliveries = sorted(by_subscription.get(subscription, []), key=lambda d: d.at)
+        seen: set[Name] = set()
+        confirmed: dict[Name, float] = {}
+        high_offset: dict[tuple[str, int], int] = {}
+        key_high: dict[tuple[int, str], int] = {}
+        for d in deliveries:
+            if d.phantom or d.name not in sent:
+                verdict.phantoms += 1
+                _note(verdict, "phantoms", f"{subscription}: delivered at {d.partition}:{d.offset}")
+                continue
+            first = d.name not in seen
+            if not first:
+                verdict.redeliveries += 1
+                acked_at = confirmed.get(d.name)
+                if acked_at is not None and acked_at < d.at:
+                    verdict.redelivered_after_ack += 1
+                    switched = any(
+                        abs(at - d.at) <= switch_s for at in switches[(d.consumer, d.partition)]
+                    )
+                    reason = "switch" if switched else None
+                    for lo, hi, kind in ack_losses:
+                        if reason is None and lo <= acked_at <= hi:
+                            reason = kind
+                    if reason is not None:
+                        verdict.explained_redeliveries_after_ack += 1
+                        verdict.explained_by[reason] = verdict.explained_by.get(reason, 0) + 1
+                    else:
+                        verdict.unexplained_redeliveries_after_ack += 1
+                        _note(
+                            verdict,
+                            "unexplained",
+                            f"{subscription}: {_label(d.name)} ack confirmed at {acked_at:.3f}s,"
+                            f" delivered again at {d.at:.3f}s to {d.consumer}",
+                        )
+            _check_order(verdict, subscription, d, first, high_offset, key_high)
+            seen.add(d.name)
+            if d.acked_at is not None:
+                confirmed[d.name] = min(confirmed.get(d.name, d.acked_at), d.acked_at)
+        verdict.delivered[subscription] = len(seen)
+        missing = (acked & stored) - seen
+        verdict.lost_by_subscription[subscription] = len(missing)
+        for name in sorted(missing)[:SAMPLE]:
+            _note(verdict, "lost", f"{subscription}: {_label(name)} stored but never delivered")
+
+
+def _check_order(  # noqa: PLR0917 - a private helper of one loop
+    verdict: Verdict,
+    subscription: str,
+    d: Delivery,
+    first: bool,
+    high_offset: dict[tuple[str, int], int],
+    key_high: dict[tuple[int, str], int],
+) -> None:
+    if d.subscription_type in ORDERED_PER_CONSUMER:
+        slot = (d.consumer, d.partition)
+        high = high_offset.get(slot, -1)
+        if first and d.offset < high:
+            verdict.reordered += 1
+            _note(
+                verdict,
+                "reordered",
+                f"{subscription}: {d.consumer} got new offset {d.offset} of partition"
+                f" {d.partition} after offset {high}",
+            )
+        high_offset[slot] = max(high, d.offset)
+    elif d.subscription_type == "key_shared" and first:
+        slot_key = (d.partition, d.key)
+        high = key_high.get(slot_key, -1)
+        if d.offset < high:
+            verdict.reordered += 1
+            _note(
+                verdict,
+                "reordered",
+                f"{subscription}: key {d.key} offset {d.offset} first delivered (to {d.consumer})"
+                f" after offset {high} of the same key",
+            )
+        key_high[slot_key] = max(high, d.offset)
+
+
+def _ack_losing_spans(
+    history: History, persist_s: float, slack_s: float
+) -> list[tuple[float, float, str]]:
+    """When a confirmed ack may legitimately be lost: the times it could have been confirmed,
+    and the kind of fault that explains it."""
+    spans = []
+    for fault in history.faults:
+        if fault.started_at is None:
+            continue
+        if fault.kind in ACK_LOSING_FAULTS:
+            spans.append(
+                (fault.started_at - persist_s - slack_s, fault.started_at + slack_s, fault.kind)
+            )
+        elif fault.kind in ACK_LOSING_WHILE_ACTIVE:
+            end = fault.ended_at if fault.ended_at is not None else float("inf")
+            spans.append((fault.started_at - persist_s - slack_s, end + slack_s, fault.kind))
+    return spans
+
+
+def _check_faults_and_windows(history: History, verdict: Verdict, gap_s: float) -> None:
+    verdict.faults = sum(1 for f in history.faults if f.started_at is not None and not f.error)
+    verdict.failed_faults = sum(1 for f in history.faults if f.error)
+    kinds: dict[str, int] = defaultdict(int)
+    for fault in history.faults:
+        if fault.started_at is not None and not fault.error:
+            kinds[fault.kind] += 1
+    verdict.fault_kinds = dict(sorted(kinds.items()))
+
+    start = history.phases.get("workload", 0.0)
+    end = history.phases.get("producers_stopped")
+    times: dict[int, list[float]] = defaultdict(list)
+    for send in history.sends:
+        if send.outcome == "acked" and send.answered_at is not None:
+            times[send.partition].append(send.answered_at)
+    for partition in sorted(times):
+        stamps = sorted(times[partition])
+        if end is not None:
+            stamps.append(end)  # a partition silent until the end was unavailable that long
+        previous = start
+        for stamp in stamps:
+            if stamp - previous > gap_s:
+                active = [
+                    f"{f.kind}:{f.target}"
+                    for f in history.faults
+                    if f.started_at is not None
+                    and f.started_at <= stamp
+                    and (f.ended_at is None or f.ended_at >= previous)
+                ]
+                verdict.windows.append(Window(partition, previous, stamp, active))
+            previous = max(previous, stamp)
+    verdict.longest_window_s = max((w.duration_s for w in verdict.windows), default=0.0)

@@ -1,0 +1,236 @@
+"""A verify run's report: ``report.json``, ``timeline.png`` and ``summary.md`` in one directory.
+
+The JSON holds the configuration, the seed, the schedule, every fault with its times, the
+checker's verdict (counts, samples, unavailability windows) and the per-second throughput. The
+PNG plots acknowledged sends and deliveries per second with every fault shaded and labelled.
+The summary is one page of markdown for humans (and for ``bench/results/``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from magnetar.verify.checker import Verdict
+from magnetar.verify.history import History
+
+_COLORS = {
+    "kill-bookie": "#d62728",
+    "pause-bookie": "#ff9896",
+    "kill-broker": "#1f77b4",
+    "pause-broker": "#aec7e8",
+    "kill-etcd": "#9467bd",
+    "fill-disk": "#8c564b",
+    "cut-broker-etcd": "#2ca02c",
+    "cut-broker-bookies": "#98df8a",
+}
+
+
+def throughput(history: History) -> dict[str, list[int]]:
+    """Per whole second since the start: acknowledged sends, and deliveries (all
+    subscriptions)."""
+    acked = Counter(
+        int(s.answered_at)
+        for s in history.sends
+        if s.outcome == "acked" and s.answered_at is not None
+    )
+    delivered = Counter(int(d.at) for d in history.deliveries)
+    last = max([*acked, *delivered, 0])
+    return {
+        "acked_per_s": [acked.get(t, 0) for t in range(last + 1)],
+        "delivered_per_s": [delivered.get(t, 0) for t in range(last + 1)],
+    }
+
+
+def report_body(history: History, verdict: Verdict, schedule: list[str]) -> dict[str, Any]:
+    return {
+        "seed": history.seed,
+        "config": history.config,
+        "phases": history.phases,
+        "schedule": schedule,
+        "summary": verdict.summary(),
+        "verdict": verdict.to_json(),
+        "faults": [
+            {
+                "index": f.index,
+                "kind": f.kind,
+                "target": f.target,
+                "started_at": f.started_at,
+                "ended_at": f.ended_at,
+                "error": f.error,
+            }
+            for f in history.faults
+        ],
+        "throughput": throughput(history),
+    }
+
+
+def write_report(
+    out_dir: Path, history: History, verdict: Verdict, schedule: list[str]
+) -> dict[str, Path]:
+    """Write the three files; their paths by name."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    body = report_body(history, verdict, schedule)
+    paths = {
+        "json": out_dir / "report.json",
+        "png": out_dir / "timeline.png",
+        "summary": out_dir / "summary.md",
+    }
+    paths["json"].write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
+    plot_timeline(paths["png"], history, body["throughput"])
+    paths["summary"].write_text(summary_markdown(history, verdict))
+    return paths
+
+
+def plot_timeline(path: Path, history: History, series: dict[str, list[int]]) -> None:
+    """Throughput over time with each fault shaded in its kind's colour."""
+    import matplotlib  # noqa: PLC0415 - a heavy import, needed only here
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+    from matplotlib.patches import Patch  # noqa: PLC0415
+
+    figure, axis = plt.subplots(figsize=(14, 6), dpi=100)
+    seconds = list(range(len(series["acked_per_s"])))
+    axis.plot(seconds, series["acked_per_s"], label="sends acknowledged/s", color="black", lw=1)
+    axis.plot(
+        seconds, series["delivered_per_s"], label="deliveries/s (all subscriptions)", lw=0.8,
+        color="#7f7f7f", alpha=0.8,
+    )  # fmt: skip
+    top = max([*series["acked_per_s"], *series["delivered_per_s"], 1])
+    seen_kinds: list[str] = []
+    for fault in history.faults:
+        if fault.started_at is None:
+            continue
+        end = fault.ended_at if fault.ended_at is not None else fault.started_at + 1
+        color = _COLORS.get(fault.kind, "#bcbd22")
+        axis.axvspan(fault.started_at, end, color=color, alpha=0.25, lw=0)
+        axis.text(
+            fault.started_at, top * 1.02, str(fault.index), fontsize=6, rotation=90, va="bottom"
+        )
+        if fault.kind not in seen_kinds:
+            seen_kinds.append(fault.kind)
+    for name, at in history.phases.items():
+        if name in ("nemesis", "healed", "producers_stopped"):
+            axis.axvline(at, color="#444444", ls=":", lw=0.8)
+            axis.text(at, 0, f" {name}", fontsize=7, rotation=90, va="bottom", color="#444444")
+    handles, _ = axis.get_legend_handles_labels()
+    handles += [Patch(color=_COLORS.get(k, "#bcbd22"), alpha=0.4, label=k) for k in seen_kinds]
+    axis.legend(
+        handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12), fontsize=7, ncol=5
+    )
+    axis.set_xlabel("seconds since start")
+    axis.set_ylabel("messages per second")
+    axis.set_ylim(0, top * 1.15)
+    injected = sum(1 for f in history.faults if f.started_at is not None)
+    axis.set_title(f"magnetar verify, seed {history.seed}: {injected} faults")
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
+def _cluster_lines(config: dict[str, Any]) -> list[str]:
+    quorums = (
+        f"E{config.get('ensemble')}/Qw{config.get('write_quorum')}/Qa{config.get('ack_quorum')}"
+    )
+    isolated = " (one in its own network namespace)" if config.get("isolated_broker") else ""
+    unsupported = ", ".join(f"{k} ({r})" for k, r in config.get("unsupported", {}).items())
+    dedup = "on" if config.get("dedup", True) else "off"
+    return [
+        (
+            f"- {config.get('etcd_members')} etcd members, {config.get('bookies')} bookies"
+            f" ({quorums}), {config.get('brokers')} brokers{isolated}"
+        ),
+        (
+            f"- {config.get('partitions')} partitions, {config.get('producers')} producers,"
+            f" {config.get('keys')} keys, {config.get('rate')} msg/s of"
+            f" {config.get('message_size')}"
+            f" B, deduplication {dedup}"
+        ),
+        f"- subscriptions: {', '.join(config.get('subscriptions', []))}",
+        f"- nemesis {config.get('duration_s')} s; not injectable here: {unsupported or 'none'}",
+    ]
+
+
+_RESULT_ROWS = (
+    "attempted", "acked", "failed", "stored", "lost", "misplaced", "phantoms", "duplicates",
+    "reordered", "redeliveries", "redelivered_after_ack", "unexplained_redeliveries_after_ack",
+    "faults", "failed_faults",
+)  # fmt: skip
+
+
+def summary_markdown(history: History, verdict: Verdict) -> str:
+    """The one-page summary."""
+    config = history.config
+    verdict_line = "**PASSED**" if verdict.ok else "**FAILED**: " + "; ".join(verdict.problems())
+    replay = config.get("command", f"magnetar verify --seed {history.seed}")
+    summary = verdict.summary()
+    lines = [
+        f"# magnetar verify, seed {history.seed}",
+        "",
+        verdict_line,
+        "",
+        f"Replay: `{replay}`",
+        "",
+        "## Cluster and workload",
+        "",
+        *_cluster_lines(config),
+        "",
+        "## Results",
+        "",
+        "| check | count |",
+        "|---|---:|",
+        *(f"| {name} | {summary[name]} |" for name in _RESULT_ROWS),
+        "",
+        "Delivered per subscription: "
+        + ", ".join(f"{k} {v}" for k, v in verdict.delivered.items()),
+        "",
+        "Redeliveries after a confirmed ack, explained by: "
+        + (", ".join(f"{k} {v}" for k, v in sorted(verdict.explained_by.items())) or "none"),
+        "",
+        "Faults by kind: " + ", ".join(f"{k} x{v}" for k, v in verdict.fault_kinds.items()),
+        "",
+        "## Unavailability",
+        "",
+        (
+            f"{len(verdict.windows)} windows over 1 s without an acknowledged send on a partition;"
+            f" longest {verdict.longest_window_s:.2f} s."
+        ),
+        "",
+    ]
+    if verdict.windows:
+        lines += [
+            "| partition | from (s) | to (s) | length (s) | faults active |",
+            "|---|---:|---:|---:|---|",
+        ]
+        lines.extend(
+            f"| {w.partition} | {w.start:.1f} | {w.end:.1f} | {w.duration_s:.2f} |"
+            f" {', '.join(w.faults) or '-'} |"
+            for w in sorted(verdict.windows, key=lambda w: -w.duration_s)[:12]
+        )
+        lines.append("")
+    durations = [
+        f.ended_at - f.started_at
+        for f in history.faults
+        if f.started_at is not None and f.ended_at is not None
+    ]
+    mean = sum(durations) / len(durations) if durations else math.nan
+    errors = sum(1 for f in history.faults if f.error)
+    lines += [
+        "## Faults",
+        "",
+        (
+            f"{len(durations)} injected, {errors} with an error; mean length {mean:.1f} s."
+            " Timeline: `timeline.png`; every fault with its times: `report.json`."
+        ),
+        "",
+    ]
+    if verdict.samples:
+        lines += ["## Samples", ""]
+        for rule, examples in verdict.samples.items():
+            lines.extend(f"- {rule}: {example}" for example in examples[:5])
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,273 @@
+"""One verify run: a real cluster, the workload, the nemesis, the drain, the checker, the report.
+
+1. Start etcd (3 members), bookies and brokers as OS processes (``LocalCluster``). As root,
+   every bookie's data lives on its own small tmpfs (for ``fill-disk``) and one more broker
+   runs in its own network namespace (for the ``cut-broker-*`` faults).
+2. Start the workload and let it warm up.
+3. Run the nemesis' seeded schedule for ``duration_s``, then heal everything.
+4. Keep producing ``settle_s`` more (the recovered cluster must serve), then drain: stop
+   producing, let every subscription catch up, read every partition from its start.
+5. Check the history and write the report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from magnetar.testing import LocalCluster
+from magnetar.testing.netns import netns_unsupported_reason
+from magnetar.verify.checker import Verdict, check
+from magnetar.verify.history import History
+from magnetar.verify.nemesis import FAULT_KINDS, Nemesis, describe, plan, supported_kinds
+from magnetar.verify.report import write_report
+from magnetar.verify.workload import SUBSCRIPTIONS, Clock, Workload, WorkloadConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerifyConfig:
+    """What one run does (``magnetar verify`` flags)."""
+
+    duration_s: float = 60.0
+    """How long the nemesis runs."""
+    seed: int = 0
+    faults: tuple[str, ...] = FAULT_KINDS
+    """Kinds to inject (those this machine cannot are left out and reported)."""
+    pace: float = 1.0
+    """Scales fault lengths and the gaps between them (0.5: twice as many faults)."""
+    bookies: int = 4
+    brokers: int = 2
+    """Brokers on the host; one more runs in a network namespace when the machine allows."""
+    etcd_members: int = 3
+    partitions: int = 4
+    producers: int = 2
+    keys: int = 8
+    rate: float = 300.0
+    message_size: int = 100
+    session_ttl_s: int = 4
+    """Broker and bookie session TTL: how soon a dead or paused one loses its work."""
+    bookie_disk_mb: int = 256
+    warmup_s: float = 3.0
+    settle_s: float = 5.0
+    drain_timeout_s: float = 120.0
+    out_dir: Path = Path("verify-report")
+    work_dir: Path | None = None
+    """Where the cluster's data and logs go (a temporary directory by default)."""
+    keep: bool = False
+    """Keep the work directory (it is kept anyway when the run fails)."""
+    save_history: bool = False
+    command: str = ""
+    """The command line, for the report's replay line."""
+
+    def __post_init__(self) -> None:
+        if self.duration_s <= 0:
+            raise ValueError(f"duration must be > 0 seconds, got {self.duration_s}")
+        if self.pace <= 0:
+            raise ValueError(f"pace must be > 0, got {self.pace}")
+        unknown = [k for k in self.faults if k not in FAULT_KINDS]
+        if unknown:
+            raise ValueError(f"unknown fault kinds {unknown}; known: {', '.join(FAULT_KINDS)}")
+        if self.bookies < 3:
+            raise ValueError(f"verify needs at least 3 bookies (E3/Qw2/Qa2), got {self.bookies}")
+        if self.brokers < 1:
+            raise ValueError(f"verify needs at least 1 broker, got {self.brokers}")
+        if self.etcd_members < 1:
+            raise ValueError(f"verify needs at least 1 etcd member, got {self.etcd_members}")
+
+
+@dataclass
+class Outcome:
+    verdict: Verdict
+    history: History
+    paths: dict[str, Path]
+    work_dir: Path
+    schedule: list[str]
+
+
+def tmpfs_unsupported_reason() -> str | None:
+    """None when this process can mount a tmpfs, else why not."""
+    if os.geteuid() != 0:
+        return "mounting a small file system needs root"
+    if shutil.which("mount") is None or shutil.which("umount") is None:
+        return "mount/umount are not installed"
+    probe = Path(tempfile.mkdtemp(prefix="magnetar-tmpfs-probe-"))
+    try:
+        mounted = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(probe)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if mounted.returncode != 0:
+            return f"mount -t tmpfs failed: {mounted.stderr.strip()}"
+        subprocess.run(["umount", str(probe)], check=False)
+        return None
+    finally:
+        with contextlib.suppress(OSError):
+            probe.rmdir()
+
+
+async def run_verify(config: VerifyConfig, say: Callable[[str], None]) -> Outcome:
+    """Run once; the outcome carries the verdict and where the report went."""
+    work_dir = config.work_dir or Path(tempfile.mkdtemp(prefix="magnetar-verify-"))
+    work_dir.mkdir(parents=True, exist_ok=True)
+    clock = Clock()
+    netns_reason = netns_unsupported_reason()
+    tmpfs_reason = tmpfs_unsupported_reason()
+    isolated = 1 if netns_reason is None and any(k.startswith("cut-") for k in config.faults) else 0
+    use_tmpfs = tmpfs_reason is None and "fill-disk" in config.faults
+    cluster = LocalCluster(
+        work_dir / "cluster",
+        bookies=config.bookies,
+        brokers=config.brokers,
+        etcd_members=config.etcd_members,
+        bookie_args=["--session-ttl-s", str(config.session_ttl_s)],
+        broker_args=[
+            "--session-ttl-s",
+            str(config.session_ttl_s),
+            *("--managed-ledger-ensemble-size", "3"),
+            *("--managed-ledger-write-quorum", "2"),
+            *("--managed-ledger-ack-quorum", "2"),
+        ],
+        fixed_broker_ports=True,
+        bookie_tmpfs_mb=config.bookie_disk_mb if use_tmpfs else None,
+        isolated_brokers=isolated,
+    )
+    subscriptions = [name for name, _, _ in SUBSCRIPTIONS]
+    history = History(seed=config.seed)
+    workload: Workload | None = None
+    passed = False
+    try:
+        say(f"starting the cluster in {work_dir}")
+        await cluster.start(timeout_s=120)
+        history.phases["cluster"] = clock.now()
+        reasons = supported_kinds(cluster)
+        if netns_reason is not None:
+            for kind in ("cut-broker-etcd", "cut-broker-bookies"):
+                reasons[kind] = netns_reason
+        if tmpfs_reason is not None:
+            reasons["fill-disk"] = tmpfs_reason
+        kinds = [k for k in config.faults if reasons.get(k) is None]
+        unsupported = {k: str(reasons[k]) for k in config.faults if reasons.get(k) is not None}
+        schedule = plan(config.seed, config.duration_s, kinds, pace=config.pace)
+        lines = describe(schedule)
+        say(f"seed {config.seed}: {len(schedule)} faults in {config.duration_s:g}s")
+        say(f"  kinds: {', '.join(kinds)}")
+        for kind, reason in unsupported.items():
+            say(f"  not injected here: {kind}: {reason}")
+        for line in lines:
+            say(line)
+        history.config = {
+            "command": config.command
+            or f"magnetar verify --duration {config.duration_s:g} --seed {config.seed}",
+            "duration_s": config.duration_s,
+            "pace": config.pace,
+            "etcd_members": config.etcd_members,
+            "bookies": config.bookies,
+            "brokers": len(cluster.brokers),
+            "isolated_broker": cluster.isolated_broker is not None,
+            "ensemble": 3,
+            "write_quorum": 2,
+            "ack_quorum": 2,
+            "session_ttl_s": config.session_ttl_s,
+            "bookie_disk_mb": config.bookie_disk_mb if use_tmpfs else None,
+            "partitions": config.partitions,
+            "producers": config.producers,
+            "keys": config.keys,
+            "rate": config.rate,
+            "message_size": config.message_size,
+            "dedup": True,
+            "subscriptions": subscriptions,
+            "kinds": kinds,
+            "unsupported": unsupported,
+            "python": sys.version.split()[0],
+        }
+        topic = f"persistent://public/default/verify-{config.seed}-{random.getrandbits(24):06x}"
+        workload = Workload(
+            lambda: cluster.service_url,
+            WorkloadConfig(
+                topic=topic,
+                partitions=config.partitions,
+                producers=config.producers,
+                keys=config.keys,
+                rate=config.rate,
+                message_size=config.message_size,
+            ),
+            history,
+            clock,
+            config.seed,
+        )
+        await workload.start()
+        history.phases["workload"] = clock.now()
+        say(f"{clock.now():8.2f}s workload running on {topic}")
+        await asyncio.sleep(config.warmup_s)
+        nemesis = Nemesis(cluster, history, clock, say=say)
+        history.phases["nemesis"] = clock.now()
+        await nemesis.run(schedule)
+        # the schedule may end early; the nemesis phase lasts its whole duration
+        remaining = history.phases["nemesis"] + config.duration_s - clock.now()
+        if remaining > 0:
+            await asyncio.sleep(remaining)
+        problems = await nemesis.heal_all()
+        for problem in problems:
+            say(f"could not heal: {problem}")
+        history.phases["healed"] = clock.now()
+        say(f"{clock.now():8.2f}s nemesis done, cluster healed; settling {config.settle_s:g}s")
+        await asyncio.sleep(config.settle_s)
+        history.phases["drain"] = clock.now()
+        await workload.drain(config.drain_timeout_s)
+        history.phases["end"] = clock.now()
+        for error in workload.errors[:20]:
+            say(f"workload: {error}")
+        verdict = check(history)
+        paths = write_report(config.out_dir, history, verdict, lines)
+        if config.save_history:
+            paths["history"] = config.out_dir / "history.json"
+            history.save(paths["history"])
+        passed = verdict.ok
+        return Outcome(verdict, history, paths, work_dir, lines)
+    finally:
+        if workload is not None:
+            await workload.close()
+        await cluster.aclose()
+        if passed and not config.keep and config.work_dir is None:
+            shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def verify_main(config: VerifyConfig, *, as_json: bool) -> int:
+    """``magnetar verify``: run, print the outcome, exit 0 when every check passed."""
+    import json  # noqa: PLC0415
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    outcome = asyncio.run(run_verify(config, say))
+    verdict = outcome.verdict
+    if as_json:
+        body = {"seed": config.seed, **verdict.summary(), "report": str(outcome.paths["json"])}
+        print(json.dumps(body, separators=(",", ":")), flush=True)
+    else:
+        summary = verdict.summary()
+        word = "PASSED" if verdict.ok else "FAILED"
+        print(
+            f"{word}: seed {config.seed}, {summary['faults']} faults, {summary['acked']} acked,"
+            f" {summary['lost']} lost, {summary['duplicates']} duplicates,"
+            f" {summary['reordered']} reordered,"
+            f" {summary['unexplained_redeliveries_after_ack']} unexplained redeliveries;"
+            f" longest unavailability {summary['longest_unavailability_s']}s"
+        )
+        for problem in verdict.problems():
+            print(f"  {problem}")
+        print(f"report: {outcome.paths['summary']}")
+    if not verdict.ok:
+        print(f"the cluster's data and logs are kept in {outcome.work_dir}", file=sys.stderr)
+    return 0 if verdict.ok else 1
