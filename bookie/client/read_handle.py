@@ -73,6 +73,8 @@ class ReadHandle:
         found: dict[int, LedgerEntry] = {}
         tried: dict[int, int] = dict.fromkeys(entry_ids, 0)
         failures: dict[int, MagnetarError] = {}
+        unreachable: set[int] = set()
+        """Entries a replica could not be asked for (down, cut off, timed out)."""
         in_flight: dict[asyncio.Task[None], list[int]] = {}
         delay = config.speculative_read_delay_ms / 1000
 
@@ -84,7 +86,9 @@ class ReadHandle:
                     groups[replicas[tried[entry_id]]].append(entry_id)
                     tried[entry_id] += 1
             for bookie, ids in groups.items():
-                task = asyncio.ensure_future(self._fetch(bookie, ids, found, failures))
+                task = asyncio.ensure_future(
+                    self._fetch(bookie, ids, found, failures, unreachable)
+                )
                 in_flight[task] = ids
 
         launch(entry_ids)
@@ -110,7 +114,14 @@ class ReadHandle:
         if missing:
             first = missing[0]
             cause = failures.get(first)
-            error_class = CorruptionError if isinstance(cause, CorruptionError) else LedgerError
+            error_class: type[LedgerError] | type[CorruptionError] = LedgerError
+            if isinstance(cause, CorruptionError):
+                error_class = CorruptionError
+            elif first in unreachable:
+                # a replica that could not be asked may well hold it: worth asking again
+                # (magnetar verify seed 20261121 saw a broker cut off from the bookies fail a
+                # partition's load with a final error, and its producers gave up for good)
+                error_class = BookieUnavailableError
             raise error_class(
                 f"entry {first} of ledger {self.ledger_id} could not be read from any of its"
                 f" replicas {list(metadata.write_set(first))}"
@@ -125,6 +136,7 @@ class ReadHandle:
         entry_ids: list[int],
         found: dict[int, LedgerEntry],
         failures: dict[int, MagnetarError],
+        unreachable: set[int],
     ) -> None:
         timeout = self._client.config.read_timeout_ms / 1000
         try:
@@ -141,6 +153,8 @@ class ReadHandle:
             error = e if isinstance(e, MagnetarError) else BookieUnavailableError(str(e))
             for entry_id in entry_ids:
                 failures.setdefault(entry_id, error)
+            if error.retriable:
+                unreachable.update(entry_ids)
             if not isinstance(e, NoSuchLedgerError):
                 log.info("ledger_read_failed", ledger=self.ledger_id, bookie=bookie, error=str(e))
             return

@@ -15,6 +15,7 @@ from bookie.client.ledger_metadata import LedgerState, write_set_indexes
 from bookie.entries import AddEntry, entry_checksum
 from bookie.process import BookieProcess
 from magnetar.common.errors import (
+    BookieUnavailableError,
     InvalidArgumentError,
     LedgerFencedError,
     LedgerNotFoundError,
@@ -300,3 +301,19 @@ async def test_back_pressure_bounds_pending_adds(cluster) -> None:
         futures.append(await ledger.add_async(payload(i)))
         assert ledger.pending <= 8
     assert await asyncio.gather(*futures) == list(range(64))
+
+
+async def test_an_entry_whose_replicas_cannot_be_reached_is_a_retriable_failure(cluster) -> None:
+    # magnetar verify --seed 20261121: a broker cut off from the bookies failed a partition's
+    # load with a final LedgerError, and its producers gave up on the partition for good
+    c = await cluster(3)
+    writer = await c.client()
+    ledger = await writer.create_ledger(ensemble_size=2, write_quorum=2, ack_quorum=2)
+    await asyncio.gather(*[await ledger.add_async(payload(i)) for i in range(10)])
+    closed = await ledger.close()
+    reader = await (await c.client(read_timeout_ms=1000)).open_ledger(closed.ledger_id)
+    for bookie in closed.segments[0].bookies:
+        await c.stop_bookie(bookie)
+    with pytest.raises(BookieUnavailableError, match="could not be read from any") as caught:
+        await reader.read(0, 9)
+    assert caught.value.retriable
