@@ -93,6 +93,7 @@ class ManagedCursor:
         """Metadata version of the persisted cursor (0: not persisted)."""
         self._changes = 0
         self._persisted_changes = 0
+        self._persist_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._last_persist = -math.inf
         self._persist_task: asyncio.Task[None] | None = None
         self._flush_lock = asyncio.Lock()
@@ -386,6 +387,39 @@ class ManagedCursor:
         if self.dirty and not self._ml.closed:
             self._schedule_persist()
 
+    @property
+    def persist_interval_s(self) -> float:
+        return self._ml.config.cursor_persist_interval_ms / 1000
+
+    @property
+    def changes(self) -> int:
+        """How many changes the cursor has had (a mark for :meth:`wait_persisted`)."""
+        return self._changes
+
+    async def wait_persisted(self, changes: int) -> None:
+        """Return once the state after ``changes`` changes is persisted (with the next
+        periodic persist, so at most ``cursor_persist_interval_ms`` later while the store
+        answers); raises :class:`ManagedLedgerFencedError` if another owner took over first."""
+        if not self.durable or self._persisted_changes >= changes:
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._persist_waiters.append((changes, waiter))
+        self._schedule_persist()
+        await waiter
+
+    def _release_waiters(self, error: MagnetarError | None = None) -> None:
+        waiting, self._persist_waiters = self._persist_waiters, []
+        for changes, waiter in waiting:
+            if waiter.done():
+                continue
+            if error is not None:
+                waiter.set_exception(error)
+                waiter.exception()  # a waiter that gave up must not warn
+            elif changes <= self._persisted_changes:
+                waiter.set_result(None)
+            else:
+                self._persist_waiters.append((changes, waiter))
+
     async def flush(self) -> None:
         """Persist now if anything changed (a lost compare-and-swap fences the managed ledger:
         :class:`ManagedLedgerFencedError`)."""
@@ -398,8 +432,13 @@ class ManagedCursor:
                 await self._resolve_mark_delete_offset()
             changes = self._changes
             stored = self.stored()
-            await self._ml._write_cursor(self, stored)
+            try:
+                await self._ml._write_cursor(self, stored)
+            except ManagedLedgerFencedError as e:
+                self._release_waiters(e)
+                raise
             self._persisted_changes = max(self._persisted_changes, changes)
+            self._release_waiters()
             self._last_persist = self._clock.monotonic()
             self._log.debug(
                 "cursor_persisted",
