@@ -224,6 +224,14 @@ def _add_verify_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
         default=1.0,
         help="scale fault lengths and gaps (0.5: twice as many faults; default 1)",
     )
+    add(
+        "--zombie-s",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="the first pause-broker and cut-broker-etcd faults last at least S seconds"
+        " (more than the 4 s session TTL: a zombie broker even at a fast pace)",
+    )
     add("--bookies", type=int, default=4, help="bookies (4)")
     add(
         "--brokers",
@@ -259,6 +267,7 @@ def _run_verify(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
             seed=seed,
             faults=faults,
             pace=args.pace,
+            zombie_s=args.zombie_s,
             bookies=args.bookies,
             brokers=args.brokers,
             etcd_members=args.etcd_members,

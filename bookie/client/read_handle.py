@@ -86,9 +86,7 @@ class ReadHandle:
                     groups[replicas[tried[entry_id]]].append(entry_id)
                     tried[entry_id] += 1
             for bookie, ids in groups.items():
-                task = asyncio.ensure_future(
-                    self._fetch(bookie, ids, found, failures, unreachable)
-                )
+                task = asyncio.ensure_future(self._fetch(bookie, ids, found, failures, unreachable))
                 in_flight[task] = ids
 
         launch(entry_ids)

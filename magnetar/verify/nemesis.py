@@ -76,13 +76,24 @@ class PlannedFault:
     duration_s: float
 
 
+ZOMBIE_KINDS = ("pause-broker", "cut-broker-etcd")
+"""Faults that make a zombie broker when they outlast its session."""
+
+
 def plan(
-    seed: int, duration_s: float, kinds: Sequence[str], *, pace: float = 1.0
+    seed: int,
+    duration_s: float,
+    kinds: Sequence[str],
+    *,
+    pace: float = 1.0,
+    zombie_s: float = 0.0,
 ) -> list[PlannedFault]:
     """The schedule: faults, one after another, that fit in ``duration_s``.
 
     ``pace`` scales every fault's duration and gap (0.5: twice as many faults in the same
-    time). Every kind appears once before any appears twice.
+    time). Every kind appears once before any appears twice, and the first fault of each of
+    :data:`ZOMBIE_KINDS` lasts at least ``zombie_s`` (pass the session TTL plus a margin, so
+    that even a fast-paced run has a broker lose its session while it still runs).
     """
     unknown = [k for k in kinds if k not in FAULT_KINDS]
     if unknown:
@@ -98,6 +109,8 @@ def plan(
         kind = first[len(faults)] if len(faults) < len(first) else rng.choice(list(kinds))
         low, high = _DURATIONS[kind]
         length = rng.uniform(low, high) * pace
+        if len(faults) < len(first) and kind in ZOMBIE_KINDS:
+            length = max(length, zombie_s)
         if at + length > duration_s:
             break
         faults.append(PlannedFault(len(faults), kind, rng.random(), round(at, 3), round(length, 3)))

@@ -44,6 +44,9 @@ class VerifyConfig:
     """Kinds to inject (those this machine cannot are left out and reported)."""
     pace: float = 1.0
     """Scales fault lengths and the gaps between them (0.5: twice as many faults)."""
+    zombie_s: float = 0.0
+    """The first ``pause-broker`` and ``cut-broker-etcd`` faults last at least this long (more
+    than ``session_ttl_s`` makes sure a fast-paced run has a zombie broker)."""
     bookies: int = 4
     brokers: int = 2
     """Brokers on the host; one more runs in a network namespace when the machine allows."""
@@ -158,7 +161,13 @@ async def run_verify(config: VerifyConfig, say: Callable[[str], None]) -> Outcom
             reasons["fill-disk"] = tmpfs_reason
         kinds = [k for k in config.faults if reasons.get(k) is None]
         unsupported = {k: str(reasons[k]) for k in config.faults if reasons.get(k) is not None}
-        schedule = plan(config.seed, config.duration_s, kinds, pace=config.pace)
+        schedule = plan(
+            config.seed,
+            config.duration_s,
+            kinds,
+            pace=config.pace,
+            zombie_s=config.zombie_s,
+        )
         lines = describe(schedule)
         say(f"seed {config.seed}: {len(schedule)} faults in {config.duration_s:g}s")
         say(f"  kinds: {', '.join(kinds)}")
@@ -171,6 +180,7 @@ async def run_verify(config: VerifyConfig, say: Callable[[str], None]) -> Outcom
             or f"magnetar verify --duration {config.duration_s:g} --seed {config.seed}",
             "duration_s": config.duration_s,
             "pace": config.pace,
+            "zombie_s": config.zombie_s,
             "etcd_members": config.etcd_members,
             "bookies": config.bookies,
             "brokers": len(cluster.brokers),

@@ -313,6 +313,9 @@ def test_the_schedule_is_seeded_covers_every_kind_first_and_fits() -> None:
     assert {f.kind for f in first[: len(FAULT_KINDS)]} == set(FAULT_KINDS)
     assert all(f.at_s + f.duration_s <= 120 for f in first)
     assert all(a.at_s + a.duration_s < b.at_s for a, b in itertools.pairwise(first))
+    fast = plan(11, 60, FAULT_KINDS, pace=0.3, zombie_s=6.0)
+    for kind in ("pause-broker", "cut-broker-etcd"):
+        assert next(f for f in fast if f.kind == kind).duration_s >= 6.0
     faster = plan(11, 120, FAULT_KINDS, pace=0.5)
     assert len(faster) > len(first)
     assert plan(3, 60, []) == []
