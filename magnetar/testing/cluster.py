@@ -55,9 +55,11 @@ import contextlib
 import dataclasses
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import weakref
@@ -502,6 +504,29 @@ def _unmount_quietly(mount_point: Path) -> None:
         result = subprocess.run(["umount", str(mount_point)], capture_output=True, check=False)
         if result.returncode != 0:
             subprocess.run(["umount", "-l", str(mount_point)], capture_output=True, check=False)
+
+
+def tmpfs_unsupported_reason() -> str | None:
+    """None when this process can mount a tmpfs, else why not."""
+    if os.geteuid() != 0:
+        return "mounting a small file system needs root"
+    if shutil.which("mount") is None or shutil.which("umount") is None:
+        return "mount/umount are not installed"
+    probe = Path(tempfile.mkdtemp(prefix="magnetar-tmpfs-probe-"))
+    try:
+        mounted = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(probe)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if mounted.returncode != 0:
+            return f"mount -t tmpfs failed: {mounted.stderr.strip()}"
+        subprocess.run(["umount", str(probe)], check=False)
+        return None
+    finally:
+        with contextlib.suppress(OSError):
+            probe.rmdir()
 
 
 class Tmpfs:

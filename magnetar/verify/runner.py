@@ -13,11 +13,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
@@ -25,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from magnetar.testing import LocalCluster
+from magnetar.testing.cluster import tmpfs_unsupported_reason
 from magnetar.testing.netns import netns_unsupported_reason
 from magnetar.verify.checker import Verdict, check
 from magnetar.verify.history import History
@@ -94,29 +92,6 @@ class Outcome:
     paths: dict[str, Path]
     work_dir: Path
     schedule: list[str]
-
-
-def tmpfs_unsupported_reason() -> str | None:
-    """None when this process can mount a tmpfs, else why not."""
-    if os.geteuid() != 0:
-        return "mounting a small file system needs root"
-    if shutil.which("mount") is None or shutil.which("umount") is None:
-        return "mount/umount are not installed"
-    probe = Path(tempfile.mkdtemp(prefix="magnetar-tmpfs-probe-"))
-    try:
-        mounted = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(probe)],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if mounted.returncode != 0:
-            return f"mount -t tmpfs failed: {mounted.stderr.strip()}"
-        subprocess.run(["umount", str(probe)], check=False)
-        return None
-    finally:
-        with contextlib.suppress(OSError):
-            probe.rmdir()
 
 
 async def run_verify(config: VerifyConfig, say: Callable[[str], None]) -> Outcome:
