@@ -21,6 +21,7 @@ except _metadata.PackageNotFoundError:  # running from a source tree that was no
 if TYPE_CHECKING:
     from magnetar.aio.message import Message
     from magnetar.aio.message_id import MessageId
+    from magnetar.aio.producer import SendReceipt
     from magnetar.client import AdminClient, Client, Consumer, Producer, Reader
     from magnetar.common.errors import (
         ClientConnectionError,
@@ -43,6 +44,7 @@ _LAZY = {
     "Reader": "magnetar.client",
     "Message": "magnetar.aio.message",
     "MessageId": "magnetar.aio.message_id",
+    "SendReceipt": "magnetar.aio.producer",
     "ClientConnectionError": "magnetar.common.errors",
     "IncompatibleSubscriptionError": "magnetar.common.errors",
     "InvalidServiceUrlError": "magnetar.common.errors",
@@ -71,6 +73,7 @@ __all__ = [
     "ProducerQueueFullError",
     "Reader",
     "ReceiveTimeoutError",
+    "SendReceipt",
     "TopicLookupError",
     "TopicNotFoundError",
     "__version__",

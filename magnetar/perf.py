@@ -264,6 +264,12 @@ def _add_producer_options(parser: argparse.ArgumentParser, *, default_rate: floa
         help="... or this long after its first message (default 1)",
     )
     parser.add_argument(
+        "--per-message",
+        action="store_true",
+        help="send each message with its own send_async call, future and callback (the"
+        " default sends runs of messages with send_many_async: one receipt per run)",
+    )
+    parser.add_argument(
         "--max-pending",
         type=_positive_int,
         default=10_000,
@@ -377,8 +383,8 @@ class _Meter:
         self.interval = LatencyHistogram()
         self.total = LatencyHistogram()
 
-    def error(self, error: BaseException) -> None:
-        self.errors += 1
+    def error(self, error: BaseException, count: int = 1) -> None:
+        self.errors += count
         text = str(error)
         if len(self.error_examples) < 3 and text not in self.error_examples:
             self.error_examples.append(text)
@@ -662,6 +668,7 @@ class _SendLoad:
         size: int,
         max_pending: int,
         stamped: bool,
+        per_message: bool = False,
     ) -> None:
         self._run = run
         self._meter = meter
@@ -672,6 +679,7 @@ class _SendLoad:
         self._max_pending = max_pending
         self._low_water = max_pending // 2
         self._stamped = stamped
+        self._per_message = per_message
         self.sent = 0
         self.in_flight = 0
         self._room = asyncio.Event()
@@ -696,12 +704,32 @@ class _SendLoad:
             if not self.in_flight:
                 self.idle.set()
 
+    def _on_run_receipt(
+        self, started_ns: int, count: int, error: MagnetarError | None, _receipt: object
+    ) -> None:
+        latency_ns = time.perf_counter_ns() - started_ns
+        meter = self._meter
+        if error is None:
+            meter.messages += count
+            meter.bytes += self._size * count
+            meter.interval.record(latency_ns // 1000, count)
+        else:
+            meter.error(error, count)
+        self.in_flight -= count
+        if self.in_flight <= self._low_water:
+            self._room.set()
+            if not self.in_flight:
+                self.idle.set()
+
     async def run(self) -> None:
         run = self._run
         loop = asyncio.get_running_loop()
         deadline = run.deadline
         send = self._producer.send_async
+        send_many = self._producer.send_many_async
         on_receipt = self._on_receipt
+        on_run_receipt = self._on_run_receipt
+        per_message = self._per_message
         clock = time.perf_counter_ns
         stamp = _STAMP.pack
         payload = os.urandom(self._size)
@@ -734,7 +762,12 @@ class _SendLoad:
             self.in_flight += count
             self.sent += count
             self.idle.clear()
-            if self._stamped:
+            if not per_message:
+                # one run, one receipt: the messages of a chunk share their send time
+                started = clock()
+                content = stamp(started) + padding if self._stamped else payload
+                send_many([content] * count, partial(on_run_receipt, started, count))
+            elif self._stamped:
                 for _ in range(count):
                     started = clock()
                     send(stamp(started) + padding, partial(on_receipt, started))
@@ -789,6 +822,7 @@ async def _produce(run: _Run, client: Client) -> int:
             size=args.size,
             max_pending=args.max_pending,
             stamped=False,
+            per_message=args.per_message,
         )
         for producer, quota in zip(
             producers, _shares(args.num_messages, args.producers), strict=True
@@ -853,9 +887,9 @@ async def _receive_some(consumer: Consumer, limit: int, wait_ms: int) -> list[Me
 
 def _ack_batch(consumer: Consumer, batch: list[Message], *, cumulative: bool) -> Awaitable[Any]:
     if cumulative:
-        last: dict[int, Message] = {}
+        last: dict[str, Message] = {}
         for message in batch:
-            last[message.message_id().partition] = message
+            last[message.topic_name()] = message  # cheap: no message id per message
         return asyncio.gather(*(consumer.acknowledge_cumulative(m) for m in last.values()))
     return asyncio.gather(*(consumer.acknowledge(m) for m in batch))
 
@@ -951,6 +985,7 @@ async def _end_to_end(run: _Run, client: Client) -> int:
         size=args.size,
         max_pending=args.max_pending,
         stamped=True,
+        per_message=args.per_message,
     )
     meter = run.meter
     all_received = asyncio.Event()

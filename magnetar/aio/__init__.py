@@ -22,7 +22,7 @@ from magnetar.aio.config import ClientConfig, ConsumerConfig, ProducerConfig
 from magnetar.aio.consumer import Consumer
 from magnetar.aio.message import Message
 from magnetar.aio.message_id import MessageId
-from magnetar.aio.producer import Producer, SendCallback
+from magnetar.aio.producer import ManyCallback, Producer, SendCallback, SendReceipt
 from magnetar.aio.reader import Reader
 from magnetar.common.errors import (
     ClientClosedError,
@@ -59,6 +59,7 @@ __all__ = [
     "InvalidServiceUrlError",
     "InvalidTopicNameError",
     "MagnetarError",
+    "ManyCallback",
     "Message",
     "MessageId",
     "MessageTooLargeError",
@@ -71,6 +72,7 @@ __all__ = [
     "Reader",
     "ReceiveTimeoutError",
     "SendCallback",
+    "SendReceipt",
     "TopicLookupError",
     "TopicNotFoundError",
 ]

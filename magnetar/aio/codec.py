@@ -34,6 +34,7 @@ __all__ = [
     "compress",
     "decode_entry",
     "decompress",
+    "encode_extras",
     "message_size",
 ]
 
@@ -78,9 +79,49 @@ def decompress(data: bytes, compression: int, uncompressed_size: int = 0) -> byt
     )
 
 
+def _varint(value: int) -> bytes:
+    """Protobuf's base-128 varint of a non-negative int."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+_HEADERS: dict[tuple[int, int], bytes] = {}
+_HEADER_CACHE_LIMIT = 4096
+
+
+def _header(value_len: int, rest_len: int) -> bytes:
+    """The bytes before a message's value in a ``MessageBatch``: the ``messages`` tag and length,
+    then the ``value`` tag and length. ``rest_len``: bytes of the message's other fields, which
+    follow the value. Cached: a batch's messages mostly share a few sizes."""
+    key = (value_len, rest_len)
+    header = _HEADERS.get(key)
+    if header is None:
+        length = _varint(value_len)
+        header = b"\x0a" + _varint(1 + len(length) + value_len + rest_len) + b"\x0a" + length
+        if len(_HEADERS) < _HEADER_CACHE_LIMIT:
+            _HEADERS[key] = header
+    return header
+
+
+def encode_extras(
+    partition_key: str | None, properties: Mapping[str, str] | None, event_time_ms: int
+) -> bytes:
+    """A ``BatchedMessage``'s fields other than its value, encoded (empty for a plain message).
+    Protobuf accepts fields in any order, so they follow the value in the batch."""
+    if partition_key is None and not properties and not event_time_ms:
+        return b""
+    return entry_pb2.BatchedMessage(
+        partition_key=partition_key, properties=properties, event_time_ms=event_time_ms
+    ).SerializeToString()
+
+
 @dataclass(frozen=True, slots=True)
 class SealedBatch(Generic[H]):
-    """A batch ready for the wire: one entry's worth of messages and their handles."""
+    """A batch ready for the wire: one entry's worth of messages and the handles waiting on them."""
 
     sequence_id: int
     last_sequence_id: int
@@ -88,18 +129,16 @@ class SealedBatch(Generic[H]):
     """The serialized MessageBatch, compressed as ``compression`` says."""
     compression: int
     uncompressed_size: int
-    handles: Sequence[H]
-    """One per message, in batch order (the producer's futures and callbacks)."""
+    parts: Sequence[tuple[H, int]]
+    """``(handle, count)`` in batch order: each handle covers the next ``count`` messages (one
+    for a single send, a run of them for ``send_many``)."""
+    num_messages: int
     first_added_at: float
     """Clock reading when the first message entered the batch."""
     key_hashes: Sequence[int] = ()
     """Routing hashes of the messages' keys, as :func:`batch_key_hashes` gives them."""
     deliver_at_ms: int = 0
     """Deliver no earlier than this (ms since the epoch); 0: at once."""
-
-    @property
-    def num_messages(self) -> int:
-        return len(self.handles)
 
 
 class BatchBuilder(Generic[H]):
@@ -108,6 +147,11 @@ class BatchBuilder(Generic[H]):
     ``add`` never refuses: the caller asks :meth:`has_room_for` first and seals when there is no
     room, so a batch holds at least one message however large it is. Likewise the caller seals
     before a message whose delivery time differs from the batch's (:attr:`deliver_at_ms`).
+    ``add_many`` takes as many messages of a run as fit (at least one into an empty batch).
+
+    Messages are encoded as they are added, straight into the bytes of a ``MessageBatch`` (a
+    cached header per value size, then the value): no protobuf object per message, and sealing
+    is one join.
     """
 
     def __init__(
@@ -118,15 +162,17 @@ class BatchBuilder(Generic[H]):
         self.max_messages = max_messages
         self.max_bytes = max_bytes
         self._compression = COMPRESSION_TYPES[compression]
-        self._batch = entry_pb2.MessageBatch()
-        self._handles: list[H] = []
+        self._chunks: list[bytes] = []
+        self._parts: list[tuple[H, int]] = []
+        self._count = 0
         self._bytes = 0
         self._first_added_at = 0.0
         self._keys: list[str | None] = []
+        self._keyed = False
         self._deliver_at_ms = 0
 
     def __len__(self) -> int:
-        return len(self._handles)
+        return self._count
 
     @property
     def size_bytes(self) -> int:
@@ -144,12 +190,22 @@ class BatchBuilder(Generic[H]):
 
     def has_room_for(self, size: int) -> bool:
         """Whether a message of ``size`` bytes fits (an empty batch takes any message)."""
-        if not self._handles:
+        if not self._count:
             return True
-        return len(self._handles) < self.max_messages and self._bytes + size <= self.max_bytes
+        return self._count < self.max_messages and self._bytes + size <= self.max_bytes
 
     def is_full(self) -> bool:
-        return len(self._handles) >= self.max_messages or self._bytes >= self.max_bytes
+        return self._count >= self.max_messages or self._bytes >= self.max_bytes
+
+    def _start(self, now: float, deliver_at_ms: int) -> None:
+        if not self._count:
+            self._first_added_at = now
+            self._deliver_at_ms = deliver_at_ms
+        elif deliver_at_ms != self._deliver_at_ms:
+            raise InvalidArgumentError(
+                f"a batch delivered at {self._deliver_at_ms} cannot take a message delivered at"
+                f" {deliver_at_ms}: seal it first"
+            )
 
     def add(
         self,
@@ -163,55 +219,127 @@ class BatchBuilder(Generic[H]):
         now: float = 0.0,
         deliver_at_ms: int = 0,
     ) -> None:
-        if self._handles and deliver_at_ms != self._deliver_at_ms:
-            raise InvalidArgumentError(
-                f"a batch delivered at {self._deliver_at_ms} cannot take a message delivered at"
-                f" {deliver_at_ms}: seal it first"
-            )
-        message = self._batch.messages.add(value=content, event_time_ms=event_time_ms)
-        if partition_key is not None:
-            message.partition_key = partition_key
-        if properties:
-            message.properties.update(properties)
-        if not self._handles:
-            self._first_added_at = now
-            self._deliver_at_ms = deliver_at_ms
-        self._handles.append(handle)
+        self._start(now, deliver_at_ms)
+        extras = encode_extras(partition_key, properties, event_time_ms)
+        chunks = self._chunks
+        chunks.append(_header(len(content), len(extras)))
+        chunks.append(content)
+        if extras:
+            chunks.append(extras)
+        self._parts.append((handle, 1))
+        self._count += 1
         self._keys.append(partition_key)
+        if partition_key is not None:
+            self._keyed = True
         self._bytes += (
             size if size is not None else message_size(content, partition_key, properties)
         )
 
+    def add_many(
+        self,
+        contents: Sequence[bytes],
+        start: int,
+        handle: H,
+        *,
+        partition_key: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        event_time_ms: int = 0,
+        extras: bytes | None = None,
+        overhead: int | None = None,
+        now: float = 0.0,
+        deliver_at_ms: int = 0,
+    ) -> int:
+        """Add ``contents[start:]`` (messages sharing key, properties and event time) until the
+        batch is full; how many were taken (at least one into an empty batch). ``extras`` and
+        ``overhead`` (bytes a message adds beyond its value) may be given precomputed."""
+        self._start(now, deliver_at_ms)
+        if extras is None:
+            extras = encode_extras(partition_key, properties, event_time_ms)
+        if overhead is None:
+            overhead = message_size(b"", partition_key, properties)
+        room = self.max_messages - self._count
+        taken = min(len(contents) - start, max(room, 0 if self._count else 1))
+        if not taken:
+            return 0
+        run = contents[start : start + taken]
+        size = sum(map(len, run)) + overhead * taken
+        if self._count and self._bytes + size > self.max_bytes:
+            # fewer fit by bytes: count them one by one (the run's sizes may differ)
+            budget = self.max_bytes - self._bytes
+            taken = 0
+            for content in run:
+                budget -= len(content) + overhead
+                if budget < 0:
+                    break
+                taken += 1
+            run = run[:taken]
+            size = sum(map(len, run)) + overhead * taken
+            if not taken:
+                return 0
+        elif not self._count and size > self.max_bytes:
+            # an empty batch: as many as fit, and at least the first
+            budget = self.max_bytes
+            taken = 0
+            for content in run:
+                budget -= len(content) + overhead
+                if budget < 0 and taken:
+                    break
+                taken += 1
+            run = run[:taken]
+            size = sum(map(len, run)) + overhead * taken
+        chunks = self._chunks
+        rest = len(extras)
+        if extras:
+            for content in run:
+                chunks.append(_header(len(content), rest))
+                chunks.append(content)
+                chunks.append(extras)
+        else:
+            headers = _HEADERS
+            for content in run:
+                chunks.append(headers.get((len(content), 0)) or _header(len(content), 0))
+                chunks.append(content)
+        self._parts.append((handle, taken))
+        self._count += taken
+        self._keys.extend([partition_key] * taken)
+        if partition_key is not None:
+            self._keyed = True
+        self._bytes += size
+        return taken
+
     def seal(self, sequence_id: int) -> SealedBatch[H]:
         """Encode the batch with sequence ids from ``sequence_id`` on, and start a new one."""
-        if not self._handles:
+        if not self._count:
             raise InvalidArgumentError("cannot seal an empty batch")
-        raw = self._batch.SerializeToString()
+        raw = b"".join(self._chunks)
         sealed = SealedBatch(
             sequence_id=sequence_id,
-            last_sequence_id=sequence_id + len(self._handles) - 1,
+            last_sequence_id=sequence_id + self._count - 1,
             payload=compress(raw, self._compression),
             compression=self._compression,
             uncompressed_size=len(raw),
-            handles=self._handles,
+            parts=self._parts,
+            num_messages=self._count,
             first_added_at=self._first_added_at,
-            key_hashes=tuple(batch_key_hashes(self._keys)),
+            key_hashes=tuple(batch_key_hashes(self._keys)) if self._keyed else (),
             deliver_at_ms=self._deliver_at_ms,
         )
         self._reset()
         return sealed
 
-    def take_handles(self) -> list[H]:
-        """Empty the batch without encoding it; the handles of its messages (to fail them)."""
-        handles = self._handles
+    def take_parts(self) -> list[tuple[H, int]]:
+        """Empty the batch without encoding it; its ``(handle, count)`` parts (to fail them)."""
+        parts = self._parts
         self._reset()
-        return handles
+        return parts
 
     def _reset(self) -> None:
-        self._batch = entry_pb2.MessageBatch()
-        self._handles = []
+        self._chunks = []
+        self._parts = []
+        self._count = 0
         self._bytes = 0
         self._keys = []
+        self._keyed = False
         self._deliver_at_ms = 0
 
 

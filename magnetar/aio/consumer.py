@@ -53,7 +53,7 @@ from magnetar.aio.acks import AckGroup, BatchAckTracker, Entry, EntryAck, Unacke
 from magnetar.aio.codec import decode_entry
 from magnetar.aio.config import ClientConfig, ConsumerConfig, ProducerConfig
 from magnetar.aio.connection import ConnectionPool, PartitionOwner
-from magnetar.aio.message import Message
+from magnetar.aio.message import EntryFacts, Message
 from magnetar.aio.message_id import MessageId
 from magnetar.aio.names import TopicName, parse_topic
 from magnetar.aio.producer import Producer
@@ -146,28 +146,39 @@ def floor_of(target: MessageId, *, inclusive: bool) -> Floor | None:
 
 
 class _ReceiveQueue:
-    """Messages of every partition in arrival order; bounded by the permits given out."""
+    """Messages of every partition in arrival order; bounded by the permits given out.
+
+    Kept as the lists the deliveries came in (one per stream message), not message by message:
+    a batch receive takes whole runs of them with a slice."""
 
     def __init__(self) -> None:
-        self._items: deque[tuple[_PartitionConsumer, Message]] = deque()
+        self._runs: deque[tuple[_PartitionConsumer, list[Message]]] = deque()
+        self._head = 0
+        """Messages of the first run already taken."""
+        self._count = 0
         self._nonempty = asyncio.Event()
         self._error: MagnetarError | None = None
 
     def __len__(self) -> int:
-        return len(self._items)
+        return self._count
 
     def put(self, owner: _PartitionConsumer, messages: list[Message]) -> None:
-        self._items.extend((owner, m) for m in messages)
+        self._runs.append((owner, messages))
+        self._count += len(messages)
         self._nonempty.set()
 
     def purge(self, owner: _PartitionConsumer) -> int:
         """Drop the messages of one partition; how many."""
-        before = len(self._items)
-        if before:
-            self._items = deque(item for item in self._items if item[0] is not owner)
-            if not self._items and self._error is None:
-                self._nonempty.clear()
-        return before - len(self._items)
+        before = self._count
+        if not before:
+            return 0
+        if self._runs[0][0] is owner:
+            self._head = 0  # the partly taken run goes; the next one is whole
+        self._runs = deque(run for run in self._runs if run[0] is not owner)
+        self._count = sum(len(messages) for _owner, messages in self._runs) - self._head
+        if not self._count and self._error is None:
+            self._nonempty.clear()
+        return before - self._count
 
     def fail(self, error: MagnetarError) -> None:
         """After what is queued, every get raises ``error``."""
@@ -175,15 +186,43 @@ class _ReceiveQueue:
             self._error = error
         self._nonempty.set()
 
-    async def get(self, timeout_s: float | None) -> tuple[_PartitionConsumer, Message]:
+    def take(
+        self, limit: int, max_bytes: int | None = None, *, at_least_one: bool = True
+    ) -> tuple[_PartitionConsumer, list[Message], int]:
+        """Up to ``limit`` queued messages of the first run (never mixing partitions), of at
+        most ``max_bytes`` of payload (but the first one, ``at_least_one``), and their payload
+        bytes (counted only with ``max_bytes``); the queue must not be empty."""
+        owner, messages = self._runs[0]
+        head = self._head
+        end = min(len(messages), head + limit)
+        used = 0
+        if max_bytes is not None:
+            for index in range(head, end):
+                size = messages[index].size()
+                if used + size > max_bytes and (index > head or not at_least_one):
+                    end = index
+                    break
+                used += size
+        taken = messages[head:end] if head or end < len(messages) else messages
+        if end == len(messages):
+            self._runs.popleft()
+            self._head = 0
+        else:
+            self._head = end
+        self._count -= end - head
+        if not self._count and self._error is None:
+            self._nonempty.clear()
+        return owner, taken, used
+
+    async def wait(self, timeout_s: float | None) -> None:
+        """Until a message is queued (or the queue failed: :meth:`take` then raises)."""
+        if self._count:
+            return
+        if self._error is not None:
+            raise self._error
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
-        while True:
-            if self._items:
-                item = self._items.popleft()
-                if not self._items and self._error is None:
-                    self._nonempty.clear()
-                return item
+        while not self._count:
             if self._error is not None:
                 raise self._error
             try:
@@ -194,6 +233,11 @@ class _ReceiveQueue:
                     f"no message within {timeout_s * 1000:.0f} ms" if timeout_s else "no message",
                     context={"timeout_ms": round((timeout_s or 0) * 1000)},
                 ) from None
+
+    async def get(self, timeout_s: float | None) -> tuple[_PartitionConsumer, Message]:
+        await self.wait(timeout_s)
+        owner, (message,), _size = self.take(1)
+        return owner, message
 
 
 @dataclass(slots=True, eq=False)
@@ -334,18 +378,18 @@ class _PartitionConsumer(PartitionStream):
 
     # --- the application's side ------------------------------------------------------------
 
-    def taken(self, message: Message) -> None:
-        """The application received ``message``: its permit comes back."""
+    def taken(self, messages: list[Message]) -> None:
+        """The application received ``messages`` (in queue order): their permits come back."""
         if not self._durable:
-            message_id = message.message_id()
-            self._floor = (message_id.ledger_id, message_id.entry_id, message_id.batch_index + 1)
+            last = messages[-1].message_id()
+            self._floor = (last.ledger_id, last.entry_id, last.batch_index + 1)
             self._offset_floor = None
         elif self._track_unacked:
-            message_id = message.message_id()
-            self._unacked.add(
-                message_id.entry, message_id.batch_index, asyncio.get_running_loop().time()
-            )
-        self._credit(1)
+            now = asyncio.get_running_loop().time()
+            for message in messages:
+                message_id = message.message_id()
+                self._unacked.add(message_id.entry, message_id.batch_index, now)
+        self._credit(len(messages))
 
     def _give_back(self, generation: int) -> None:
         """A message the application never saw is done with: its permit comes back, unless it
@@ -702,7 +746,26 @@ class _PartitionConsumer(PartitionStream):
             credit += (len(delivery.batch_indexes) or size) - len(indexes)
             ledger_id, entry_id = entry
             first_offset = decoded.first_offset
+            facts = EntryFacts(
+                ledger_id=ledger_id,
+                entry_id=entry_id,
+                partition=partition,
+                batch_size=size,
+                first_offset=first_offset,
+                publish_time_ms=decoded.publish_time_ms,
+                redelivery_count=delivery.redelivery_count,
+                topic=topic,
+                producer_name=decoded.producer_name,
+                sequence_id=decoded.sequence_id,
+            )
             to_dead_letter = 0 < self._dead_letter_after < delivery.redelivery_count
+            if not to_dead_letter and self._floor is None and self._offset_floor is None:
+                # the common case: every message goes to the application
+                if len(indexes) == size:
+                    messages.extend([Message(facts, m, i) for i, m in enumerate(batch)])
+                else:
+                    messages.extend([Message(facts, batch[i], i) for i in indexes])
+                continue
             for index in indexes:
                 offset = first_offset + index
                 if not self._passes(ledger_id, entry_id, index, offset):
@@ -718,18 +781,7 @@ class _PartitionConsumer(PartitionStream):
                         credit += 1  # already on its way; that send acks or asks again
                         continue
                     self._dead_lettering.add(key)
-                (dead if to_dead_letter else messages).append(
-                    Message(
-                        message=batch[index],
-                        message_id=MessageId(ledger_id, entry_id, index, partition, size),
-                        offset=offset,
-                        publish_time_ms=decoded.publish_time_ms,
-                        redelivery_count=delivery.redelivery_count,
-                        topic=topic,
-                        producer_name=decoded.producer_name,
-                        sequence_id=decoded.sequence_id + index,
-                    )
-                )
+                (dead if to_dead_letter else messages).append(Message(facts, batch[index], index))
         if messages:
             self._queue.put(self, messages)
         if dead:
@@ -966,7 +1018,7 @@ class Consumer:
         owner, message = await self.queue.get(
             None if timeout_millis is None else timeout_millis / 1000
         )
-        owner.taken(message)
+        owner.taken([message])
         return message
 
     async def batch_receive(
@@ -986,20 +1038,27 @@ class Consumer:
         )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_ms / 1000
+        max_bytes = self.config.batch_receive_max_bytes
+        queue = self.queue
         messages: list[Message] = []
         size = 0
-        while len(messages) < limit and size < self.config.batch_receive_max_bytes:
+        while len(messages) < limit and size < max_bytes:
             try:
-                owner, message = await self.queue.get(max(0.0, deadline - loop.time()))
+                await queue.wait(max(0.0, deadline - loop.time()))
             except ReceiveTimeoutError:
                 break
             except MagnetarError:
                 if messages:
                     break  # the error comes again on the next call, after these
                 raise
-            owner.taken(message)
-            messages.append(message)
-            size += len(message.data())
+            owner, run, run_size = queue.take(
+                limit - len(messages), max_bytes - size, at_least_one=not messages
+            )
+            if not run:
+                break
+            owner.taken(run)
+            messages.extend(run)
+            size += run_size
         return messages
 
     def __aiter__(self) -> Consumer:

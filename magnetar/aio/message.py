@@ -5,50 +5,75 @@ from __future__ import annotations
 from magnetar.aio.message_id import MessageId
 from proto.format.v1 import entry_pb2
 
-__all__ = ["Message"]
+__all__ = ["EntryFacts", "Message"]
 
 
-class Message:
-    """One message as a consumer or reader receives it.
-
-    Accessors are methods, as in the Pulsar client: ``msg.data()``, ``msg.message_id()``.
-    """
+class EntryFacts:
+    """What the messages of one delivered entry share: built once per entry, not per message."""
 
     __slots__ = (
-        "_id",
-        "_message",
-        "_offset",
-        "_producer_name",
-        "_publish_time_ms",
-        "_redelivery_count",
-        "_sequence_id",
-        "_topic",
+        "batch_size",
+        "entry_id",
+        "first_offset",
+        "ledger_id",
+        "partition",
+        "producer_name",
+        "publish_time_ms",
+        "redelivery_count",
+        "sequence_id",
+        "topic",
     )
 
     def __init__(
         self,
         *,
-        message: entry_pb2.BatchedMessage,
-        message_id: MessageId,
-        offset: int,
+        ledger_id: int,
+        entry_id: int,
+        partition: int,
+        batch_size: int,
+        first_offset: int,
         publish_time_ms: int,
         redelivery_count: int,
         topic: str,
         producer_name: str,
         sequence_id: int,
     ) -> None:
+        self.ledger_id = ledger_id
+        self.entry_id = entry_id
+        self.partition = partition
+        self.batch_size = batch_size
+        self.first_offset = first_offset
+        self.publish_time_ms = publish_time_ms
+        self.redelivery_count = redelivery_count
+        self.topic = topic
+        self.producer_name = producer_name
+        self.sequence_id = sequence_id
+        """The producer's sequence id of the entry's first message."""
+
+
+class Message:
+    """One message as a consumer or reader receives it.
+
+    Accessors are methods, as in the Pulsar client: ``msg.data()``, ``msg.message_id()``. A
+    message is three references (its entry's shared facts, its batched message, its index);
+    the id and the rest are worked out when asked for.
+    """
+
+    __slots__ = ("_entry", "_id", "_index", "_message")
+
+    def __init__(self, entry: EntryFacts, message: entry_pb2.BatchedMessage, index: int) -> None:
+        self._entry = entry
         self._message = message
-        self._id = message_id
-        self._offset = offset
-        self._publish_time_ms = publish_time_ms
-        self._redelivery_count = redelivery_count
-        self._topic = topic
-        self._producer_name = producer_name
-        self._sequence_id = sequence_id
+        self._index = index
+        self._id: MessageId | None = None
 
     def data(self) -> bytes:
         """The payload, as the producer sent it."""
         return self._message.value
+
+    def size(self) -> int:
+        """Bytes of the payload."""
+        return len(self._message.value)
 
     def partition_key(self) -> str | None:
         """The key the producer routed the message by; None for a keyless message."""
@@ -58,15 +83,21 @@ class Message:
         return dict(self._message.properties)
 
     def message_id(self) -> MessageId:
-        return self._id
+        message_id = self._id
+        if message_id is None:
+            entry = self._entry
+            message_id = self._id = MessageId(
+                entry.ledger_id, entry.entry_id, self._index, entry.partition, entry.batch_size
+            )
+        return message_id
 
     def offset(self) -> int:
         """The message's dense, per-partition offset (from 0, no gaps)."""
-        return self._offset
+        return self._entry.first_offset + self._index
 
     def publish_timestamp(self) -> int:
         """When the broker stored the message (ms since the epoch, broker clock)."""
-        return self._publish_time_ms
+        return self._entry.publish_time_ms
 
     def event_timestamp(self) -> int:
         """The application's event time (ms since the epoch); 0 when the producer set none."""
@@ -74,21 +105,21 @@ class Message:
 
     def redelivery_count(self) -> int:
         """How often the broker delivered this message before (0 on first delivery)."""
-        return self._redelivery_count
+        return self._entry.redelivery_count
 
     def topic_name(self) -> str:
         """The partition (``topic-partition-N``) or non-partitioned topic it came from."""
-        return self._topic
+        return self._entry.topic
 
     def producer_name(self) -> str:
-        return self._producer_name
+        return self._entry.producer_name
 
     def sequence_id(self) -> int:
         """The producer's sequence id for this message (what deduplication is keyed on)."""
-        return self._sequence_id
+        return self._entry.sequence_id + self._index
 
     def __repr__(self) -> str:
         return (
-            f"Message(topic={self._topic!r}, id={self._id}, offset={self._offset},"
-            f" size={len(self._message.value)})"
+            f"Message(topic={self._entry.topic!r}, id={self.message_id()},"
+            f" offset={self.offset()}, size={self.size()})"
         )

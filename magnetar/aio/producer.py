@@ -34,11 +34,11 @@ import itertools
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
 
-from magnetar.aio.codec import BatchBuilder, SealedBatch, message_size
+from magnetar.aio.codec import BatchBuilder, SealedBatch, encode_extras, message_size
 from magnetar.aio.config import ClientConfig, ProducerConfig
 from magnetar.aio.connection import ConnectionPool, is_transient
 from magnetar.aio.message_id import MessageId
@@ -62,14 +62,18 @@ if TYPE_CHECKING:
     from magnetar.aio.connection import PartitionOwner
     from proto.broker.v1 import broker_pb2_grpc
 
-__all__ = ["Producer", "SendCallback", "deliver_time_ms"]
+__all__ = ["ManyCallback", "Producer", "SendCallback", "SendReceipt", "deliver_time_ms"]
 
 log = get_library_logger("magnetar.aio.producer", component="client")
 
 SendCallback = Callable[[MagnetarError | None, MessageId | None], None]
 """``callback(error, message_id)``: exactly one of the two is None."""
 
-_Handle = tuple["asyncio.Future[MessageId]", SendCallback | None]
+ManyCallback = Callable[[MagnetarError | None, "SendReceipt | None"], None]
+"""``callback(error, receipt)`` of :meth:`Producer.send_many_async`: exactly one is None."""
+
+_Single = tuple["asyncio.Future[MessageId]", SendCallback | None]
+_Handle: TypeAlias = "_Single | _ManySend"
 _DEFAULT_MAX_MESSAGE_BYTES = 5 * 1024 * 1024
 _ENVELOPE_ROOM_BYTES = 1024
 """Kept free under the broker's max_message_bytes for the entry envelope around a batch."""
@@ -79,6 +83,8 @@ def deliver_time_ms(deliver_after_ms: int | None, deliver_at_ms: int | None) -> 
     """The delivery time of a message sent now (ms since the epoch; 0: at once) from
     ``send``'s ``deliver_after_ms`` or ``deliver_at_ms``; :class:`InvalidArgumentError` when both
     are given or one is not an int >= 0."""
+    if deliver_after_ms is None and deliver_at_ms is None:
+        return 0
     if deliver_after_ms is not None and deliver_at_ms is not None:
         raise InvalidArgumentError(
             "give deliver_after_ms or deliver_at_ms, not both"
@@ -104,7 +110,10 @@ def _run_callback(
 
 
 def _fail_handle(handle: _Handle, error: MagnetarError) -> None:
-    future, callback = handle
+    if type(handle) is _ManySend:
+        handle.fail(error)
+        return
+    future, callback = handle  # type: ignore[misc]
     if callback is not None:
         _run_callback(callback, error, None)
     if not future.done():
@@ -113,48 +122,168 @@ def _fail_handle(handle: _Handle, error: MagnetarError) -> None:
             future.exception()  # the callback reported it: no "never retrieved" warning
 
 
+def _fail_parts(parts: list[tuple[_Handle, int]], error: MagnetarError) -> int:
+    """Fail every handle of ``parts``; how many messages they held."""
+    count = 0
+    for handle, size in parts:
+        _fail_handle(handle, error)
+        count += size
+    return count
+
+
+class SendReceipt:
+    """What the broker confirmed for one :meth:`Producer.send_many`: its messages, stored in
+    order on one partition, possibly over several entries (a run longer than a batch is split).
+
+    Message ids are built when asked for: :meth:`message_ids` for all, or the first and last.
+    """
+
+    __slots__ = ("_count", "_partition", "_segments")
+
+    def __init__(self, partition: int, segments: list[tuple[int, int, int, int, int]]) -> None:
+        self._partition = partition
+        self._segments = segments
+        """``(ledger_id, entry_id, first_batch_index, count, batch_size)`` in send order."""
+        self._count = sum(segment[3] for segment in segments)
+
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def partition(self) -> int:
+        """The partition index the messages went to (-1 for a non-partitioned topic)."""
+        return self._partition
+
+    def message_ids(self) -> list[MessageId]:
+        """The id of every message, in the order they were given."""
+        partition = self._partition
+        return [
+            MessageId(ledger_id, entry_id, index, partition, batch_size)
+            for ledger_id, entry_id, first, count, batch_size in self._segments
+            for index in range(first, first + count)
+        ]
+
+    def first_message_id(self) -> MessageId:
+        ledger_id, entry_id, first, _count, batch_size = self._segments[0]
+        return MessageId(ledger_id, entry_id, first, self._partition, batch_size)
+
+    def last_message_id(self) -> MessageId:
+        ledger_id, entry_id, first, count, batch_size = self._segments[-1]
+        return MessageId(ledger_id, entry_id, first + count - 1, self._partition, batch_size)
+
+    def __repr__(self) -> str:
+        if not self._segments:
+            return "SendReceipt(0 messages)"
+        return (
+            f"SendReceipt({self._count} messages, {self.first_message_id()} .."
+            f" {self.last_message_id()})"
+        )
+
+
+class _ManySend:
+    """The handle of one ``send_many``: completes once every message of it is confirmed, or
+    fails with the first error any of its batches meets."""
+
+    __slots__ = ("callback", "future", "partition", "remaining", "segments")
+
+    def __init__(
+        self,
+        future: asyncio.Future[SendReceipt],
+        callback: ManyCallback | None,
+        count: int,
+        partition: int,
+    ) -> None:
+        self.future = future
+        self.callback = callback
+        self.remaining = count
+        self.partition = partition
+        self.segments: list[tuple[int, int, int, int, int]] = []
+
+    def confirmed(
+        self, ledger_id: int, entry_id: int, first_index: int, count: int, batch_size: int
+    ) -> None:
+        self.segments.append((ledger_id, entry_id, first_index, count, batch_size))
+        self.remaining -= count
+        if self.remaining or self.future.done():
+            return
+        receipt = SendReceipt(self.partition, self.segments)
+        if self.callback is not None:
+            _run_many_callback(self.callback, None, receipt)
+        self.future.set_result(receipt)
+
+    def fail(self, error: MagnetarError) -> None:
+        if self.future.done():
+            return
+        if self.callback is not None:
+            _run_many_callback(self.callback, error, None)
+        self.future.set_exception(error)
+        if self.callback is not None:
+            self.future.exception()
+
+
+def _run_many_callback(
+    callback: ManyCallback, error: MagnetarError | None, receipt: SendReceipt | None
+) -> None:
+    try:
+        callback(error, receipt)
+    except Exception:  # an application callback must not break the producer
+        log.exception("send_callback_failed")
+
+
 class _Capacity:
-    """The producer's bound on pending messages, shared by its partitions; waiters are FIFO."""
+    """The producer's bound on pending messages, shared by its partitions; waiters are FIFO
+    (a waiter for many slots holds back those behind it until its slots are free)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.used = 0
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._waiters: deque[tuple[asyncio.Future[None], int]] = deque()
 
     def has_room(self) -> bool:
         return self.used < self.limit and not self._waiters
 
-    def try_acquire(self) -> bool:
-        if self.used < self.limit and not self._waiters:
-            self.used += 1
+    def try_acquire(self, count: int = 1) -> bool:
+        if self.used + count <= self.limit and not self._waiters:
+            self.used += count
             return True
         return False
 
-    async def acquire(self) -> None:
-        if self.try_acquire():
+    async def acquire(self, count: int = 1) -> None:
+        """Wait for ``count`` slots (at most ``limit``: the caller checks)."""
+        if self.try_acquire(count):
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        self._waiters.append((waiter, count))
         try:
             await waiter
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
-                self.release(1)  # the slot was handed over just as we were cancelled
+                self.release(count)  # the slots were handed over just as we were cancelled
+            else:
+                self._grant()  # it may have held back smaller waiters behind it
             raise
 
     def release(self, count: int) -> None:
-        for _ in range(count):
-            while self._waiters:
-                waiter = self._waiters.popleft()
-                if not waiter.done():
-                    waiter.set_result(None)  # the slot passes to the waiter: used stays
-                    break
-            else:
-                self.used -= 1
+        self.used -= count
+        if self._waiters:
+            self._grant()
+
+    def _grant(self) -> None:
+        waiters = self._waiters
+        while waiters:
+            waiter, count = waiters[0]
+            if waiter.done():  # cancelled
+                waiters.popleft()
+                continue
+            if self.used + count > self.limit:
+                break
+            waiters.popleft()
+            self.used += count  # the slots pass to the waiter
+            waiter.set_result(None)
 
     def fail_waiters(self, error: MagnetarError) -> None:
         while self._waiters:
-            waiter = self._waiters.popleft()
+            waiter, _count = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_exception(error)
 
@@ -276,16 +405,14 @@ class _PartitionProducer(PartitionStream):
         if self._seal_timer is not None:
             self._seal_timer.cancel()
             self._seal_timer = None
-        handles: list[_Handle] = []
+        parts: list[tuple[_Handle, int]] = []
         for op in self._pending.values():
             op.done = True
-            handles.extend(op.batch.handles)
-        handles.extend(self._builder.take_handles())
+            parts.extend(op.batch.parts)
+        parts.extend(self._builder.take_parts())
         self._pending.clear()
         self._unsent.clear()
-        for handle in handles:
-            _fail_handle(handle, error)
-        self._producer.capacity.release(len(handles))
+        self._producer.capacity.release(_fail_parts(parts, error))
         self._check_drained()
 
     # --- messages --------------------------------------------------------------------------
@@ -319,12 +446,54 @@ class _PartitionProducer(PartitionStream):
         if builder.is_full():
             self.seal()
         elif len(builder) == 1:
-            loop = asyncio.get_running_loop()
-            delay_s = self._config.batching_max_publish_delay_ms / 1000
-            # delay 0: seal once the current loop iteration has added what it will
-            self._seal_timer = (
-                loop.call_later(delay_s, self.seal) if delay_s > 0 else loop.call_soon(self.seal)
+            self._arm_seal_timer()
+
+    def add_many(
+        self,
+        contents: Sequence[bytes],
+        handle: _ManySend,
+        *,
+        partition_key: str | None,
+        properties: Mapping[str, str] | None,
+        event_time_ms: int,
+        extras: bytes,
+        overhead: int,
+        deliver_at_ms: int,
+    ) -> None:
+        """Add a run of messages sharing their fields: into the open batch while it has room,
+        then into as many new batches as they need (a batch is sealed when full)."""
+        builder = self._builder
+        if len(builder) and builder.deliver_at_ms != deliver_at_ms:
+            self.seal()
+        start, total = 0, len(contents)
+        now = time.monotonic()
+        while start < total:
+            was_empty = not len(builder)
+            taken = builder.add_many(
+                contents,
+                start,
+                handle,
+                partition_key=partition_key,
+                properties=properties,
+                event_time_ms=event_time_ms,
+                extras=extras,
+                overhead=overhead,
+                now=now,
+                deliver_at_ms=deliver_at_ms,
             )
+            start += taken
+            if start < total or builder.is_full():
+                self.seal()
+            elif was_empty:
+                self._arm_seal_timer()
+
+    def _arm_seal_timer(self) -> None:
+        loop = asyncio.get_running_loop()
+        delay_s = self._config.batching_max_publish_delay_ms / 1000
+        # delay 0: seal once the current loop iteration has added what it will
+        self._seal_timer = (
+            loop.call_later(delay_s, self.seal) if delay_s > 0 else loop.call_soon(self.seal)
+        )
 
     def seal(self) -> None:
         """Close the current batch and queue it for the stream."""
@@ -461,14 +630,20 @@ class _PartitionProducer(PartitionStream):
             op.done = True
             ledger_id = receipt.message_id.ledger_id
             entry_id = receipt.message_id.entry_id
-            handles = op.batch.handles
-            size = len(handles)
-            for index, (future, callback) in enumerate(handles):
-                message_id = MessageId(ledger_id, entry_id, index, partition, size)
-                if callback is not None:
-                    _run_callback(callback, None, message_id)
-                if not future.done():
-                    future.set_result(message_id)
+            batch = op.batch
+            size = batch.num_messages
+            index = 0
+            for handle, count in batch.parts:
+                if type(handle) is _ManySend:
+                    handle.confirmed(ledger_id, entry_id, index, count, size)
+                else:
+                    future, callback = handle  # type: ignore[misc]
+                    message_id = MessageId(ledger_id, entry_id, index, partition, size)
+                    if callback is not None:
+                        _run_callback(callback, None, message_id)
+                    if not future.done():
+                        future.set_result(message_id)
+                index += count
             confirmed += size
         if confirmed:
             self._producer.capacity.release(confirmed)
@@ -485,9 +660,7 @@ class _PartitionProducer(PartitionStream):
             return error
         del self._pending[wire.request_id]
         op.done = True
-        for handle in op.batch.handles:
-            _fail_handle(handle, error)
-        self._producer.capacity.release(op.batch.num_messages)
+        self._producer.capacity.release(_fail_parts(list(op.batch.parts), error))
         self._check_drained()
         return None
 
@@ -514,9 +687,7 @@ class _PartitionProducer(PartitionStream):
             for op in expired:
                 del self._pending[op.request_id]
                 op.done = True
-                for handle in op.batch.handles:
-                    _fail_handle(handle, error)
-                failed += op.batch.num_messages
+                failed += _fail_parts(list(op.batch.parts), error)
             self._log.warning("producer_send_timeout", messages=failed)
             self._producer.capacity.release(failed)
             self._check_drained()
@@ -750,6 +921,140 @@ class Producer:
         )
         return await queued
 
+    def send_many_async(
+        self,
+        contents: Sequence[bytes],
+        callback: ManyCallback | None = None,
+        properties: Mapping[str, str] | None = None,
+        partition_key: str | None = None,
+        event_timestamp: int | None = None,
+        *,
+        deliver_after_ms: int | None = None,
+        deliver_at_ms: int | None = None,
+    ) -> asyncio.Future[SendReceipt]:
+        """Queue a run of messages that share key, properties, event time and delivery time;
+        one future for the whole run, giving a :class:`SendReceipt` once every message of it is
+        stored durably.
+
+        The fast way to publish many messages: no future, callback or message id per message
+        (build the ids from the receipt when needed). The run goes to one partition, in order,
+        packed into as few batches as the batching limits allow. Never waits: fails at once with
+        :class:`ProducerQueueFullError` unless ``max_pending_messages`` has room for the whole
+        run. If a batch of the run fails, the future fails with that error; the run's other
+        batches still go their way (with deduplication on, sending the run again is safe).
+        """
+        messages, error = _many_contents(contents, self.config.max_pending_messages)
+        deliver_at = 0
+        if error is None:
+            error, deliver_at = self._check(deliver_after_ms, deliver_at_ms)
+        if error is None:
+            error = _check_fields(properties, partition_key, event_timestamp)
+        if error is None and not self.capacity.try_acquire(len(messages)):
+            error = self._queue_full()
+        return self._queue_many(
+            error,
+            messages,
+            callback,
+            properties=properties,
+            partition_key=partition_key,
+            event_timestamp=event_timestamp,
+            deliver_at_ms=deliver_at,
+        )
+
+    async def send_many(
+        self,
+        contents: Sequence[bytes],
+        properties: Mapping[str, str] | None = None,
+        partition_key: str | None = None,
+        event_timestamp: int | None = None,
+        *,
+        deliver_after_ms: int | None = None,
+        deliver_at_ms: int | None = None,
+    ) -> SendReceipt:
+        """:meth:`send_many_async`, waiting for room for the run when ``block_if_queue_full``
+        is on (as :meth:`send` does for one message), then for its receipt."""
+        return await (
+            await self.send_many_async_when_room(
+                contents,
+                None,
+                properties,
+                partition_key,
+                event_timestamp,
+                deliver_after_ms=deliver_after_ms,
+                deliver_at_ms=deliver_at_ms,
+            )
+        )
+
+    async def send_many_async_when_room(
+        self,
+        contents: Sequence[bytes],
+        callback: ManyCallback | None = None,
+        properties: Mapping[str, str] | None = None,
+        partition_key: str | None = None,
+        event_timestamp: int | None = None,
+        *,
+        deliver_after_ms: int | None = None,
+        deliver_at_ms: int | None = None,
+    ) -> asyncio.Future[SendReceipt]:
+        """:meth:`send_many_async` that first waits for room for the whole run when
+        ``block_if_queue_full`` is on."""
+        if not self.config.block_if_queue_full:
+            return self.send_many_async(
+                contents,
+                callback,
+                properties,
+                partition_key,
+                event_timestamp,
+                deliver_after_ms=deliver_after_ms,
+                deliver_at_ms=deliver_at_ms,
+            )
+        messages, error = _many_contents(contents, self.config.max_pending_messages)
+        deliver_at = 0
+        if error is None:
+            error, deliver_at = self._check(deliver_after_ms, deliver_at_ms)
+        if error is None:
+            error = _check_fields(properties, partition_key, event_timestamp)
+        if error is None:
+            await self.capacity.acquire(len(messages))
+            error = self._unusable()
+            if error is not None:
+                self.capacity.release(len(messages))
+        return self._queue_many(
+            error,
+            messages,
+            callback,
+            properties=properties,
+            partition_key=partition_key,
+            event_timestamp=event_timestamp,
+            deliver_at_ms=deliver_at,
+        )
+
+    def _queue_many(
+        self,
+        error: MagnetarError | None,
+        contents: Sequence[bytes],
+        callback: ManyCallback | None,
+        *,
+        properties: Mapping[str, str] | None,
+        partition_key: str | None,
+        event_timestamp: int | None,
+        deliver_at_ms: int,
+    ) -> asyncio.Future[SendReceipt]:
+        future: asyncio.Future[SendReceipt] = asyncio.get_running_loop().create_future()
+        handle = _ManySend(future, callback, len(contents), -1)
+        if error is not None:
+            handle.fail(error)
+        else:
+            self._add_many(
+                contents,
+                handle,
+                properties=properties,
+                partition_key=partition_key,
+                event_timestamp=event_timestamp,
+                deliver_at_ms=deliver_at_ms,
+            )
+        return future
+
     async def flush(self) -> None:
         """Send every batched message now and wait until all sent so far are confirmed or
         failed (their own futures carry any error)."""
@@ -821,12 +1126,12 @@ class Producer:
                 )
                 return
             content = bytes(given)
-        if properties and not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in properties.items()
-        ):
-            self.capacity.release(1)
-            _fail_handle(handle, InvalidArgumentError("message properties must map str to str"))
-            return
+        if properties or partition_key is not None or event_timestamp:
+            field_error = _check_fields(properties, partition_key, event_timestamp)
+            if field_error is not None:
+                self.capacity.release(1)
+                _fail_handle(handle, field_error)
+                return
         partition = self._partitions[self._router.partition_for(partition_key)]
         error = partition.error
         size = message_size(content, partition_key, properties)
@@ -849,3 +1154,95 @@ class Producer:
             size=size,
             deliver_at_ms=deliver_at_ms,
         )
+
+    def _add_many(
+        self,
+        contents: Sequence[bytes],
+        handle: _ManySend,
+        *,
+        properties: Mapping[str, str] | None,
+        partition_key: str | None,
+        event_timestamp: int | None,
+        deliver_at_ms: int,
+    ) -> None:
+        count = len(contents)
+        partition = self._partitions[self._router.partition_for(partition_key)]
+        handle.partition = partition.partition
+        error = partition.error
+        overhead = message_size(b"", partition_key, properties)
+        largest = max(map(len, contents)) + overhead
+        if error is None and largest > partition.max_message_bytes - _ENVELOPE_ROOM_BYTES:
+            error = MessageTooLargeError(
+                f"a message of about {largest} bytes is over the broker's limit of"
+                f" {partition.max_message_bytes} bytes per entry on {partition.partition_topic}",
+                context={"size": largest, "max_message_bytes": partition.max_message_bytes},
+            )
+        if error is not None:
+            self.capacity.release(count)
+            handle.fail(error)
+            return
+        event_time_ms = event_timestamp or 0
+        partition.add_many(
+            contents,
+            handle,
+            partition_key=partition_key,
+            properties=properties,
+            event_time_ms=event_time_ms,
+            extras=encode_extras(partition_key, properties, event_time_ms),
+            overhead=overhead,
+            deliver_at_ms=deliver_at_ms,
+        )
+
+
+_INT64_MAX = 2**63 - 1
+
+
+def _check_fields(
+    properties: Mapping[str, str] | None, partition_key: str | None, event_timestamp: int | None
+) -> MagnetarError | None:
+    """What is wrong with a message's key, properties or event time (None: nothing)."""
+    key: object = partition_key
+    if key is not None and not isinstance(key, str):
+        return InvalidArgumentError(f"partition_key must be a str, got {type(key).__name__}")
+    if properties and not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in properties.items()
+    ):
+        return InvalidArgumentError("message properties must map str to str")
+    if event_timestamp is not None and (
+        not isinstance(event_timestamp, int)
+        or isinstance(event_timestamp, bool)
+        or not 0 <= event_timestamp <= _INT64_MAX
+    ):
+        return InvalidArgumentError(
+            f"event_timestamp is ms since the epoch (an int >= 0), got {event_timestamp!r}"
+        )
+    return None
+
+
+def _many_contents(contents: object, limit: int) -> tuple[Sequence[bytes], MagnetarError | None]:
+    """``send_many``'s messages as a sequence of bytes, or why they cannot be sent."""
+    if isinstance(contents, bytes | bytearray | memoryview | str) or not isinstance(
+        contents, Sequence
+    ):
+        return (), InvalidArgumentError(
+            f"send_many takes a sequence of messages (bytes), got {type(contents).__name__}"
+        )
+    if not contents:
+        return (), InvalidArgumentError("send_many needs at least one message")
+    if len(contents) > limit:
+        return (), InvalidArgumentError(
+            f"send_many got {len(contents)} messages, more than max_pending_messages={limit}"
+            " can hold: send them in smaller runs",
+            context={"messages": len(contents), "max_pending_messages": limit},
+        )
+    if all(type(c) is bytes for c in contents):
+        return contents, None
+    converted: list[bytes] = []
+    for index, content in enumerate(contents):
+        if isinstance(content, bytes | bytearray | memoryview):
+            converted.append(bytes(content))
+        else:
+            return (), InvalidArgumentError(
+                f"message content must be bytes, got {type(content).__name__} at index {index}"
+            )
+    return converted, None

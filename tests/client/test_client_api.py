@@ -175,6 +175,24 @@ def test_produce_and_consume_every_method(client: magnetar.Client, admin: magnet
     assert sum(s["backlog_messages"] for p in stats["partitions"] for s in p["subscriptions"]) == 0
 
 
+def test_send_many_publishes_a_run_in_order(client: magnetar.Client):
+    topic = unique("many")
+    with client.create_producer(topic, batching_max_messages=100) as producer:
+        values = [b"run-%d" % i for i in range(230)]
+        receipt = producer.send_many(values, partition_key="same", event_timestamp=77)
+        assert isinstance(receipt, magnetar.SendReceipt)
+        assert len(receipt) == 230
+        ids = receipt.message_ids()
+        assert ids == sorted(ids)
+        with pytest.raises(InvalidArgumentError, match="at least one message"):
+            producer.send_many([])
+    with client.subscribe(topic, "many-sub", initial_position="earliest") as consumer:
+        received = receive_all(consumer, 230)
+        assert [m.data() for m in received] == values
+        assert [m.message_id() for m in received] == ids
+        assert {(m.partition_key(), m.event_timestamp()) for m in received} == {("same", 77)}
+
+
 def test_negative_acknowledge_redelivers(client: magnetar.Client):
     topic = unique("nack")
     producer = client.create_producer(topic)

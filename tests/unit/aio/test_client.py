@@ -429,3 +429,82 @@ async def test_closing_the_client_flushes_producers_and_ends_consumers(
         await producer.send(b"too late")
     messages = [m async for m in consumer]  # ends: the consumer is closed
     assert messages == []
+
+
+async def test_send_many_stores_a_run_in_order_with_one_receipt(
+    cluster: FakeCluster, client: Client
+) -> None:
+    cluster.create_topic("runs", partitions=3)
+    producer = await client.create_producer(
+        "runs", batching_max_messages=100, batching_max_publish_delay_ms=5
+    )
+    consumer = await client.subscribe("runs", "sub", initial_position="earliest")
+    heard: list[tuple[object, object]] = []
+    values = [f"v{i}".encode() for i in range(250)]
+    receipt = await producer.send_many_async(
+        values, lambda e, r: heard.append((e, r)), partition_key="k", properties={"p": "1"}
+    )
+    assert len(receipt) == 250
+    assert heard == [(None, receipt)]
+    ids = receipt.message_ids()
+    assert ids == sorted(ids)
+    assert len(set(ids)) == 250
+    assert {i.partition for i in ids} == {receipt.partition}
+    assert (receipt.first_message_id(), receipt.last_message_id()) == (ids[0], ids[-1])
+    assert {i.batch_size for i in ids} == {100, 50}  # split over three batches of the partition
+    received = await receive_all(consumer, 250)
+    assert [m.data() for m in received] == values
+    assert [m.message_id() for m in received] == ids
+    assert {(m.partition_key(), m.properties()["p"]) for m in received} == {("k", "1")}
+    # a second run with a single send in between shares batches with them
+    single = producer.send_async(b"single", partition_key="k")
+    second = await producer.send_many(values[:3], partition_key="k")
+    assert (await single) < second.first_message_id()
+
+
+async def test_send_many_refuses_what_it_cannot_send_and_nothing_else_breaks(
+    cluster: FakeCluster, client: Client
+) -> None:
+    cluster.create_topic("picky-runs")
+    producer = await client.create_producer("picky-runs", max_pending_messages=10)
+    for bad, said in [
+        (b"bytes, not a list", "a sequence of messages"),
+        ([], "at least one message"),
+        ([b"ok", "text"], "got str at index 1"),
+        ([b"x"] * 11, "more than max_pending_messages=10"),
+    ]:
+        with pytest.raises(InvalidArgumentError, match=said):
+            await producer.send_many_async(bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="event_timestamp"):
+        await producer.send_many([b"x"], event_timestamp=-1)
+    with pytest.raises(MessageTooLargeError):
+        await producer.send_many([b"small", b"x" * (2 * 1024 * 1024)])
+    cluster.drop_receipts = True
+    held = producer.send_many_async([b"a"] * 8)
+    with pytest.raises(ProducerQueueFullError):
+        await producer.send_many_async([b"b"] * 3)
+    waiting = asyncio.create_task(producer.send_many([bytearray(b"c"), memoryview(b"d")]))
+    await asyncio.sleep(0.05)
+    assert producer.pending_messages() == 10
+    cluster.drop_receipts = False
+    cluster.move("picky-runs", to=1)
+    assert len(await held) == 8
+    assert len(await asyncio.wait_for(waiting, 5)) == 2
+    assert producer.pending_messages() == 0
+    assert (await producer.send(b"after")).entry_id >= 0
+
+
+async def test_a_run_whose_batches_time_out_fails_once_and_frees_its_room(
+    cluster: FakeCluster, client: Client
+) -> None:
+    cluster.create_topic("silent-runs")
+    producer = await client.create_producer(
+        "silent-runs", send_timeout_ms=200, batching_max_messages=10
+    )
+    cluster.drop_receipts = True
+    heard: list[object] = []
+    with pytest.raises(OperationTimeoutError):
+        await producer.send_many_async([b"x"] * 35, lambda e, _r: heard.append(e))
+    assert len(heard) == 1
+    assert isinstance(heard[0], OperationTimeoutError)
+    assert producer.pending_messages() == 0

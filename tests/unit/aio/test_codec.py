@@ -6,6 +6,7 @@ import pytest
 
 from magnetar.aio.codec import BatchBuilder, decode_entry, message_size
 from magnetar.common.errors import CorruptionError, InvalidArgumentError
+from magnetar.common.keys import batch_key_hashes
 from proto.common.v1 import types_pb2
 from proto.format.v1 import entry_pb2
 
@@ -44,7 +45,7 @@ def test_a_sealed_batch_comes_back_message_for_message(compression: str) -> None
     builder.add(b"third" * 100, 2, partition_key="")
     sealed = builder.seal(sequence_id=7)
     assert (sealed.sequence_id, sealed.last_sequence_id, sealed.num_messages) == (7, 9, 3)
-    assert sealed.handles == [0, 1, 2]
+    assert sealed.parts == [(0, 1), (1, 1), (2, 1)]
     assert sealed.first_added_at == 1.0
     if compression == "zlib":
         assert sealed.compression == types_pb2.COMPRESSION_TYPE_ZLIB
@@ -91,10 +92,11 @@ def test_message_size_counts_key_and_properties() -> None:
     assert message_size(b"abc", None, {"k": "vv"}) > plain + 3
 
 
-def test_take_handles_empties_the_batch_without_encoding() -> None:
+def test_take_parts_empties_the_batch_without_encoding() -> None:
     builder: BatchBuilder[int] = BatchBuilder(max_messages=10, max_bytes=1000)
     fill(builder, 4)
-    assert builder.take_handles() == [0, 1, 2, 3]
+    builder.add_many([b"a", b"b"], 0, 4)
+    assert builder.take_parts() == [(0, 1), (1, 1), (2, 1), (3, 1), (4, 2)]
     assert len(builder) == 0
     assert builder.size_bytes == 0
     with pytest.raises(InvalidArgumentError):
@@ -123,3 +125,54 @@ def test_sealing_starts_a_fresh_batch() -> None:
 def test_damaged_entries_are_reported_not_delivered(data: bytes) -> None:
     with pytest.raises(CorruptionError):
         decode_entry(data)
+
+
+@pytest.mark.parametrize(
+    ("key", "properties", "event_time_ms"),
+    [(None, None, 0), ("k", None, 0), (None, {"a": "1", "b": ""}, 0), ("", {"x": "y"}, 2**40)],
+)
+def test_hand_encoded_messages_read_back_as_protobuf_writes_them(
+    key: str | None, properties: dict[str, str] | None, event_time_ms: int
+) -> None:
+    """The builder writes ``MessageBatch`` bytes itself; they must parse to the same messages,
+    for values of every length class of a varint (0, 1, 127, 128, 16,384 bytes)."""
+    values = [b"", b"v", b"x" * 127, b"y" * 128, b"z" * 16_384, bytes(range(256))]
+    builder: BatchBuilder[str] = BatchBuilder(max_messages=100, max_bytes=1 << 20)
+    builder.add(values[0], "one", partition_key=key, properties=properties, event_time_ms=5)
+    taken = builder.add_many(
+        values, 1, "run", partition_key=key, properties=properties, event_time_ms=event_time_ms
+    )
+    assert taken == len(values) - 1
+    sealed = builder.seal(0)
+    assert sealed.parts == [("one", 1), ("run", 5)]
+    assert sealed.num_messages == 6
+    expected = entry_pb2.MessageBatch(
+        messages=[
+            entry_pb2.BatchedMessage(
+                value=value,
+                partition_key=key,
+                properties=properties,
+                event_time_ms=5 if i == 0 else event_time_ms,
+            )
+            for i, value in enumerate(values)
+        ]
+    )
+    assert entry_pb2.MessageBatch.FromString(sealed.payload) == expected
+    assert sealed.key_hashes == (() if key is None else (batch_key_hashes([key])[0],))
+
+
+def test_a_run_fills_the_batch_and_stops_at_its_limits() -> None:
+    builder: BatchBuilder[int] = BatchBuilder(max_messages=5, max_bytes=1 << 20)
+    builder.add(b"single", 0)
+    run = [b"m%d" % i for i in range(10)]
+    assert builder.add_many(run, 0, 1) == 4  # room for 4 more messages
+    assert builder.is_full()
+    assert builder.add_many(run, 4, 1) == 0
+    builder.seal(0)
+    assert builder.add_many(run, 4, 1) == 5
+    by_bytes: BatchBuilder[int] = BatchBuilder(max_messages=1000, max_bytes=100)
+    sized = [b"x" * 30] * 5  # 46 bytes each with the per-message overhead
+    assert by_bytes.add_many(sized, 0, 0) == 2
+    assert by_bytes.add_many(sized, 2, 0) == 0
+    big: BatchBuilder[int] = BatchBuilder(max_messages=1000, max_bytes=100)
+    assert big.add_many([b"x" * 500, b"y"], 0, 0) == 1  # an empty batch takes the first
