@@ -1,0 +1,1715 @@
+"""Benchmark suite: OpenMessaging-Benchmark-style workloads against a real multi-process cluster
+(its own etcd, 3 bookie processes, 1 broker process, ledgers E3/Qw2/Qa2, every group commit
+``fdatasync``ed), each driven by the real ``magnetar perf`` command, next to the raw limits of
+this machine (append+fdatasync rate, group-commit bandwidth, loopback gRPC round trip) measured
+in the same run, at its start and at its end.
+
+Run from the repository root::
+
+    .venv/bin/python bench/suite.py                 # full run, about ten minutes
+    .venv/bin/python bench/suite.py --quick         # smoke test, under two minutes
+    .venv/bin/python bench/suite.py --grow-gb 20    # and the opt-in stored-data growth part
+
+It writes ``bench/results/suite-<date>.json`` (every figure), ``suite-<date>.md`` (the summary,
+with the targets' verdicts), ``suite-<date>-throughput.png`` and ``suite-<date>-latency.png``
+(and ``suite-<date>-grow.png`` with ``--grow-gb``); ``--quick`` writes ``suite-<date>-quick.*``
+so a smoke test never replaces a full run. See bench/README.md ("Suite") for what each figure
+means. The machine is shared and noisy: compare figures within one run, never across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import logging
+import math
+import os
+import re
+import shlex
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+# The other benchmarks sit next to this script, so they are importable when it is run as
+# ``python bench/suite.py``. Machine details, raw limits, the results harness, the report
+# preamble, the cluster's settings and the CPU accounting are reused as they are, so that every
+# benchmark measures the machine and the cluster the same way.
+from bookie_bench import (
+    KIB,
+    MIB,
+    REPO,
+    _print_raw,
+    _python,
+    _size_name,
+    machine_info,
+    measure_raw_limits,
+    proc_cpu_seconds,
+    report_preamble,
+    run_and_write,
+)
+from broker_bench import (
+    BOOKIES,
+    BROKER_ARGS,
+    QUORUM,
+    Usage,
+    limits,
+    log_tail,
+    settle_disk,
+    usage,
+    usage_delta,
+)
+from ledger_bench import thread_cpu_seconds
+
+from magnetar.testing import LocalCluster
+
+GB = 1_000_000_000
+
+# --- targets (reported with PASS / MISS, never asserted) ------------------------------------------
+
+TARGET_PRODUCE_MSG_PER_S = 500_000
+"""One producer, 100 B messages, E3/Qw2/Qa2 with fdatasync on every bookie."""
+TARGET_BACKLOG_MSG_PER_S = 800_000
+"""One consumer draining a backlog of 100 B messages (the target names 10 million)."""
+TARGET_BACKLOG_MESSAGES = 10_000_000
+LATENCY_TARGETS_MS: dict[int, dict[str, float]] = {
+    2_000: {"p50": 3.0, "p99": 10.0},
+    50_000: {"p99": 20.0},
+}
+"""End-to-end latency (send -> receive) at a fixed rate: percentile -> at most this many ms."""
+RATE_REACHED_FRACTION = 0.95
+"""A fixed-rate workload must deliver this share of its rate for its latency to count."""
+DEFAULT_RSS_BOUND_MIB = 512
+GROW_MIN_RATIO = 0.90
+"""Throughput while the last 10% of the data was written over while the first 10% was: "does
+not fall" means within 10%."""
+GROW_EDGE_FRACTION = 0.10
+
+# Disk space the grow part needs per payload byte: Qw copies, plus the broker's entry envelope,
+# the batch framing of small messages, the bookies' index and etcd (a first 0.3 GB run of 1 KiB
+# messages used 2.4 bytes of the file system per payload byte). GROW_FLOOR_BYTES stay free
+# whatever happens: below it the producer is stopped early.
+GROW_DISK_BYTES_PER_PAYLOAD_BYTE = QUORUM[1] * 1.4
+GROW_FLOOR_BYTES = 5 * GB
+
+PERF_TIMEOUT_MARGIN_S = 120.0
+"""A perf process gets its expected duration plus this long before it is interrupted."""
+BACKLOG_TIMEOUT_MIN_RATE = 10_000
+"""A backlog phase is given as long as this many messages per second would take (plus margin)."""
+RSS_SAMPLE_INTERVAL_S = 0.2
+
+
+# --- workloads ------------------------------------------------------------------------------------
+
+MAX_RATE, FIXED_RATE, BACKLOG = "max-rate", "fixed-rate", "backlog"
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """One topic of ``partitions`` partitions, messages of ``message_bytes``.
+
+    - max-rate: ``magnetar perf produce --rate 0`` for the workload duration;
+    - fixed-rate: ``magnetar perf end-to-end --rate RATE`` for the workload duration;
+    - backlog: ``magnetar perf produce --rate 0 --num-messages N``, then ``magnetar perf consume
+      --position earliest --num-messages N``: one consumer draining the backlog.
+    """
+
+    kind: str
+    partitions: int
+    message_bytes: int
+    rate: int = 0
+
+    @property
+    def key(self) -> str:
+        head = {MAX_RATE: "max", BACKLOG: "backlog"}.get(self.kind, f"rate{self.rate}")
+        return f"{head}-{self.partitions}p-{_size_name(self.message_bytes).replace(' ', '')}"
+
+    @property
+    def topic(self) -> str:
+        return f"suite-{self.key}"
+
+    @property
+    def name(self) -> str:
+        what = {MAX_RATE: "max rate", BACKLOG: "backlog drain"}.get(
+            self.kind, f"{self.rate:,} msg/s"
+        )
+        partitions = f"{self.partitions} partition{'s' * (self.partitions > 1)}"
+        return f"{what}, {partitions}, {_size_name(self.message_bytes)}"
+
+
+PARTITIONS = (1, 16)
+MESSAGE_SIZES = (100, 1 * KIB)
+FIXED_RATES = (2_000, 50_000)
+WORKLOADS: tuple[Workload, ...] = (
+    *(Workload(MAX_RATE, p, s) for s in MESSAGE_SIZES for p in PARTITIONS),
+    *(
+        Workload(FIXED_RATE, p, s, r)
+        for r in FIXED_RATES
+        for s in MESSAGE_SIZES
+        for p in PARTITIONS
+    ),
+    *(Workload(BACKLOG, p, 100) for p in PARTITIONS),
+)
+GROW_KEY = "grow"
+
+
+def perf_base(mode: str, topic: str, service_url: str) -> list[str]:
+    """The start of a ``magnetar perf`` command line (interpreter left out)."""
+    return ["-m", "magnetar.cli", "perf", mode, topic, "--service-url", service_url, "--json"]
+
+
+def perf_phases(
+    workload: Workload, service_url: str, *, duration_s: float, backlog_messages: int
+) -> list[tuple[str, list[str], float]]:
+    """(phase, perf arguments, timeout in seconds) of a workload, in order."""
+    size = ["--size", str(workload.message_bytes)]
+    topic = ["--partitions", str(workload.partitions)]
+    timed = ["--duration", f"{duration_s:g}"]
+    timeout_s = duration_s + PERF_TIMEOUT_MARGIN_S
+    if workload.kind == MAX_RATE:
+        args = perf_base("produce", workload.topic, service_url)
+        return [("produce", [*args, *topic, *size, "--rate", "0", *timed], timeout_s)]
+    if workload.kind == FIXED_RATE:
+        args = perf_base("end-to-end", workload.topic, service_url)
+        rate = ["--rate", str(workload.rate)]
+        return [("end-to-end", [*args, *topic, *size, *rate, *timed], timeout_s)]
+    count = ["--num-messages", str(backlog_messages)]
+    timeout_s = backlog_messages / BACKLOG_TIMEOUT_MIN_RATE + PERF_TIMEOUT_MARGIN_S
+    produce = perf_base("produce", workload.topic, service_url)
+    consume = perf_base("consume", workload.topic, service_url)
+    return [
+        ("produce", [*produce, *topic, *size, "--rate", "0", *count], timeout_s),
+        ("consume", [*consume, "--position", "earliest", *count], timeout_s),
+    ]
+
+
+# --- what perf prints -----------------------------------------------------------------------------
+
+# The progress line perf prints to stderr every second (magnetar/perf.py, _Run._report):
+# "produce    3.0 s     201,234 msg/s     20.12 MB/s  p50    7.123 ms  p99   40.000 ms  pending 9"
+_PROGRESS = re.compile(
+    r"^(?P<mode>produce|consume|end-to-end)\s+(?P<t>\d+(?:\.\d+)?) s\s+(?P<rate>[\d,]+) msg/s"
+    r"\s+(?P<mb>\d+(?:\.\d+)?) MB/s\s+p50\s+(?P<p50>\d+(?:\.\d+)?|-) ms"
+    r"\s+p99\s+(?P<p99>\d+(?:\.\d+)?|-) ms\s+pending (?P<pending>-?[\d,]+)"
+    r"(?:\s+errors (?P<errors>[\d,]+))?\s*$"
+)
+
+
+def parse_progress(line: str) -> dict[str, Any] | None:
+    """One of perf's per-second progress lines as numbers, or None for any other line."""
+    match = _PROGRESS.match(line.strip())
+    if match is None:
+        return None
+
+    def ms(text: str) -> float | None:
+        return None if text == "-" else float(text)
+
+    return {
+        "t_s": float(match["t"]),
+        "msg_per_s": int(match["rate"].replace(",", "")),
+        "mb_per_s": float(match["mb"]),
+        "p50_ms": ms(match["p50"]),
+        "p99_ms": ms(match["p99"]),
+        "pending": int(match["pending"].replace(",", "")),
+        "errors": int(match["errors"].replace(",", "")) if match["errors"] else 0,
+    }
+
+
+def parse_summary(line: str) -> dict[str, Any] | None:
+    """perf's ``--json`` summary line (one JSON object with a "mode"), or None."""
+    text = line.strip()
+    if not text.startswith("{"):
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) and "mode" in value else None
+
+
+# --- figures from the per-second series -----------------------------------------------------------
+
+
+def grow_ratio(
+    series: Sequence[dict[str, Any]], edge: float = GROW_EDGE_FRACTION
+) -> dict[str, Any]:
+    """Throughput while the first ``edge`` of the data was written against while the last was.
+
+    ``series`` is perf's per-second progress (``msg_per_s``, ``mb_per_s``, one entry a second).
+    A second belongs to the first part if the data written before it is under ``edge`` of the
+    total, to the last part if the data written up to its end is over ``1 - edge``; throughput
+    of a part is its MB over its seconds. The ratio is last over first (1.0: no change).
+    """
+    total = sum(s["mb_per_s"] for s in series)
+    if not series or total <= 0:
+        return {"first_mb_per_s": None, "last_mb_per_s": None, "ratio": None, "seconds": 0}
+    first: list[float] = []
+    last: list[float] = []
+    written = 0.0
+    for s in series:
+        if written < edge * total:
+            first.append(s["mb_per_s"])
+        written += s["mb_per_s"]
+        if written > (1 - edge) * total:
+            last.append(s["mb_per_s"])
+    first_rate = sum(first) / len(first)
+    last_rate = sum(last) / len(last)
+    return {
+        "edge_fraction": edge,
+        "first_seconds": len(first),
+        "last_seconds": len(last),
+        "first_mb_per_s": first_rate,
+        "last_mb_per_s": last_rate,
+        "ratio": last_rate / first_rate if first_rate else None,
+        "seconds": len(series),
+        "total_mb": total,
+    }
+
+
+def _number(value: float) -> str:
+    """1,000,000 or 0.5: as a person would write the number on the command line."""
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,}"
+
+
+def grow_disk_needed(grow_gb: float) -> int:
+    """Free bytes the grow part needs before it starts (its data, plus the floor kept free)."""
+    return int(grow_gb * GB * GROW_DISK_BYTES_PER_PAYLOAD_BYTE) + GROW_FLOOR_BYTES
+
+
+# --- verdicts -------------------------------------------------------------------------------------
+
+
+def _verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def checks(
+    workloads: Sequence[dict[str, Any]],
+    *,
+    rss_bound_mib: float,
+    grow: dict[str, Any] | None,
+) -> list[dict[str, Any]]:
+    """The targets of the issue, each with PASS, MISS or NOT RUN and the figures behind it.
+
+    Throughput targets take the better of the 1- and 16-partition workloads (one producer or
+    one consumer either way); latency targets must hold in every workload of that rate (both
+    sizes, both partition counts), and only count where the rate was delivered; the RSS bound
+    must hold in every max-rate and backlog workload.
+    """
+    out: list[dict[str, Any]] = []
+
+    def best(kind: str, size: int) -> tuple[dict[str, Any] | None, bool]:
+        selected = [w for w in workloads if w["kind"] == kind and w["message_bytes"] == size]
+        good = [w for w in selected if w["ok"]]
+        return max(good, key=lambda w: w["msg_per_s"], default=None), bool(selected)
+
+    producer, selected = best(MAX_RATE, 100)
+    check: dict[str, Any] = {
+        "name": f"one producer, 100 B messages: >= {TARGET_PRODUCE_MSG_PER_S:,} msg/s",
+        "target_msg_per_s": TARGET_PRODUCE_MSG_PER_S,
+    }
+    if not selected:
+        check.update({"verdict": "NOT RUN", "why": "no max-rate 100 B workload was selected"})
+    elif producer is None:
+        check.update({"verdict": "MISS", "why": "no max-rate 100 B workload completed"})
+    else:
+        check.update(
+            {
+                "workload": producer["key"],
+                "measured_msg_per_s": producer["msg_per_s"],
+                "ratio": producer["msg_per_s"] / TARGET_PRODUCE_MSG_PER_S,
+                "verdict": _verdict(producer["msg_per_s"] >= TARGET_PRODUCE_MSG_PER_S),
+            }
+        )
+    out.append(check)
+
+    consumer, selected = best(BACKLOG, 100)
+    check = {
+        "name": (
+            f"one consumer draining a {TARGET_BACKLOG_MESSAGES:,}-message backlog (100 B):"
+            f" >= {TARGET_BACKLOG_MSG_PER_S:,} msg/s"
+        ),
+        "target_msg_per_s": TARGET_BACKLOG_MSG_PER_S,
+    }
+    if not selected:
+        check.update({"verdict": "NOT RUN", "why": "no backlog workload was selected"})
+    elif consumer is None:
+        check.update({"verdict": "MISS", "why": "no backlog workload completed"})
+    else:
+        check.update(
+            {
+                "workload": consumer["key"],
+                "measured_msg_per_s": consumer["msg_per_s"],
+                "backlog_messages": consumer["backlog_messages"],
+                "ratio": consumer["msg_per_s"] / TARGET_BACKLOG_MSG_PER_S,
+                "verdict": _verdict(consumer["msg_per_s"] >= TARGET_BACKLOG_MSG_PER_S),
+            }
+        )
+        if consumer["backlog_messages"] < TARGET_BACKLOG_MESSAGES:
+            check["note"] = (
+                f"backlog of {consumer['backlog_messages']:,} messages, not the"
+                f" {TARGET_BACKLOG_MESSAGES:,} the target names"
+            )
+    out.append(check)
+
+    for rate, limits_ms in LATENCY_TARGETS_MS.items():
+        wanted = " and ".join(f"{p} <= {v:g} ms" for p, v in limits_ms.items())
+        check = {"name": f"end-to-end latency at {rate:,} msg/s: {wanted}", "limits_ms": limits_ms}
+        selected_w = [w for w in workloads if w["kind"] == FIXED_RATE and w["rate"] == rate]
+        if not selected_w:
+            check.update({"verdict": "NOT RUN", "why": f"no {rate:,} msg/s workload was selected"})
+            out.append(check)
+            continue
+        per: list[dict[str, Any]] = []
+        for w in selected_w:
+            entry: dict[str, Any] = {"workload": w["key"]}
+            if not w["ok"]:
+                entry.update({"verdict": "MISS", "why": "failed"})
+            else:
+                latency = w["latency_ms"]
+                reached = w["msg_per_s"] >= RATE_REACHED_FRACTION * rate
+                within = all(
+                    latency.get(p) is not None and latency[p] <= v for p, v in limits_ms.items()
+                )
+                entry.update(
+                    {
+                        "measured_ms": {p: latency.get(p) for p in limits_ms},
+                        "msg_per_s": w["msg_per_s"],
+                        "rate_reached": reached,
+                        "verdict": _verdict(within and reached),
+                    }
+                )
+                if not reached:
+                    entry["why"] = f"delivered {w['msg_per_s']:,.0f} of {rate:,} msg/s"
+            per.append(entry)
+        check["workloads"] = per
+        check["verdict"] = _verdict(all(e["verdict"] == "PASS" for e in per))
+        out.append(check)
+
+    check = {
+        "name": f"broker RSS under max-rate load stays under {rss_bound_mib:g} MiB",
+        "bound_mib": rss_bound_mib,
+    }
+    loaded = [w for w in workloads if w["kind"] in (MAX_RATE, BACKLOG)]
+    measured = [w for w in loaded if w.get("broker_rss_max_mib") is not None]
+    if not loaded:
+        check.update({"verdict": "NOT RUN", "why": "no max-rate or backlog workload was selected"})
+    elif not measured:
+        check.update({"verdict": "MISS", "why": "the broker's RSS was not measured"})
+    else:
+        top = max(measured, key=lambda w: w["broker_rss_max_mib"])
+        check.update(
+            {
+                "workload": top["key"],
+                "measured_max_mib": top["broker_rss_max_mib"],
+                "per_workload_mib": {w["key"]: w["broker_rss_max_mib"] for w in measured},
+                "verdict": _verdict(
+                    top["broker_rss_max_mib"] < rss_bound_mib and len(measured) == len(loaded)
+                ),
+            }
+        )
+    out.append(check)
+
+    check = {
+        "name": (
+            "throughput does not fall as stored data grows: last 10% / first 10% of the data"
+            f" >= {GROW_MIN_RATIO:.2f}"
+        ),
+        "target_ratio": GROW_MIN_RATIO,
+    }
+    if grow is None:
+        check.update({"verdict": "NOT RUN", "why": "opt-in: --grow-gb N"})
+    elif not grow.get("ok") or grow.get("ratio", {}).get("ratio") is None:
+        check.update({"verdict": "MISS", "why": grow.get("error", "no throughput figures")})
+    else:
+        ratio = grow["ratio"]
+        check.update(
+            {
+                "measured_ratio": ratio["ratio"],
+                "first_mb_per_s": ratio["first_mb_per_s"],
+                "last_mb_per_s": ratio["last_mb_per_s"],
+                "stored_gb": grow["payload_gb"],
+                "verdict": _verdict(ratio["ratio"] >= GROW_MIN_RATIO),
+            }
+        )
+    out.append(check)
+    return out
+
+
+# --- measuring the processes ----------------------------------------------------------------------
+
+
+def rss_bytes(pid: int | None) -> int | None:
+    """VmRSS of a process (bytes), or None if it is gone."""
+    if pid is None:
+        return None
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * KIB
+    return None
+
+
+def peak_rss_bytes(pid: int | None) -> int | None:
+    """VmHWM (peak RSS since start, or since :func:`reset_peak_rss`) of a process, in bytes."""
+    if pid is None:
+        return None
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * KIB
+    return None
+
+
+def reset_peak_rss(pid: int | None) -> bool:
+    """Reset a process's VmHWM to its current RSS (``5`` to /proc/<pid>/clear_refs, Linux 4.0+)."""
+    if pid is None:
+        return False
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """The cluster's CPU and counters (``broker_bench.usage``) and the perf process's CPU."""
+
+    cluster: Usage
+    perf_cpu: float | None
+    perf_threads: dict[str, float]
+
+
+async def snapshot(cluster: LocalCluster, loop_tid: int, perf_pid: int) -> Snapshot:
+    # the perf process first: it may be about to exit
+    perf_cpu: float | None = None
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        perf_cpu = proc_cpu_seconds(perf_pid)
+    threads = thread_cpu_seconds(perf_pid)
+    return Snapshot(await usage(cluster, loop_tid), perf_cpu, threads)
+
+
+def cpu_between(before: Snapshot, after: Snapshot, cores: int) -> dict[str, Any]:
+    """CPU of every process over a window, % of one core (``broker_bench.usage_delta``, plus the
+    perf process, which the machine's *other* no longer includes)."""
+    cpu = usage_delta(before.cluster, after.cluster, cores)
+    seconds = cpu["measured_s"]
+    perf = None
+    if before.perf_cpu is not None and after.perf_cpu is not None:
+        perf = 100 * (after.perf_cpu - before.perf_cpu) / seconds
+    loop_key = next((k for k in after.perf_threads if k.startswith("main:")), None)
+    loop = None
+    if loop_key is not None and loop_key in before.perf_threads:
+        loop = 100 * (after.perf_threads[loop_key] - before.perf_threads[loop_key]) / seconds
+    # the "bench" of broker_bench is this script here: it only watches
+    cpu["suite_pct"] = cpu.pop("bench_pct")
+    cpu["suite_event_loop_pct"] = cpu.pop("bench_event_loop_pct")
+    cpu["perf_pct"] = perf
+    cpu["perf_event_loop_pct"] = loop
+    cpu["other_pct"] -= perf or 0.0
+    seconds_in = cpu["measured_s"]
+    counters = cpu["bookie_counters"]
+    cpu["stored_entries_per_s"] = cpu["stored_entries"] / seconds_in if seconds_in else 0.0
+    cpu["fdatasyncs_per_s"] = counters.get("syncs", 0.0) / seconds_in if seconds_in else 0.0
+    cpu["group_commits_per_s"] = counters.get("groups", 0.0) / seconds_in if seconds_in else 0.0
+    return cpu
+
+
+def what_limits(cpu: dict[str, Any]) -> list[str]:
+    """``broker_bench.limits`` with the perf process as the client."""
+    return limits({**cpu, "bench_event_loop_pct": cpu.get("perf_event_loop_pct") or 0.0})
+
+
+# --- one perf process -----------------------------------------------------------------------------
+
+
+def perf_environment() -> dict[str, str]:
+    return {**os.environ, "GRPC_VERBOSITY": "ERROR"}
+
+
+async def stop_process(process: asyncio.subprocess.Process, grace_s: float = 15.0) -> None:
+    """SIGINT (perf prints its partial figures), then SIGKILL after ``grace_s``."""
+    if process.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        process.send_signal(signal.SIGINT)
+    try:
+        await asyncio.wait_for(process.wait(), grace_s)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        await process.wait()
+
+
+async def run_phase(
+    cluster: LocalCluster,
+    phase: str,
+    perf_args: list[str],
+    *,
+    timeout_s: float,
+    loop_tid: int,
+    stop_early: Callable[[], str | None] | None = None,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Run one ``magnetar perf`` process to its end, sampling the broker's RSS all along and the
+    CPU of every process at its first progress line and at its summary line.
+
+    ``stop_early`` is asked every sample; a reason from it interrupts perf (SIGINT: it prints
+    its figures so far). ``on_progress`` sees each progress line as it comes.
+    """
+    command = [sys.executable, *perf_args]
+    broker = cluster.brokers[0]
+    result: dict[str, Any] = {
+        "phase": phase,
+        "command": shlex.join([_python(), *perf_args]),
+        "timeout_s": timeout_s,
+    }
+    cores = os.cpu_count() or 1
+    progress: list[dict[str, Any]] = []
+    stderr_tail: deque[str] = deque(maxlen=30)
+    stdout_other: deque[str] = deque(maxlen=10)
+    summary: dict[str, Any] | None = None
+    first: Snapshot | None = None
+    last: Snapshot | None = None
+    rss_samples: list[int] = []
+    stopped_for = ""
+    hwm_reset = reset_peak_rss(broker.pid)
+    started = time.perf_counter()
+    process = await asyncio.create_subprocess_exec(
+        *command,
+        cwd=REPO,
+        env=perf_environment(),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+    async def safe_snapshot() -> Snapshot | None:
+        # a server that died shows in the result's errors; the readers must go on reading
+        try:
+            return await snapshot(cluster, loop_tid, process.pid)
+        except Exception as e:  # noqa: BLE001
+            stderr_tail.append(f"(suite: measuring CPU failed: {e!r})")
+            return None
+
+    async def read_stderr() -> None:
+        nonlocal first
+        assert process.stderr is not None
+        async for raw in process.stderr:
+            line = raw.decode(errors="replace").rstrip()
+            parsed = parse_progress(line)
+            if parsed is None:
+                stderr_tail.append(line)
+                continue
+            parsed["at_s"] = round(time.perf_counter() - started, 3)
+            progress.append(parsed)
+            if on_progress is not None:
+                on_progress(parsed)
+            if first is None:
+                first = await safe_snapshot()
+
+    async def read_stdout() -> None:
+        nonlocal summary, last
+        assert process.stdout is not None
+        async for raw in process.stdout:
+            line = raw.decode(errors="replace")
+            parsed = parse_summary(line)
+            if parsed is None:
+                stdout_other.append(line.rstrip())
+                continue
+            last = await safe_snapshot()
+            summary = parsed
+
+    async def sample() -> None:
+        nonlocal stopped_for
+        while process.returncode is None:
+            value = rss_bytes(broker.pid)
+            if value is not None:
+                rss_samples.append(value)
+            if stop_early is not None and not stopped_for and (reason := stop_early()):
+                stopped_for = reason
+                with contextlib.suppress(ProcessLookupError):
+                    process.send_signal(signal.SIGINT)
+            await asyncio.sleep(RSS_SAMPLE_INTERVAL_S)
+
+    timed_out = False
+    reader_error = ""
+    sampler: asyncio.Task[None] | None = None
+    readers: asyncio.Future[Any] | None = None
+    try:
+        spawned = await safe_snapshot()
+        sampler = asyncio.create_task(sample(), name="rss-sampler")
+        readers = asyncio.ensure_future(asyncio.gather(read_stderr(), read_stdout()))
+        done, _ = await asyncio.wait({readers}, timeout=timeout_s)
+        if not done:
+            # SIGINT first: perf prints its figures so far, which the readers still collect
+            timed_out = True
+            await stop_process(process)
+            await asyncio.wait({readers}, timeout=5)
+        if readers.done() and not readers.cancelled() and readers.exception() is not None:
+            reader_error = repr(readers.exception())
+        try:
+            await asyncio.wait_for(process.wait(), 30)
+        except TimeoutError:
+            await stop_process(process)
+    finally:
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await process.wait()
+        for task in (readers, sampler):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+    peak = peak_rss_bytes(broker.pid) if hwm_reset else None
+    result["elapsed_s"] = round(time.perf_counter() - started, 3)
+    result["exit_code"] = process.returncode
+    result["summary"] = summary
+    result["progress"] = progress
+    result["stderr_tail"] = "\n".join(stderr_tail)
+    if stdout_other:
+        result["stdout_other"] = "\n".join(stdout_other)
+    result["broker_rss"] = {
+        "samples": len(rss_samples),
+        "interval_s": RSS_SAMPLE_INTERVAL_S,
+        "max_mib": max(rss_samples) / MIB if rss_samples else None,
+        "last_mib": rss_samples[-1] / MIB if rss_samples else None,
+        # VmHWM, reset when the phase started: catches a peak between two samples
+        "peak_mib": peak / MIB if peak is not None else None,
+    }
+    window_start = first if first is not None else spawned
+    if last is not None and window_start is not None and last.cluster.at > window_start.cluster.at:
+        cpu = cpu_between(window_start, last, cores)
+        cpu["window"] = (
+            "first progress line to summary line"
+            if window_start is first
+            else "process start to summary line (no progress line before it)"
+        )
+        result["cpu"] = cpu
+        result["limits"] = what_limits(cpu)
+    if stopped_for:
+        result["stopped_early"] = stopped_for
+    errors: list[str] = []
+    if reader_error:
+        errors.append(f"reading perf's output failed: {reader_error}")
+    if timed_out:
+        errors.append(f"perf did not finish within {timeout_s:g} s (interrupted)")
+    if summary is None:
+        errors.append("perf printed no summary")
+    elif summary.get("errors"):
+        errors.append(f"{summary['errors']:,} messages failed")
+    if process.returncode != 0 and not (stopped_for and process.returncode == 130):
+        errors.append(f"perf exited with {process.returncode}")
+    if not broker.is_running:
+        errors.append(f"the broker exited with {broker.exit_code}")
+    dead = [n.bookie_id for n in cluster.bookies if not n.is_running]
+    if dead:
+        errors.append(f"bookie(s) {dead} exited")
+    result["ok"] = not errors
+    if errors:
+        result["error"] = "; ".join(errors)
+    return result
+
+
+def _print_phase(name: str, r: dict[str, Any]) -> None:
+    summary = r.get("summary")
+    if summary is None:
+        print(f"{name} {r['phase']}: FAILED {r.get('error')}", flush=True)
+        return
+    latency = summary["latency_ms"]
+    cpu = r.get("cpu")
+    cpu_text = ""
+    if cpu is not None:
+        perf = cpu["perf_pct"]
+        cpu_text = (
+            f"; CPU perf {'-' if perf is None else format(perf, '.0f')}%"
+            f" broker {cpu['broker_pct']:.0f}% bookies {cpu['bookies_pct']:.0f}%"
+            f" machine {cpu['machine_busy_pct']:.0f}%; limit: {'; '.join(r.get('limits', []))}"
+        )
+    rss = r["broker_rss"]["max_mib"]
+    print(
+        f"{name} {r['phase']}: {summary['msg_per_s']:,.0f} msg/s, {summary['mb_per_s']:,.1f} MB/s,"
+        f" {summary['messages']:,} messages; latency p50 {_opt(latency['p50'])} p99"
+        f" {_opt(latency['p99'])} ms; broker RSS max"
+        f" {'-' if rss is None else format(rss, ',.0f')} MiB{cpu_text}"
+        + (f"; FAILED {r['error']}" if not r["ok"] else ""),
+        flush=True,
+    )
+
+
+def _opt(value: float | None, fmt: str = ",.2f") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+# --- workloads, the grow part, the run -----------------------------------------------------------
+
+
+def _raise_if_failed(phase: dict[str, Any]) -> None:
+    if not phase["ok"]:
+        raise RuntimeError(f"{phase['phase']}: {phase['error']}")
+
+
+async def run_workload(
+    cluster: LocalCluster,
+    workload: Workload,
+    *,
+    duration_s: float,
+    backlog_messages: int,
+    loop_tid: int,
+) -> dict[str, Any]:
+    result: dict[str, Any] = {
+        "key": workload.key,
+        "name": workload.name,
+        "kind": workload.kind,
+        "partitions": workload.partitions,
+        "message_bytes": workload.message_bytes,
+        "rate": workload.rate,
+        "topic": workload.topic,
+        "phases": [],
+    }
+    if workload.kind == BACKLOG:
+        result["backlog_messages"] = backlog_messages
+    else:
+        result["duration_s"] = duration_s
+    try:
+        phases = perf_phases(
+            workload,
+            cluster.service_url,
+            duration_s=duration_s,
+            backlog_messages=backlog_messages,
+        )
+        for phase, perf_args, timeout_s in phases:
+            result.setdefault("sync_before_s", []).append(await settle_disk())
+            r = await run_phase(cluster, phase, perf_args, timeout_s=timeout_s, loop_tid=loop_tid)
+            result["phases"].append(r)
+            _print_phase(workload.key, r)
+            _raise_if_failed(r)
+        key = result["phases"][-1]
+        summary = key["summary"]
+        result.update(
+            {
+                "ok": True,
+                "msg_per_s": summary["msg_per_s"],
+                "mb_per_s": summary["mb_per_s"],
+                "messages": summary["messages"],
+                "latency_ms": summary["latency_ms"],
+                "latency_clock": summary.get("latency_clock"),
+            }
+        )
+        if workload.kind == FIXED_RATE:
+            result["publish_latency_ms"] = summary.get("publish_latency_ms")
+        if workload.kind == BACKLOG:
+            produced = result["phases"][0]["summary"]
+            result["produce_msg_per_s"] = produced["msg_per_s"]
+            result["produce_latency_ms"] = produced["latency_ms"]
+    except Exception as e:  # noqa: BLE001 - one failed workload is reported, the rest still run
+        result.update({"ok": False, "error": f"{e}" if isinstance(e, RuntimeError) else f"{e!r}"})
+        with contextlib.suppress(Exception):
+            result["broker_log_tail"] = log_tail(cluster.brokers[0].log_path, 30)
+        for phase_result in result["phases"]:
+            if not phase_result["ok"]:
+                result["perf_stderr_tail"] = phase_result.get("stderr_tail", "")
+        # bring back whatever died, so that the next workload finds the whole cluster
+        with contextlib.suppress(Exception):
+            if any(not n.is_running for n in [*cluster.bookies, *cluster.brokers]):
+                await cluster.start()
+                result["cluster_restarted"] = True
+    rss = [p["broker_rss"] for p in result["phases"]]
+    values = [v for r in rss for v in (r["max_mib"], r["peak_mib"]) if v is not None]
+    result["broker_rss_max_mib"] = max(values) if values else None
+    return result
+
+
+async def run_grow(args: argparse.Namespace, root: Path, loop_tid: int) -> dict[str, Any]:
+    """Produce at max rate to a fresh cluster until ``--grow-gb`` GB of payload are stored,
+    keeping every second's throughput; the cluster's data is deleted afterwards."""
+    size, partitions = args.grow_message_bytes, args.grow_partitions
+    messages = math.ceil(args.grow_gb * GB / size)
+    directory = root / "grow"
+    result: dict[str, Any] = {
+        "grow_gb": args.grow_gb,
+        "message_bytes": size,
+        "partitions": partitions,
+        "messages": messages,
+        "floor_free_bytes": GROW_FLOOR_BYTES,
+    }
+    free = shutil.disk_usage(root).free
+    needed = grow_disk_needed(args.grow_gb)
+    result["free_bytes_at_start"] = free
+    result["needed_bytes"] = needed
+    if free < needed:
+        result.update(
+            {
+                "ok": False,
+                "error": (
+                    f"not enough disk space for --grow-gb {_number(args.grow_gb)}:"
+                    f" {free / GB:,.1f} GB free, {needed / GB:,.1f} GB needed"
+                ),
+            }
+        )
+        return result
+    cluster = LocalCluster(directory, bookies=BOOKIES, brokers=1, broker_args=BROKER_ARGS)
+    floor = GROW_FLOOR_BYTES
+    disk: list[tuple[float, int]] = []
+
+    def stop_early() -> str | None:
+        left = shutil.disk_usage(root).free
+        if left < floor:
+            return f"free space fell to {left / GB:,.1f} GB (floor {floor / GB:,.0f} GB)"
+        return None
+
+    def on_progress(p: dict[str, Any]) -> None:
+        used = free - shutil.disk_usage(root).free
+        p["disk_used_gb"] = round(used / GB, 3)
+        disk.append((p["t_s"], used))
+        if int(p["t_s"]) % 30 == 0:
+            print(
+                f"grow: {p['t_s']:,.0f} s, {p['msg_per_s']:,} msg/s, {p['mb_per_s']:,.1f} MB/s,"
+                f" disk used {used / GB:,.1f} GB",
+                flush=True,
+            )
+
+    try:
+        await cluster.start()
+        await settle_disk()
+        perf_args = [
+            *perf_base("produce", "suite-grow", cluster.service_url),
+            "--partitions", str(partitions),
+            "--size", str(size),
+            "--rate", "0",
+            "--num-messages", str(messages),
+        ]  # fmt: skip
+        timeout_s = messages / BACKLOG_TIMEOUT_MIN_RATE + PERF_TIMEOUT_MARGIN_S
+        phase = await run_phase(
+            cluster,
+            "produce",
+            perf_args,
+            timeout_s=timeout_s,
+            loop_tid=loop_tid,
+            stop_early=stop_early,
+            on_progress=on_progress,
+        )
+        result["phase"] = phase
+        summary = phase.get("summary") or {}
+        result["payload_gb"] = summary.get("bytes", 0) / GB
+        result["disk_used_gb"] = disk[-1][1] / GB if disk else None
+        result["ratio"] = grow_ratio(phase["progress"])
+        result["ok"] = phase["ok"] and not phase.get("stopped_early")
+        if not result["ok"]:
+            result["error"] = phase.get("error") or phase.get("stopped_early", "")
+            result["broker_log_tail"] = log_tail(cluster.brokers[0].log_path, 30)
+        ratio = result["ratio"]["ratio"]
+        print(
+            f"grow: {result['payload_gb']:,.1f} GB of payload in {phase['elapsed_s']:,.0f} s;"
+            f" last 10% / first 10% of the data: {_opt(ratio)}",
+            flush=True,
+        )
+    except Exception as e:  # noqa: BLE001 - reported with the rest of the results
+        result.update({"ok": False, "error": f"{e!r}"})
+    finally:
+        await cluster.aclose()
+        # the grow part's data is deleted whatever --keep-data says: it is tens of GB
+        for node in cluster.bookies:
+            shutil.rmtree(node.data_dir, ignore_errors=True)
+        if not args.keep_data:
+            shutil.rmtree(directory, ignore_errors=True)
+    return result
+
+
+def chosen_workloads(args: argparse.Namespace) -> list[Workload]:
+    if not args.only:
+        return list(WORKLOADS)
+    return [w for w in WORKLOADS if w.key in args.only]
+
+
+async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[str, Any]:
+    started = time.time()
+    print(f"cluster data and raw disk tests in {root}", flush=True)
+    workloads = chosen_workloads(args)
+    results: dict[str, Any] = {
+        "benchmark": "suite",
+        "date": dt.date.today().isoformat(),
+        "started_at": dt.datetime.fromtimestamp(started, dt.UTC).isoformat(timespec="seconds"),
+        "command": shlex.join([_python(), "bench/suite.py", *argv]),
+        "quick": args.quick,
+        "tag": args.tag,
+        "parameters": {
+            "bookies": BOOKIES,
+            "brokers": 1,
+            "metadata": "etcd (the cluster's own, one member)",
+            "quorum": "E{}/Qw{}/Qa{}".format(*QUORUM),
+            "broker_args": BROKER_ARGS,
+            "bookie_settings": "defaults (every group commit fdatasynced)",
+            "duration_s": args.duration_s,
+            "backlog_messages": args.backlog_messages,
+            "rss_bound_mib": args.rss_bound_mib,
+            "raw_s": args.raw_s,
+            "perf": "defaults: 1 producer, batches of up to 1,000 messages / 128 KiB / 1 ms,"
+            " 10,000 pending; consumer receiver queue 1,000",
+            "grow_gb": args.grow_gb,
+            "grow_message_bytes": args.grow_message_bytes,
+            "grow_partitions": args.grow_partitions,
+        },
+        "targets": {
+            "produce_msg_per_s": TARGET_PRODUCE_MSG_PER_S,
+            "backlog_msg_per_s": TARGET_BACKLOG_MSG_PER_S,
+            "backlog_messages": TARGET_BACKLOG_MESSAGES,
+            "latency_ms": {str(k): v for k, v in LATENCY_TARGETS_MS.items()},
+            "rate_reached_fraction": RATE_REACHED_FRACTION,
+            "rss_bound_mib": args.rss_bound_mib,
+            "grow_min_ratio": GROW_MIN_RATIO,
+        },
+        "machine": machine_info(root),
+        "raw_limits": {},
+        "workloads": [],
+        "grow": None,
+    }
+    results["raw_limits"]["start"] = await measure_raw_limits(root / "raw", args.raw_s)
+    _print_raw("start", results["raw_limits"]["start"])
+    loop_tid = threading.get_native_id()
+    if workloads:
+        cluster = LocalCluster(
+            root / "cluster", bookies=BOOKIES, brokers=1, broker_args=BROKER_ARGS
+        )
+        try:
+            cluster_started = time.perf_counter()
+            await cluster.start()
+            results["cluster"] = {
+                "metadata_url": cluster.metadata_url,
+                "service_url": cluster.service_url,
+                "bookies": [n.bookie_id for n in cluster.bookies],
+                "brokers": [n.broker_id for n in cluster.brokers],
+                "start_s": time.perf_counter() - cluster_started,
+            }
+            for workload in workloads:
+                result = await run_workload(
+                    cluster,
+                    workload,
+                    duration_s=args.duration_s,
+                    backlog_messages=args.backlog_messages,
+                    loop_tid=loop_tid,
+                )
+                results["workloads"].append(result)
+                if not result["ok"]:
+                    print(f"{workload.key}: FAILED {result['error']}", flush=True)
+        finally:
+            await cluster.aclose()
+            if not args.keep_data:
+                # gigabytes, and the grow part needs the room (its check counts what is free)
+                shutil.rmtree(cluster.root, ignore_errors=True)
+    if args.grow_gb:
+        results["grow"] = await run_grow(args, root, loop_tid)
+    # the cluster's writes still in the page cache would be flushed into the raw measurement
+    results["sync_before_raw_end_s"] = await settle_disk()
+    results["raw_limits"]["end"] = await measure_raw_limits(root / "raw", args.raw_s)
+    _print_raw("end", results["raw_limits"]["end"])
+    results["elapsed_s"] = time.time() - started
+    results["checks"] = checks(
+        results["workloads"], rss_bound_mib=args.rss_bound_mib, grow=results["grow"]
+    )
+    return results
+
+
+# --- plots ----------------------------------------------------------------------------------------
+
+
+def _stem(results: dict[str, Any]) -> str:
+    tag = results.get("tag")
+    return f"suite-{results['date']}{'-' + tag if tag else ''}"
+
+
+def plot_throughput(path: Path, results: dict[str, Any]) -> None:
+    """Bars: msg/s per workload (targets as lines); below, every second of the max-rate and
+    backlog phases."""
+    import matplotlib  # noqa: PLC0415 - a heavy import, needed only here
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+    from matplotlib.ticker import FuncFormatter  # noqa: PLC0415
+
+    bars: list[tuple[str, float, str]] = []
+    for w in results["workloads"]:
+        if w["kind"] == FIXED_RATE:
+            continue  # they deliver their rate or not: see the latency plot's labels
+        for phase in w["phases"]:
+            summary = phase.get("summary")
+            if summary is None:
+                continue
+            label = w["key"] + (f" ({phase['phase']})" if w["kind"] == BACKLOG else "")
+            color = "#2ca02c" if phase["phase"] == "consume" else "#1f77b4"
+            bars.append((label, summary["msg_per_s"], color))
+    figure, (top, bottom) = plt.subplots(
+        2, 1, figsize=(12, 10), dpi=100, gridspec_kw={"height_ratios": [3, 2]}
+    )
+    if bars:
+        top.barh(range(len(bars)), [b[1] for b in bars], color=[b[2] for b in bars])
+        top.set_yticks(range(len(bars)), [b[0] for b in bars], fontsize=8)
+        top.invert_yaxis()
+        for i, (_, value, _) in enumerate(bars):
+            top.text(value, i, f" {value:,.0f}", va="center", fontsize=7)
+    top.axvline(
+        TARGET_PRODUCE_MSG_PER_S, color="#1f77b4", ls="--", lw=1,
+        label=f"target: one producer, 100 B, {TARGET_PRODUCE_MSG_PER_S:,} msg/s",
+    )  # fmt: skip
+    top.axvline(
+        TARGET_BACKLOG_MSG_PER_S, color="#2ca02c", ls="--", lw=1,
+        label=f"target: one consumer draining a backlog, {TARGET_BACKLOG_MSG_PER_S:,} msg/s",
+    )  # fmt: skip
+    top.legend(fontsize=7, loc="lower right")
+    thousands = FuncFormatter(lambda v, _pos: f"{v:,.0f}")
+    top.xaxis.set_major_formatter(thousands)
+    top.set_xlabel("messages per second (perf's summary: the whole run)")
+    top.set_title(
+        "Max rate: blue = produce (send -> receipt), green = one consumer draining the backlog",
+        fontsize=10,
+    )
+    for w in results["workloads"]:
+        if w["kind"] == FIXED_RATE:
+            continue
+        for phase in w["phases"]:
+            series = phase.get("progress") or []
+            if series:
+                label = w["key"] + (f" {phase['phase']}" if w["kind"] == BACKLOG else "")
+                bottom.plot(
+                    [p["t_s"] for p in series], [p["msg_per_s"] for p in series], lw=1, label=label
+                )
+    bottom.set_xlabel("seconds since the phase started measuring")
+    bottom.set_ylabel("messages per second")
+    bottom.set_ylim(bottom=0)
+    bottom.yaxis.set_major_formatter(thousands)
+    bottom.set_title(
+        "Every second of the max-rate and backlog phases (perf's progress)", fontsize=10
+    )
+    if bottom.get_legend_handles_labels()[0]:
+        bottom.legend(fontsize=7, ncol=3)
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
+def plot_latency(path: Path, results: dict[str, Any]) -> None:
+    """Latency percentiles per workload, log scale: end-to-end at fixed rates (targets as marks),
+    and publish latency (send -> receipt) at max rate."""
+    import matplotlib  # noqa: PLC0415 - a heavy import, needed only here
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+    from matplotlib.ticker import FuncFormatter  # noqa: PLC0415
+
+    plain = FuncFormatter(lambda v, _pos: f"{v:g}")
+    # minor ticks: only 2 and 5 of each decade, or the labels run into each other
+    sparse = FuncFormatter(
+        lambda v, _pos: (
+            f"{v:g}" if v > 0 and round(v / 10 ** math.floor(math.log10(v))) in (2, 5) else ""
+        )
+    )
+    keys = ("p50", "p95", "p99", "p99_9", "max")
+    panels = (
+        ([w for w in results["workloads"] if w["kind"] == FIXED_RATE and w["ok"]], "latency_ms",
+         "End-to-end latency at fixed rates (send -> receive, one clock); x: a target"),
+        ([w for w in results["workloads"] if w["kind"] == MAX_RATE and w["ok"]], "latency_ms",
+         "Publish latency at max rate (send call -> broker receipt)"),
+    )  # fmt: skip
+    figure, axes = plt.subplots(2, 1, figsize=(12, 9), dpi=100)
+    width = 0.8 / len(keys)
+    for axis, (chosen, field_name, title) in zip(axes, panels, strict=True):
+        for j, k in enumerate(keys):
+            values = [(w[field_name] or {}).get(k) or float("nan") for w in chosen]
+            xs = [i + (j - (len(keys) - 1) / 2) * width for i in range(len(chosen))]
+            axis.bar(xs, values, width, label=k.replace("_", "."))
+        for i, w in enumerate(chosen):
+            for p, limit in LATENCY_TARGETS_MS.get(w["rate"], {}).items():
+                j = keys.index(p)
+                x = i + (j - (len(keys) - 1) / 2) * width
+                axis.plot([x], [limit], marker="x", color="red", ms=8)
+        labels = [f"{w['key']}\n{w['msg_per_s']:,.0f} msg/s" for w in chosen]
+        axis.set_xticks(range(len(chosen)), labels, fontsize=7, rotation=20)
+        axis.set_yscale("log")
+        shown = [v for w in chosen for k in keys if (v := (w[field_name] or {}).get(k))]
+        shown += [v for w in chosen for v in LATENCY_TARGETS_MS.get(w["rate"], {}).values()]
+        if shown:  # bars on a log scale start at the axis: start it at least 2x below them all
+            axis.set_ylim(bottom=10 ** math.floor(math.log10(min(shown)) - 0.3))
+        axis.yaxis.set_major_formatter(plain)
+        axis.yaxis.set_minor_formatter(sparse)
+        axis.set_ylabel("ms")
+        axis.set_title(title, fontsize=10)
+        axis.grid(axis="y", which="both", alpha=0.3)
+        if chosen:
+            axis.legend(fontsize=7, ncol=len(keys))
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
+def plot_grow(path: Path, grow: dict[str, Any]) -> None:
+    """Throughput every second while the stored data grows, first and last 10% shaded."""
+    import matplotlib  # noqa: PLC0415 - a heavy import, needed only here
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    series = grow.get("phase", {}).get("progress") or []
+    figure, axis = plt.subplots(figsize=(12, 5), dpi=100)
+    seconds = [p["t_s"] for p in series]
+    # each progress line is the second before it
+    axis.step(seconds, [p["mb_per_s"] for p in series], where="pre", lw=1, color="black")
+    if any("disk_used_gb" in p for p in series):
+        disk = axis.twinx()
+        disk.plot(seconds, [p.get("disk_used_gb") for p in series], lw=1, ls="--", color="#7f7f7f")
+        disk.set_ylabel("file system used since the start, GB (dashed)", color="#7f7f7f")
+        disk.set_ylim(bottom=0)
+    ratio = grow.get("ratio") or {}
+    if series and ratio.get("first_seconds"):
+        axis.axvspan(0, seconds[ratio["first_seconds"] - 1], color="#1f77b4", alpha=0.15)
+        axis.axvspan(seconds[-ratio["last_seconds"]] - 1, seconds[-1], color="#ff7f0e", alpha=0.15)
+    axis.set_xlabel("seconds since producing started")
+    axis.set_ylabel(f"payload MB/s ({_size_name(grow['message_bytes'])} messages)")
+    axis.set_ylim(bottom=0)
+    value = ratio.get("ratio")
+    axis.set_title(
+        f"Max-rate produce while {grow.get('payload_gb', 0):,.1f} GB are stored"
+        f" (x{QUORUM[1]} on the bookies); last 10% / first 10% of the data:"
+        f" {'-' if value is None else format(value, '.2f')}",
+        fontsize=10,
+    )
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
+def write_plots(results: dict[str, Any], out: Path) -> list[Path]:
+    stem = _stem(results)
+    paths = [out / f"{stem}-throughput.png", out / f"{stem}-latency.png"]
+    plot_throughput(paths[0], results)
+    plot_latency(paths[1], results)
+    if results.get("grow") and results["grow"].get("phase"):
+        paths.append(out / f"{stem}-grow.png")
+        plot_grow(paths[-1], results["grow"])
+    return paths
+
+
+# --- report ---------------------------------------------------------------------------------------
+
+
+def _raw_pair(results: dict[str, Any], key: str, metric: str, fmt: str = ",.0f") -> str:
+    raw = results["raw_limits"]
+    values = []
+    for when in ("start", "end"):
+        value: Any = raw.get(when, {}).get(key)
+        for part in metric.split("."):
+            value = None if value is None else value.get(part)
+        values.append("-" if value is None else format(value, fmt))
+    return " / ".join(values)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}%"
+
+
+def _check_lines(results: dict[str, Any]) -> list[str]:
+    lines = []
+    for c in results["checks"]:
+        head = f"- **{c['verdict']}** {c['name']}"
+        if "why" in c and "workload" not in c and "workloads" not in c:
+            lines.append(f"{head}: {c['why']}.")
+        elif "measured_msg_per_s" in c:
+            note = f"; {c['note']}" if "note" in c else ""
+            lines.append(
+                f"{head}: **{c['measured_msg_per_s']:,.0f} msg/s** ({c['workload']},"
+                f" {c['ratio']:.1%} of the target{note})."
+            )
+        elif "workloads" in c:
+            parts = []
+            for e in c["workloads"]:
+                if "measured_ms" not in e:
+                    parts.append(f"{e['workload']} {e['verdict']} ({e['why']})")
+                    continue
+                figures = ", ".join(f"{p} {_opt(v)} ms" for p, v in e["measured_ms"].items())
+                why = f"; {e['why']}" if "why" in e else ""
+                parts.append(f"{e['workload']} {e['verdict']} ({figures}{why})")
+            lines.append(f"{head}: " + "; ".join(parts) + ".")
+        elif "measured_max_mib" in c:
+            each = ", ".join(f"{k} {v:,.0f}" for k, v in c["per_workload_mib"].items())
+            lines.append(
+                f"{head}: max **{c['measured_max_mib']:,.0f} MiB** ({c['workload']}); per"
+                f" workload, MiB: {each}."
+            )
+        elif "measured_ratio" in c:
+            lines.append(
+                f"{head}: **{c['measured_ratio']:.2f}** ({c['first_mb_per_s']:,.1f} MB/s while"
+                f" the first 10% was written, {c['last_mb_per_s']:,.1f} MB/s the last 10%;"
+                f" {c['stored_gb']:,.1f} GB of payload)."
+            )
+        else:
+            lines.append(f"{head}: {c.get('why', '')}.")
+    return lines
+
+
+def _verdict_cell(results: dict[str, Any], w: dict[str, Any]) -> str:
+    """The verdicts that speak of this workload, for the summary table."""
+    found = []
+    for c in results["checks"]:
+        if c.get("workload") == w["key"] and "measured_max_mib" not in c:
+            found.append(c["verdict"])
+        found.extend(e["verdict"] for e in c.get("workloads", []) if e["workload"] == w["key"])
+    return " ".join(found) or "-"
+
+
+def _rss_verdict(results: dict[str, Any], w: dict[str, Any]) -> str:
+    bound = results["parameters"]["rss_bound_mib"]
+    value = w.get("broker_rss_max_mib")
+    if value is None:
+        return "-"
+    mark = f" {_verdict(value < bound)}" if w["kind"] in (MAX_RATE, BACKLOG) else ""
+    return f"{value:,.0f}{mark}"
+
+
+def _summary_table(results: dict[str, Any]) -> list[str]:
+    cores = results["machine"]["cpu_count"]
+    lines = [
+        (
+            "| workload | msg/s | payload MB/s | entries/s | journal MB/s (all bookies) |"
+            " fdatasyncs/s (all bookies) | latency p50 | p99 | p99.9 | broker RSS max, MiB |"
+            " CPU perf / broker / bookies / machine | target |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        (
+            "| *raw limit, this machine (start / end)* | | | gRPC round trips/s, one at a"
+            f" time: {_raw_pair(results, 'grpc_unary_round_trip', 'calls_per_s')} | append +"
+            f" fdatasync 1 MiB: {_raw_pair(results, 'append_fdatasync_1m', 'mb_per_s')};"
+            f" 4 MiB: {_raw_pair(results, 'append_fdatasync_4m', 'mb_per_s')} | 4 KiB append +"
+            f" fdatasync: {_raw_pair(results, 'append_fdatasync_4k', 'ops_per_s')} |"
+            + " |".join(
+                f" gRPC round trip {_raw_pair(results, 'grpc_unary_round_trip', f'latency.{q}')}"
+                f" us; 4 KiB fdatasync {_raw_pair(results, 'append_fdatasync_4k', f'latency.{q}')}"
+                " us"
+                for q in ("p50_us", "p99_us", "p999_us")
+            )
+            + " | |"
+            f" {100 * cores}% = {cores} cores | |"
+        ),
+    ]
+    for w in results["workloads"]:
+        for phase in w["phases"] or [{}]:
+            label = w["name"] + (f": {phase.get('phase')}" if w["kind"] == BACKLOG else "")
+            summary = phase.get("summary")
+            if summary is None:
+                lines.append(f"| {label} | FAILED (below) |" + " |" * 10)
+                continue
+            latency = summary["latency_ms"]
+            cpu = phase.get("cpu") or {}
+            is_key = phase is w["phases"][-1]
+            cpu_cell = (
+                " / ".join(
+                    _pct(cpu.get(k))
+                    for k in ("perf_pct", "broker_pct", "bookies_pct", "machine_busy_pct")
+                )
+                if cpu
+                else "-"
+            )
+            rss = phase["broker_rss"]
+            rss_values = [v for v in (rss["max_mib"], rss["peak_mib"]) if v is not None]
+            rss_cell = f"{max(rss_values):,.0f}" if rss_values else "-"
+            if is_key:
+                rss_cell = _rss_verdict(results, w)
+            lines.append(
+                f"| {label} | **{summary['msg_per_s']:,.0f}** | {summary['mb_per_s']:,.1f}"
+                f" | {_opt(cpu.get('stored_entries_per_s'), ',.0f')}"
+                f" | {_opt(cpu.get('journal_mb_per_s'), ',.1f')}"
+                f" | {_opt(cpu.get('fdatasyncs_per_s'), ',.0f')}"
+                f" | {_opt(latency['p50'])} ms | {_opt(latency['p99'])} ms"
+                f" | {_opt(latency['p99_9'])} ms | {rss_cell} | {cpu_cell}"
+                f" | {_verdict_cell(results, w) if is_key else '-'} |"
+            )
+    return lines
+
+
+def _workload_detail(results: dict[str, Any], w: dict[str, Any]) -> list[str]:
+    lines = ["", f"### {w['name']} (`{w['key']}`)", ""]
+    if not w["ok"]:
+        lines += [f"**FAILED**: `{w.get('error')}`", ""]
+    for phase in w["phases"]:
+        lines += [f"`{phase['command']}`", ""]
+        summary = phase.get("summary")
+        if not phase["ok"]:
+            lines += [
+                f"**{phase['phase']} FAILED**: `{phase.get('error')}`; perf's stderr:",
+                "",
+                "```",
+                phase.get("stderr_tail", ""),
+                "```",
+                "",
+            ]
+        if summary is None:
+            continue
+        latency = summary["latency_ms"]
+        cpu = phase.get("cpu") or {}
+        rss = phase["broker_rss"]
+        entries_per_s = _opt(cpu.get("stored_entries_per_s"), ",.0f")
+        journal_mb_per_s = _opt(cpu.get("journal_mb_per_s"), ",.1f")
+        lines += [
+            "| figure | measured | raw limit, same run (start / end) |",
+            "|---|---|---|",
+            (
+                f"| {phase['phase']}: messages/s | **{summary['msg_per_s']:,.0f}**"
+                f" ({summary['messages']:,} in {summary['duration_s']:,.1f} s)"
+                f" | one gRPC round trip at a time:"
+                f" {_raw_pair(results, 'grpc_unary_round_trip', 'calls_per_s')}/s |"
+            ),
+            (
+                f"| entries/s stored (bookie adds / Qw) | {entries_per_s} | 4 KiB append +"
+                " fdatasync:"
+                f" {_raw_pair(results, 'append_fdatasync_4k', 'ops_per_s')}/s |"
+            ),
+            (
+                f"| journal MB/s, all bookies (Qw copies) | {journal_mb_per_s} | append +"
+                " fdatasync 1 MiB:"
+                f" {_raw_pair(results, 'append_fdatasync_1m', 'mb_per_s')} MB/s; 4 MiB:"
+                f" {_raw_pair(results, 'append_fdatasync_4m', 'mb_per_s')} MB/s |"
+            ),
+            (
+                f"| fdatasyncs/s, all bookies; busiest journal in fdatasync |"
+                f" {_opt(cpu.get('fdatasyncs_per_s'), ',.0f')};"
+                f" {_pct(cpu.get('busiest_journal_fdatasync_pct'))} of the time | 4 KiB append +"
+                f" fdatasync: {_raw_pair(results, 'append_fdatasync_4k', 'ops_per_s')}/s |"
+            ),
+            (
+                f"| latency p50 / p95 | {_opt(latency['p50'])} / {_opt(latency['p95'])} ms |"
+                f" gRPC round trip p50"
+                f" {_raw_pair(results, 'grpc_unary_round_trip', 'latency.p50_us')} us; 4 KiB"
+                f" fdatasync p50 {_raw_pair(results, 'append_fdatasync_4k', 'latency.p50_us')}"
+                " us |"
+            ),
+            (
+                f"| latency p99 / p99.9 / max | {_opt(latency['p99'])} /"
+                f" {_opt(latency['p99_9'])} / {_opt(latency['max'])} ms | gRPC round trip p99"
+                f" {_raw_pair(results, 'grpc_unary_round_trip', 'latency.p99_us')} us; 4 KiB"
+                f" fdatasync p99 {_raw_pair(results, 'append_fdatasync_4k', 'latency.p99_us')}"
+                " us |"
+            ),
+        ]
+        if summary.get("publish_latency_ms"):
+            pub = summary["publish_latency_ms"]
+            lines.append(
+                f"| publish latency (send -> receipt) p50 / p99 / max | {_opt(pub['p50'])} /"
+                f" {_opt(pub['p99'])} / {_opt(pub['max'])} ms | |"
+            )
+        lines.append(
+            f"| broker RSS: max of {rss['samples']} samples / peak (VmHWM) |"
+            f" {_opt(rss['max_mib'], ',.0f')} / {_opt(rss['peak_mib'], ',.0f')} MiB |"
+            f" bound {results['parameters']['rss_bound_mib']:g} MiB |"
+        )
+        if cpu:
+            lines += [
+                (
+                    f"| CPU: perf (its event loop) / broker (busiest thread) / bookies / etcd |"
+                    f" {_pct(cpu['perf_pct'])} ({_pct(cpu['perf_event_loop_pct'])}) /"
+                    f" {_pct(cpu['broker_pct'])} ({_busiest(cpu['broker_busiest_thread'])}) /"
+                    f" {_pct(cpu['bookies_pct'])} / {_pct(cpu['etcd_pct'])} |"
+                    f" {100 * results['machine']['cpu_count']}% = all cores |"
+                ),
+                (
+                    f"| machine busy (other; stolen) | {_pct(cpu['machine_busy_pct'])}"
+                    f" ({_pct(cpu['other_pct'])}; {_pct(cpu['machine_steal_pct'])}) | |"
+                ),
+                f"| what limits it | {'; '.join(phase.get('limits', []))} | |",
+            ]
+        lines.append("")
+    return lines
+
+
+def _busiest(per_process: dict[str, list[Any]]) -> str:
+    if not per_process:
+        return "-"
+    _, (name, pct) = max(per_process.items(), key=lambda kv: kv[1][1])
+    return f"{pct:.0f}% {'event loop' if name == 'main' else 'thread ' + name}"
+
+
+def _grow_lines(results: dict[str, Any]) -> list[str]:
+    grow = results.get("grow")
+    if grow is None:
+        return []
+    lines = [
+        "",
+        "## Throughput as stored data grows",
+        "",
+        (
+            f"A fresh cluster (same settings); one `magnetar perf produce --rate 0` of"
+            f" {grow['messages']:,} messages of {_size_name(grow['message_bytes'])} to a topic of"
+            f" {grow['partitions']} partition(s), i.e. {grow['grow_gb']:g} GB of payload, stored"
+            f" {QUORUM[1]} times; every second's throughput is perf's progress line. Its data is"
+            " deleted afterwards."
+        ),
+        "",
+    ]
+    if not grow.get("ok"):
+        lines += [f"**FAILED or stopped**: `{grow.get('error')}`", ""]
+    phase = grow.get("phase")
+    if phase is not None:
+        ratio = grow["ratio"]
+        summary = phase.get("summary") or {}
+        first_mb_per_s = _opt(ratio.get("first_mb_per_s"), ",.1f")
+        last_mb_per_s = _opt(ratio.get("last_mb_per_s"), ",.1f")
+        first_s, last_s = ratio.get("first_seconds", 0), ratio.get("last_seconds", 0)
+        payload_gb = grow.get("payload_gb", 0)
+        disk_gb = _opt(grow.get("disk_used_gb"), ",.1f")
+        mean_msg = _opt(summary.get("msg_per_s"), ",.0f")
+        mean_mb = _opt(summary.get("mb_per_s"), ",.1f")
+        lines += [
+            f"`{phase['command']}`",
+            "",
+            f"![throughput as data grows]({_stem(results)}-grow.png)",
+            "",
+            "| figure | measured |",
+            "|---|---|",
+            f"| payload stored | {payload_gb:,.1f} GB in {phase['elapsed_s']:,.0f} s |",
+            f"| disk used (file system, all bookies) | {disk_gb} GB |",
+            f"| mean | {mean_msg} msg/s, {mean_mb} MB/s |",
+            f"| while the first 10% was written | {first_mb_per_s} MB/s ({first_s} s) |",
+            f"| while the last 10% was written | {last_mb_per_s} MB/s ({last_s} s) |",
+            f"| last / first | **{_opt(ratio.get('ratio'))}** |",
+            f"| broker RSS max | {_opt(phase['broker_rss']['max_mib'], ',.0f')} MiB |",
+        ]  # fmt: skip
+    return lines
+
+
+def render_markdown(results: dict[str, Any]) -> str:
+    title_tag = f" ({results['tag']})" if results["tag"] else ""
+    p = results["parameters"]
+    cores = results["machine"]["cpu_count"]
+    stem = _stem(results)
+    lines = [
+        f"# Benchmark suite, {results['date']}{title_tag}",
+        "",
+        *report_preamble(results),
+        "",
+        (
+            f"One `LocalCluster`: its own etcd, {p['bookies']} `magnetar bookie` processes"
+            f" (default storage settings: every group commit `fdatasync`ed), 1 `magnetar broker`"
+            f" (`{' '.join(p['broker_args'])}`), ledgers {p['quorum']}. Each workload is one run"
+            " of the real `magnetar perf` command (a process of its own, default client"
+            " settings) on a fresh topic; before each, the page cache is written back (`sync`)."
+            f" Max-rate and fixed-rate workloads run {p['duration_s']:g} s; a backlog is"
+            f" {p['backlog_messages']:,} messages produced at max rate, then drained by one"
+            " consumer from the earliest message. Figures are perf's own summary over its whole"
+            " run; CPU and bookie counters are from its first progress line (1 s in) to its"
+            " summary line; the broker's RSS is sampled every"
+            f" {RSS_SAMPLE_INTERVAL_S:g} s through the whole run (and its VmHWM reset at the"
+            " start and read at the end)."
+        ),
+        "",
+        (
+            "MB = 10^6 bytes. CPU % is of one core: the machine has"
+            f" {cores} cores, so {100 * cores}% is all of it. Raw limits read `start / end` of"
+            " the run. The machine is shared and noisy: compare within this run only."
+        ),
+        "",
+        "## Targets",
+        "",
+        *_check_lines(results),
+        "",
+        "## Summary",
+        "",
+        *_summary_table(results),
+        "",
+        (
+            "Latency: end-to-end (send -> receive, one clock) for the fixed-rate workloads;"
+            " send call -> broker receipt for max-rate produce; for a backlog drain, now minus"
+            " the broker's publish time, i.e. the age of the backlog (not a latency). Entries/s"
+            " are the bookies' adds over Qw; journal MB/s and fdatasyncs/s are summed over the"
+            " bookies (each entry is written and synced on Qw of them)."
+        ),
+        "",
+        f"![throughput]({stem}-throughput.png)",
+        "",
+        f"![latency]({stem}-latency.png)",
+        "",
+        "## Raw limits of this machine (same run)",
+        "",
+        "| measure | start / end |",
+        "|---|---|",
+    ]
+    for label, key, metric, unit in (
+        ("4 KiB append + fdatasync", "append_fdatasync_4k", "ops_per_s", "ops/s"),
+        ("4 KiB append + fdatasync, p50", "append_fdatasync_4k", "latency.p50_us", "us"),
+        ("4 KiB append + fdatasync, p99", "append_fdatasync_4k", "latency.p99_us", "us"),
+        ("1 MiB append + fdatasync (group-commit bandwidth)", "append_fdatasync_1m", "mb_per_s",
+         "MB/s"),
+        ("4 MiB append + fdatasync", "append_fdatasync_4m", "mb_per_s", "MB/s"),
+        ("loopback gRPC unary round trip, p50", "grpc_unary_round_trip", "latency.p50_us", "us"),
+        ("loopback gRPC unary round trip, p99", "grpc_unary_round_trip", "latency.p99_us", "us"),
+    ):  # fmt: skip
+        lines.append(f"| {label} | {_raw_pair(results, key, metric)} {unit} |")
+    lines += _grow_lines(results)
+    lines += ["", "## Every workload"]
+    for w in results["workloads"]:
+        lines += _workload_detail(results, w)
+        if not w["ok"] and w.get("broker_log_tail"):
+            lines += ["Broker log tail:", "", "```", w["broker_log_tail"], "```", ""]
+    lines += [
+        "",
+        (
+            "Raw figures, perf's per-second progress, parameters and machine details: the"
+            " `.json` file next to this one."
+        ),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+# --- main -----------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="bench/suite.py",
+        description=(
+            "OpenMessaging-Benchmark-style workloads against a real cluster (own etcd, 3 bookie"
+            " processes, 1 broker process, E3/Qw2/Qa2, fdatasync on every group commit), each"
+            " run by the real `magnetar perf` command on a fresh topic: 1 and 16 partitions,"
+            " 100 B and 1 KiB messages, max rate (produce), fixed 2,000 and 50,000 msg/s"
+            " (end-to-end latency), and a backlog drained by one consumer. The raw limits of"
+            " this machine (4 KiB append+fdatasync ops/s, 1 MiB and 4 MiB append+fdatasync MB/s,"
+            " loopback gRPC round trip) are measured at the start and the end. Writes"
+            " suite-<date>.json, .md, -throughput.png and -latency.png to --out, with PASS/MISS"
+            " for each target. Exits 0 if every workload ran (whatever the verdicts), 1 if one"
+            " failed (results are written either way)."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add = parser.add_argument
+    add("--duration-s", type=float, default=20.0, help="seconds per max-rate or fixed-rate run")
+    add(
+        "--backlog-messages",
+        type=int,
+        default=TARGET_BACKLOG_MESSAGES,
+        help="messages produced, then drained, in each backlog workload",
+    )
+    add(
+        "--rss-bound-mib",
+        type=float,
+        default=DEFAULT_RSS_BOUND_MIB,
+        help="the broker's RSS must stay under this in max-rate and backlog workloads",
+    )
+    add(
+        "--raw-s",
+        type=float,
+        default=1.5,
+        help="seconds per raw-limit measurement (each of 4, at start and at end)",
+    )
+    add(
+        "--grow-gb",
+        type=float,
+        default=0.0,
+        help="opt-in: afterwards, on a fresh cluster, produce at max rate until this many GB"
+        " (10^9 bytes) of payload are stored (twice: Qw2) and record every second's throughput;"
+        " refused if the disk cannot hold it; the data is deleted afterwards",
+    )
+    add("--grow-message-bytes", type=int, default=KIB, help="message size of the grow part")
+    add("--grow-partitions", type=int, default=1, help="partitions of the grow part's topic")
+    add(
+        "--quick",
+        action="store_true",
+        help="smoke test: 2 s per workload, a backlog of 100,000 messages, 0.5 s per raw"
+        " measurement; results go to suite-<date>-quick.* (unless --tag is given)",
+    )
+    add(
+        "--tag",
+        help="name the results suite-<date>-<TAG>.*, so that a variant run does not replace the"
+        " full run's files",
+    )
+    add(
+        "--only",
+        action="append",
+        metavar="KEY",
+        help="run only this workload (repeatable); keys: "
+        + ", ".join(w.key for w in WORKLOADS)
+        + f"; '{GROW_KEY}' alone runs only the --grow-gb part",
+    )
+    add("--out", type=Path, default=REPO / "bench" / "results", help="directory for the results")
+    add(
+        "--data-root",
+        type=Path,
+        default=REPO / "bench",
+        help="a temporary directory is made here for the cluster's data and the raw disk tests"
+        " (so both are on the same file system) and removed at the end",
+    )
+    add(
+        "--keep-data",
+        action="store_true",
+        help="leave the temporary directory (the servers' logs and data; never the grow part's"
+        " data) in place, and print where it is",
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.duration_s = min(args.duration_s, 2.0)
+        args.backlog_messages = min(args.backlog_messages, 100_000)
+        args.raw_s = 0.5
+        args.tag = args.tag or "quick"
+    if args.only:
+        unknown = set(args.only) - {w.key for w in WORKLOADS} - {GROW_KEY}
+        if unknown:
+            parser.error(f"unknown workload(s) {sorted(unknown)}")
+        if GROW_KEY in args.only and not args.grow_gb:
+            parser.error(f"--only {GROW_KEY} needs --grow-gb N")
+    if args.duration_s <= 0 or args.backlog_messages < 1 or args.raw_s <= 0:
+        parser.error("--duration-s and --raw-s must be > 0, --backlog-messages >= 1")
+    if args.grow_gb < 0 or args.grow_message_bytes < 1 or args.grow_partitions < 1:
+        parser.error("--grow-gb >= 0, --grow-message-bytes >= 1, --grow-partitions >= 1")
+    return args
+
+
+def disk_refusal(args: argparse.Namespace) -> str | None:
+    """Why the run cannot start for lack of disk space, or None."""
+    if not args.grow_gb:
+        return None
+    args.data_root.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(args.data_root).free
+    needed = grow_disk_needed(args.grow_gb)
+    if free >= needed:
+        return None
+    fits_gb = max(0.0, (free - GROW_FLOOR_BYTES) / GB / GROW_DISK_BYTES_PER_PAYLOAD_BYTE)
+    return (
+        f"--grow-gb {_number(args.grow_gb)} needs {needed / GB:,.1f} GB free in"
+        f" {args.data_root} (the payload stored {QUORUM[1]} times with overhead:"
+        f" {GROW_DISK_BYTES_PER_PAYLOAD_BYTE:g} bytes per payload byte, plus"
+        f" {GROW_FLOOR_BYTES / GB:,.0f} GB kept free), and {free / GB:,.1f} GB are free;"
+        f" --grow-gb {math.floor(fits_gb):,} would fit"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if (reason := disk_refusal(args)) is not None:
+        print(f"bench/suite.py: {reason}", file=sys.stderr)
+        return 2
+    # the test kit and the metadata client log at info; the suite's own output is enough
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    results = run_and_write("suite", args, argv, bench, render_markdown, keep_data=args.keep_data)
+    if results is None:
+        return 130
+    for path in write_plots(results, args.out):
+        print(f"wrote {path}")
+    for c in results["checks"]:
+        print(f"{c['verdict']}: {c['name']}" + (f" ({c['workload']})" if "workload" in c else ""))
+    ok = all(w["ok"] for w in results["workloads"])
+    if results["grow"] is not None:
+        ok = ok and bool(results["grow"].get("ok"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

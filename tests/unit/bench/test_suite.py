@@ -1,0 +1,436 @@
+"""The pure parts of ``bench/suite.py``: its workload table and perf command lines, reading what
+``magnetar perf`` prints, the growth ratio, the targets' verdicts, and the report of a run."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# The benchmarks are scripts that import each other as top-level modules (``python
+# bench/suite.py`` puts bench/ on the path), so the test does the same.
+_BENCH = Path(__file__).resolve().parents[3] / "bench"
+if str(_BENCH) not in sys.path:
+    sys.path.insert(0, str(_BENCH))
+suite: Any = importlib.import_module("suite")
+
+URL = "magnetar://127.0.0.1:6650"
+
+
+# --- the workload table -----------------------------------------------------------------------
+
+
+def test_the_table_covers_partitions_sizes_and_rates_once_each():
+    keys = [w.key for w in suite.WORKLOADS]
+    assert len(keys) == len(set(keys))
+    by_kind: dict[str, list[Any]] = {}
+    for w in suite.WORKLOADS:
+        by_kind.setdefault(w.kind, []).append(w)
+    combos = {(p, s) for p in (1, 16) for s in (100, 1024)}
+    assert {(w.partitions, w.message_bytes) for w in by_kind["max-rate"]} == combos
+    for rate in (2_000, 50_000):
+        at_rate = [w for w in by_kind["fixed-rate"] if w.rate == rate]
+        assert {(w.partitions, w.message_bytes) for w in at_rate} == combos
+    assert {(w.partitions, w.message_bytes) for w in by_kind["backlog"]} == {(1, 100), (16, 100)}
+    assert len(suite.WORKLOADS) == 14
+
+
+def test_keys_and_names_read_as_the_workload():
+    w = suite.Workload("fixed-rate", 16, 1024, 50_000)
+    assert w.key == "rate50000-16p-1KiB"
+    assert w.name == "50,000 msg/s, 16 partitions, 1 KiB"
+    assert w.topic == "suite-rate50000-16p-1KiB"
+    assert suite.Workload("max-rate", 1, 100).key == "max-1p-100B"
+    assert suite.Workload("backlog", 1, 100).name == "backlog drain, 1 partition, 100 B"
+
+
+def test_max_rate_is_one_timed_produce_at_rate_zero():
+    (phase,) = suite.perf_phases(
+        suite.Workload("max-rate", 16, 100), URL, duration_s=20, backlog_messages=10
+    )
+    name, args, timeout_s = phase
+    assert name == "produce"
+    assert args[:4] == ["-m", "magnetar.cli", "perf", "produce"]
+    text = " ".join(args)
+    assert "--partitions 16" in text
+    assert "--size 100" in text
+    assert "--rate 0" in text
+    assert "--duration 20" in text
+    assert "--json" in args
+    assert "--num-messages" not in args
+    assert timeout_s > 20
+
+
+def test_fixed_rate_is_a_timed_end_to_end_run():
+    ((name, args, _),) = suite.perf_phases(
+        suite.Workload("fixed-rate", 1, 1024, 2_000), URL, duration_s=5, backlog_messages=10
+    )
+    assert name == "end-to-end"
+    text = " ".join(args)
+    assert "perf end-to-end suite-rate2000-1p-1KiB" in text
+    assert "--rate 2000" in text
+    assert "--size 1024" in text
+    assert "--service-url " + URL in text
+
+
+def test_a_backlog_is_produced_then_drained_from_the_earliest_message():
+    phases = suite.perf_phases(
+        suite.Workload("backlog", 1, 100), URL, duration_s=5, backlog_messages=1234
+    )
+    assert [p[0] for p in phases] == ["produce", "consume"]
+    produce, consume = (" ".join(p[1]) for p in phases)
+    assert "--num-messages 1234" in produce
+    assert "--rate 0" in produce
+    assert "--duration" not in produce
+    assert "--num-messages 1234" in consume
+    assert "--position earliest" in consume
+    assert phases[0][1][4] == phases[1][1][4]  # the same topic
+
+
+# --- what perf prints -------------------------------------------------------------------------
+
+
+def test_progress_lines_are_read_as_numbers():
+    line = (
+        "produce    3.0 s     201,234 msg/s     20.12 MB/s  p50    7.123 ms"
+        "  p99   40.000 ms  pending 9,999"
+    )
+    assert suite.parse_progress(line) == {
+        "t_s": 3.0,
+        "msg_per_s": 201234,
+        "mb_per_s": 20.12,
+        "p50_ms": 7.123,
+        "p99_ms": 40.0,
+        "pending": 9999,
+        "errors": 0,
+    }
+
+
+def test_progress_lines_without_latency_with_errors_or_negative_pending():
+    quiet = suite.parse_progress(
+        "consume   12.0 s           0 msg/s      0.00 MB/s  p50        - ms  p99        - ms"
+        "  pending 0"
+    )
+    assert quiet is not None
+    assert quiet["p50_ms"] is None
+    assert quiet["p99_ms"] is None
+    noisy = suite.parse_progress(
+        "end-to-end    1.0 s       1,998 msg/s      0.20 MB/s  p50    3.100 ms  p99   12.000 ms"
+        "  pending -3  errors 1,200"
+    )
+    assert noisy is not None
+    assert noisy["pending"] == -3
+    assert noisy["errors"] == 1200
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "magnetar perf produce: created t with 16 partitions",
+        "magnetar perf consume: got 10 of 100 messages before 10 s passed without one",
+        "",
+    ],
+)
+def test_other_stderr_lines_are_not_progress(line):
+    assert suite.parse_progress(line) is None
+
+
+def test_the_json_summary_line_is_found_and_nothing_else():
+    summary = {"mode": "produce", "messages": 5, "msg_per_s": 2.5, "latency_ms": {"p50": 1.0}}
+    assert suite.parse_summary(json.dumps(summary) + "\n") == summary
+    assert suite.parse_summary("magnetar perf produce t1") is None
+    assert suite.parse_summary("{not json") is None
+    assert suite.parse_summary('{"no": "mode"}') is None
+    assert suite.parse_summary("[1, 2]") is None
+
+
+# --- growth -----------------------------------------------------------------------------------
+
+
+def _seconds(*mb_per_s: float) -> list[dict[str, Any]]:
+    return [
+        {"t_s": float(i + 1), "mb_per_s": v, "msg_per_s": int(v * 1000)}
+        for i, v in enumerate(mb_per_s)
+    ]
+
+
+def test_steady_throughput_has_a_ratio_of_one():
+    ratio = suite.grow_ratio(_seconds(*[50.0] * 40))
+    assert ratio["ratio"] == pytest.approx(1.0)
+    assert ratio["first_seconds"] == ratio["last_seconds"] == 4
+
+
+def test_falling_throughput_is_last_tenth_over_first_tenth_of_the_data():
+    # 10 seconds at 100 MB/s then 10 at 50: the first 10% of 1,500 MB is written at 100,
+    # the last 10% at 50
+    ratio = suite.grow_ratio(_seconds(*[100.0] * 10, *[50.0] * 10))
+    assert ratio["first_mb_per_s"] == pytest.approx(100.0)
+    assert ratio["last_mb_per_s"] == pytest.approx(50.0)
+    assert ratio["ratio"] == pytest.approx(0.5)
+    assert ratio["total_mb"] == pytest.approx(1500.0)
+
+
+def test_no_data_has_no_ratio():
+    assert suite.grow_ratio([])["ratio"] is None
+    assert suite.grow_ratio(_seconds(0.0, 0.0))["ratio"] is None
+
+
+def test_the_grow_part_asks_for_its_copies_and_the_floor():
+    needed = suite.grow_disk_needed(20)
+    assert needed >= 20 * suite.GB * suite.QUORUM[1] + suite.GROW_FLOOR_BYTES
+    assert needed == suite.grow_disk_needed(20.0)
+    assert suite.grow_disk_needed(0) == suite.GROW_FLOOR_BYTES
+
+
+def test_a_grow_that_does_not_fit_is_refused_before_anything_runs(tmp_path):
+    args = suite.parse_args(["--grow-gb", "1000000", "--data-root", str(tmp_path)])
+    reason = suite.disk_refusal(args)
+    assert reason is not None
+    assert "--grow-gb 1,000,000 needs" in reason
+    assert suite.disk_refusal(suite.parse_args(["--data-root", str(tmp_path)])) is None
+
+
+# --- the targets ------------------------------------------------------------------------------
+
+
+def _result(
+    workload: Any, *, ok: bool = True, msg_per_s: float = 0.0, **extra: Any
+) -> dict[str, Any]:
+    result = {
+        "key": workload.key,
+        "name": workload.name,
+        "kind": workload.kind,
+        "partitions": workload.partitions,
+        "message_bytes": workload.message_bytes,
+        "rate": workload.rate,
+        "ok": ok,
+        "phases": [],
+        "broker_rss_max_mib": 100.0,
+    }
+    if ok:
+        result["msg_per_s"] = msg_per_s
+        result["latency_ms"] = extra.pop("latency_ms", {})
+    if workload.kind == "backlog":
+        result["backlog_messages"] = extra.pop("backlog_messages", 10_000_000)
+    result.update(extra)
+    return result
+
+
+def _by_name(checks: list[dict[str, Any]], start: str) -> dict[str, Any]:
+    return next(c for c in checks if c["name"].startswith(start))
+
+
+def test_throughput_targets_take_the_better_partition_count():
+    wl = suite.Workload
+    workloads = [
+        _result(wl("max-rate", 1, 100), msg_per_s=400_000),
+        _result(wl("max-rate", 16, 100), msg_per_s=600_000),
+        _result(wl("max-rate", 1, 1024), msg_per_s=900_000),  # 1 KiB does not count
+        _result(wl("backlog", 1, 100), msg_per_s=700_000),
+        _result(wl("backlog", 16, 100), ok=False),
+    ]
+    checks = suite.checks(workloads, rss_bound_mib=512, grow=None)
+    producer = _by_name(checks, "one producer")
+    assert producer["verdict"] == "PASS"
+    assert producer["workload"] == "max-16p-100B"
+    assert producer["measured_msg_per_s"] == 600_000
+    consumer = _by_name(checks, "one consumer")
+    assert consumer["verdict"] == "MISS"
+    assert consumer["workload"] == "backlog-1p-100B"
+    assert "note" not in consumer
+
+
+def test_a_small_backlog_is_judged_but_named():
+    checks = suite.checks(
+        [_result(suite.Workload("backlog", 1, 100), msg_per_s=900_000, backlog_messages=1000)],
+        rss_bound_mib=512,
+        grow=None,
+    )
+    consumer = _by_name(checks, "one consumer")
+    assert consumer["verdict"] == "PASS"
+    assert "1,000" in consumer["note"]
+
+
+def test_latency_targets_must_hold_in_every_workload_of_the_rate_at_that_rate():
+    wl = suite.Workload
+    fast = {"p50": 2.0, "p99": 9.0}
+    workloads = [
+        _result(wl("fixed-rate", 1, 100, 2_000), msg_per_s=2_000, latency_ms=fast),
+        _result(wl("fixed-rate", 16, 100, 2_000), msg_per_s=1_999, latency_ms=fast),
+        _result(wl("fixed-rate", 1, 100, 50_000), msg_per_s=50_000, latency_ms={"p99": 15.0}),
+        # fast enough, but it delivered a third of the rate
+        _result(wl("fixed-rate", 16, 100, 50_000), msg_per_s=17_000, latency_ms={"p99": 15.0}),
+    ]
+    checks = suite.checks(workloads, rss_bound_mib=512, grow=None)
+    at_2k = _by_name(checks, "end-to-end latency at 2,000")
+    assert at_2k["verdict"] == "PASS"
+    assert [e["verdict"] for e in at_2k["workloads"]] == ["PASS", "PASS"]
+    at_50k = _by_name(checks, "end-to-end latency at 50,000")
+    assert at_50k["verdict"] == "MISS"
+    assert [e["verdict"] for e in at_50k["workloads"]] == ["PASS", "MISS"]
+    assert "17,000 of 50,000" in at_50k["workloads"][1]["why"]
+
+
+def test_one_slow_percentile_or_a_failed_run_misses_the_latency_target():
+    wl = suite.Workload
+    workloads = [
+        _result(wl("fixed-rate", 1, 100, 2_000), msg_per_s=2_000, latency_ms={"p50": 2, "p99": 11}),
+        _result(wl("fixed-rate", 1, 1024, 2_000), ok=False),
+    ]
+    check = _by_name(
+        suite.checks(workloads, rss_bound_mib=512, grow=None), "end-to-end latency at 2,000"
+    )
+    assert check["verdict"] == "MISS"
+    assert [e["verdict"] for e in check["workloads"]] == ["MISS", "MISS"]
+
+
+def test_rss_bound_holds_for_every_max_rate_and_backlog_workload_only():
+    wl = suite.Workload
+    workloads = [
+        _result(wl("max-rate", 1, 100), msg_per_s=1, broker_rss_max_mib=300.0),
+        _result(wl("backlog", 1, 100), msg_per_s=1, broker_rss_max_mib=200.0),
+        # a fixed-rate workload is not under the bound
+        _result(wl("fixed-rate", 1, 100, 2_000), msg_per_s=1, broker_rss_max_mib=900.0),
+    ]
+    check = _by_name(suite.checks(workloads, rss_bound_mib=512, grow=None), "broker RSS")
+    assert check["verdict"] == "PASS"
+    assert check["measured_max_mib"] == 300.0
+    assert check["workload"] == "max-1p-100B"
+    check = _by_name(suite.checks(workloads, rss_bound_mib=256, grow=None), "broker RSS")
+    assert check["verdict"] == "MISS"
+
+
+def test_unselected_parts_are_not_run():
+    checks = suite.checks([], rss_bound_mib=512, grow=None)
+    assert [c["verdict"] for c in checks] == ["NOT RUN"] * 6
+
+
+def test_the_grow_verdict_reads_the_ratio():
+    grow = {
+        "ok": True,
+        "payload_gb": 20.0,
+        "ratio": suite.grow_ratio(_seconds(*[100.0] * 10, *[95.0] * 10)),
+    }
+    check = _by_name(suite.checks([], rss_bound_mib=512, grow=grow), "throughput does not fall")
+    assert check["verdict"] == "PASS"
+    assert check["measured_ratio"] == pytest.approx(0.95)
+    grow = {"ok": False, "error": "not enough disk space", "ratio": {}}
+    check = _by_name(suite.checks([], rss_bound_mib=512, grow=grow), "throughput does not fall")
+    assert check["verdict"] == "MISS"
+    assert check["why"] == "not enough disk space"
+
+
+# --- the report -------------------------------------------------------------------------------
+
+
+def _raw() -> dict[str, Any]:
+    latency = {"p50_us": 50.0, "p99_us": 900.0, "p999_us": 2000.0}
+    return {
+        "append_fdatasync_4k": {"ops_per_s": 8000.0, "latency": latency},
+        "append_fdatasync_1m": {"mb_per_s": 700.0, "latency": latency},
+        "append_fdatasync_4m": {"mb_per_s": 900.0, "latency": latency},
+        "grpc_unary_round_trip": {"calls_per_s": 3000.0, "latency": latency},
+    }
+
+
+def test_a_run_with_a_failed_workload_renders_with_its_error(tmp_path):
+    wl = suite.Workload
+    summary = {
+        "mode": "produce",
+        "messages": 1000,
+        "duration_s": 2.0,
+        "msg_per_s": 500.0,
+        "mb_per_s": 0.05,
+        "latency_ms": {"p50": 1.0, "p95": 2.0, "p99": 3.0, "p99_9": 4.0, "max": 5.0},
+    }
+    rss = {"samples": 3, "max_mib": 100.0, "peak_mib": 101.0, "interval_s": 0.2, "last_mib": 99.0}
+    good_phase = {
+        "phase": "produce",
+        "command": "perf produce",
+        "ok": True,
+        "summary": summary,
+        "broker_rss": rss,
+        "progress": [{"t_s": 1.0, "msg_per_s": 500, "mb_per_s": 0.05}],
+    }
+    bad_phase = {
+        "phase": "end-to-end",
+        "command": "perf end-to-end",
+        "ok": False,
+        "summary": None,
+        "broker_rss": rss,
+        "error": "perf exited with 1",
+        "stderr_tail": "boom",
+    }
+    workloads = [
+        _result(
+            wl("max-rate", 1, 100),
+            msg_per_s=500.0,
+            latency_ms=summary["latency_ms"],
+            phases=[good_phase],
+        ),
+        _result(
+            wl("fixed-rate", 1, 100, 2_000),
+            ok=False,
+            error="end-to-end: perf exited with 1",
+            phases=[bad_phase],
+            broker_log_tail="broker said no",
+        ),
+    ]
+    results = {
+        "date": "2026-01-01",
+        "tag": "test",
+        "command": "bench/suite.py --tag test",
+        "started_at": "2026-01-01T00:00:00+00:00",
+        "elapsed_s": 10.0,
+        "quick": True,
+        "machine": {
+            "cpu_count": 2,
+            "cpu_model": "cpu",
+            "memory_bytes": 2**30,
+            "kernel": "6",
+            "python": "3",
+            "grpcio": "1",
+            "git_commit": "0" * 40,
+            "git_dirty": False,
+            "filesystem": {
+                "device": "/dev/x",
+                "type": "ext4",
+                "mount_point": "/",
+                "free_bytes": 10**10,
+                "total_bytes": 10**11,
+            },
+        },
+        "parameters": {
+            "bookies": 3,
+            "broker_args": ["--x"],
+            "quorum": "E3/Qw2/Qa2",
+            "duration_s": 2.0,
+            "backlog_messages": 100,
+            "rss_bound_mib": 512,
+        },
+        "raw_limits": {"start": _raw(), "end": _raw()},
+        "workloads": workloads,
+        "grow": None,
+    }
+    results["checks"] = suite.checks(workloads, rss_bound_mib=512, grow=None)
+    text = suite.render_markdown(results)
+    assert "# Benchmark suite, 2026-01-01 (test)" in text
+    assert "**PASS** one producer" not in text  # 500 msg/s
+    assert "**MISS** one producer" in text
+    assert "perf exited with 1" in text
+    assert "boom" in text
+    assert "broker said no" in text
+    assert "suite-2026-01-01-test-throughput.png" in text
+    header = next(line for line in text.splitlines() if line.startswith("| workload | msg/s"))
+    raw_row = next(line for line in text.splitlines() if line.startswith("| *raw limit"))
+    assert raw_row.count("|") == header.count("|")
+    paths = suite.write_plots(results, tmp_path)
+    assert [p.name for p in paths] == [
+        "suite-2026-01-01-test-throughput.png",
+        "suite-2026-01-01-test-latency.png",
+    ]
+    assert all(p.stat().st_size > 0 for p in paths)
