@@ -404,20 +404,37 @@ class _PartitionConsumer(PartitionStream):
             self._consumed = 0
 
     def acknowledge(self, message_id: MessageId) -> asyncio.Future[None] | None:
-        """Mark one message; a waiter when acks wait for receipts and an entry ack was queued."""
+        """Mark one message; a waiter when acks wait for receipts and an ack was queued.
+
+        Without receipts, the ack of a message inside a batch waits (in the tracker) for the
+        rest of its batch, and the entry is acknowledged whole. With receipts, a receipt means
+        the ack is persisted, so the messages acknowledged so far go at once as a partial
+        (batch-index) ack: otherwise a crash or failover before the batch completes would
+        redeliver messages whose ack was confirmed."""
         self._unacked.remove(message_id.entry, message_id.batch_index)
         ack = self._tracker.ack(message_id.entry, message_id.batch_index)
+        if ack is None and self._config.ack_receipts:
+            ack = self._tracker.acked_so_far(message_id.entry)
         if ack is None:
             return None
         self._acks.add_individual(ack)
         return self._queue_ack()
 
     def acknowledge_cumulative(self, message_id: MessageId) -> asyncio.Future[None] | None:
+        """Mark every message up to this one; as :meth:`acknowledge`, with receipts the part of
+        its batch acknowledged so far goes at once as a partial ack beside the cumulative ack
+        of the entries before it."""
         self._unacked.remove_up_to(message_id.entry, message_id.batch_index)
         entry = self._tracker.ack_cumulative(message_id.entry, message_id.batch_index)
-        if entry is None:
+        partial = None
+        if self._config.ack_receipts and entry != message_id.entry:
+            partial = self._tracker.acked_so_far(message_id.entry)
+        if entry is None and partial is None:
             return None
-        self._acks.set_cumulative(entry)
+        if entry is not None:
+            self._acks.set_cumulative(entry)
+        if partial is not None:
+            self._acks.add_individual(partial)
         return self._queue_ack()
 
     def negative_acknowledge(self, message_id: MessageId) -> None:

@@ -19,11 +19,10 @@ count in :class:`Verdict` (a violation fails the run):
     order (the draining rule exists to prevent exactly this when keys move).
   Shared subscriptions promise no order and are not checked for it.
 - **acknowledged positions**: a message delivered again after the broker confirmed its ack.
-  The broker persists acks at most every ``cursor_persist_interval_ms``, so acks confirmed
-  within that window before a broker crash or pause (or before and during a broker's cut from
-  the metadata store) may come back: those are *explained*. So is a failover consumer handing
-  over a message it had queued just as it stopped being the partition's active consumer (within
-  ``switch_s`` of being told). Any other is a violation.
+  An ack receipt means the ack is persisted, so no fault may bring the message back. The one
+  *explained* case is a failover consumer's: a message the new active consumer had already
+  been sent (queued in its client) when the old one acknowledged it, handed out within
+  ``switch_s`` of the switch. Any other is a violation, whatever faults were running.
 
 Unavailability windows are the gaps in each partition's stream of acknowledgements longer
 than ``gap_s``, with the faults active during each.
@@ -38,10 +37,6 @@ from typing import Any
 from magnetar.verify.history import Delivery, History, Name
 
 ORDERED_PER_CONSUMER = ("exclusive", "failover")
-ACK_LOSING_FAULTS = ("kill-broker", "pause-broker")
-"""Faults that end a broker's ownership without it persisting its cursors first."""
-ACK_LOSING_WHILE_ACTIVE = ("cut-broker-etcd",)
-"""Faults during which a broker may confirm acks it can no longer persist."""
 SAMPLE = 10
 
 
@@ -169,19 +164,12 @@ def _label(name: Name) -> str:
     return f"{name[0]}/{name[1]}#{name[2]}"
 
 
-def check(
-    history: History,
-    *,
-    cursor_persist_interval_s: float = 1.0,
-    slack_s: float = 1.0,
-    gap_s: float = 1.0,
-    switch_s: float = 2.0,
-) -> Verdict:
+def check(history: History, *, gap_s: float = 1.0, switch_s: float = 2.0) -> Verdict:
     """Judge one history (see the module docstring for the rules)."""
     verdict = Verdict(drain_complete=history.drain_complete)
     verdict.dedup = bool(history.config.get("dedup", True))
     _check_sends_and_log(history, verdict)
-    _check_subscriptions(history, verdict, cursor_persist_interval_s, slack_s, switch_s)
+    _check_subscriptions(history, verdict, switch_s)
     _check_faults_and_windows(history, verdict, gap_s)
     verdict.lost = verdict.lost_from_log + sum(verdict.lost_by_subscription.values())
     return verdict
@@ -240,13 +228,10 @@ def _check_sends_and_log(history: History, verdict: Verdict) -> None:
             )
 
 
-def _check_subscriptions(
-    history: History, verdict: Verdict, persist_s: float, slack_s: float, switch_s: float
-) -> None:
+def _check_subscriptions(history: History, verdict: Verdict, switch_s: float) -> None:
     acked = {s.name for s in history.sends if s.outcome == "acked"}
     stored = {r.name for r in history.stored if not r.phantom}
     sent = {s.name for s in history.sends}
-    ack_losses = _ack_losing_spans(history, persist_s, slack_s)
     switches: dict[tuple[str, int], list[float]] = defaultdict(list)
     for switch in history.switches:
         switches[(switch.consumer, switch.partition)].append(switch.at)
@@ -274,13 +259,9 @@ def _check_subscriptions(
                     switched = any(
                         abs(at - d.at) <= switch_s for at in switches[(d.consumer, d.partition)]
                     )
-                    reason = "switch" if switched else None
-                    for lo, hi, kind in ack_losses:
-                        if reason is None and lo <= acked_at <= hi:
-                            reason = kind
-                    if reason is not None:
+                    if switched:
                         verdict.explained_redeliveries_after_ack += 1
-                        verdict.explained_by[reason] = verdict.explained_by.get(reason, 0) + 1
+                        verdict.explained_by["switch"] = verdict.explained_by.get("switch", 0) + 1
                     else:
                         verdict.unexplained_redeliveries_after_ack += 1
                         _note(
@@ -332,25 +313,6 @@ def _check_order(  # noqa: PLR0917 - a private helper of one loop
                 f" after offset {high} of the same key",
             )
         key_high[slot_key] = max(high, d.offset)
-
-
-def _ack_losing_spans(
-    history: History, persist_s: float, slack_s: float
-) -> list[tuple[float, float, str]]:
-    """When a confirmed ack may legitimately be lost: the times it could have been confirmed,
-    and the kind of fault that explains it."""
-    spans = []
-    for fault in history.faults:
-        if fault.started_at is None:
-            continue
-        if fault.kind in ACK_LOSING_FAULTS:
-            spans.append(
-                (fault.started_at - persist_s - slack_s, fault.started_at + slack_s, fault.kind)
-            )
-        elif fault.kind in ACK_LOSING_WHILE_ACTIVE:
-            end = fault.ended_at if fault.ended_at is not None else float("inf")
-            spans.append((fault.started_at - persist_s - slack_s, end + slack_s, fault.kind))
-    return spans
 
 
 def _check_faults_and_windows(history: History, verdict: Verdict, gap_s: float) -> None:

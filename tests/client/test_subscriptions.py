@@ -85,13 +85,20 @@ def nothing_arrives(consumer: magnetar.Consumer, wait_ms: int = 1000) -> bool:
 class Worker:
     """A consumer process that receives ``count`` messages, holds them, and waits to die."""
 
-    def __init__(
-        self, service_url: str, topic: str, subscription: str, sub_type: str, name: str, count: int
+    def __init__(  # noqa: PLR0917 - the worker's command line
+        self,
+        service_url: str,
+        topic: str,
+        subscription: str,
+        sub_type: str,
+        name: str,
+        count: int,
+        ack_first: int = 0,
     ) -> None:
         self.lines: list[str] = []
         self.process = subprocess.Popen(
             [sys.executable, str(WORKER), service_url, topic, subscription, sub_type, name,
-             str(count)],
+             str(count), str(ack_first)],
             stdout=subprocess.PIPE,
             text=True,
         )  # fmt: skip
@@ -637,6 +644,36 @@ async def test_subscription_state_survives_a_broker_sigkill(
     finally:
         await victim.start()
         consumer.close()
+
+
+@pytest.mark.parametrize(("sub_type", "acked"), [("shared", 4), ("exclusive", 6)])
+def test_confirmed_acks_inside_a_batch_outlive_the_consumer(  # noqa: PLR0917 - fixtures
+    client: magnetar.Client,
+    admin: magnetar.AdminClient,
+    cluster: LocalCluster,
+    sub_type: str,
+    acked: int,
+) -> None:
+    """The long ``magnetar verify --seed 20261122`` found confirmed acks of messages inside a
+    batch delivered again to another consumer: the client held them until the rest of the
+    batch was acknowledged, yet confirmed them at once. With receipts, the part of a batch
+    acknowledged so far now goes (and is persisted) as a partial ack, individual or
+    cumulative, so a consumer killed right after its receipts loses none of them."""
+    topic = unique(f"batch-acks-{sub_type}")
+    admin.create_topic(topic)
+    values = [f"b:{i}".encode() for i in range(10)]
+    with client.create_producer(topic, batching_max_messages=100) as producer:
+        receipt = producer.send_many(values)
+    assert {i.batch_size for i in receipt.message_ids()} == {10}  # one batch, one entry
+    worker = Worker(cluster.service_url, topic, "acks", sub_type, "doomed", 10, acked)
+    try:
+        worker.wait("HOLDING")
+    finally:
+        worker.kill()  # SIGKILL: no close, no parting acks
+    with client.subscribe(topic, "acks", sub_type, initial_position="earliest") as consumer:
+        received = [consumer.receive(timeout_millis=30_000) for _ in range(10 - acked)]
+        assert [m.data() for m in received] == values[acked:]
+        assert nothing_arrives(consumer, 1500)
 
 
 # --- bad input ---------------------------------------------------------------------------------

@@ -231,7 +231,10 @@ def test_shared_subscriptions_are_not_checked_for_order() -> None:
     assert check(run.history).ok
 
 
-def test_a_redelivery_after_a_confirmed_ack_fails_unless_a_broker_crash_explains_it() -> None:
+def test_a_redelivery_after_a_confirmed_ack_fails_whatever_fault_was_running() -> None:
+    """A receipt means persisted: no crash, pause or cut may bring the message back (the
+    checker once excused kill-broker, pause-broker and cut-broker-etcd near the ack; the long
+    run of seed 20261122 showed those were a client bug, since fixed)."""
     run = Run()
     send = run.send("a")
     run.deliver_everywhere([send], start=2.0)
@@ -241,16 +244,14 @@ def test_a_redelivery_after_a_confirmed_ack_fails_unless_a_broker_crash_explains
     verdict = check(run.history)
     assert verdict.unexplained_redeliveries_after_ack == 1
     assert not verdict.ok
-    # the owner was SIGKILLed 0.5 s after the ack: within the 1 s persist interval
-    run.history.faults.append(
-        Fault(0, "kill-broker", "broker-0", 0.0, 1.0, started_at=shared_ack + 0.5, ended_at=5.0)
-    )
-    verdict = check(run.history)
-    assert (verdict.redelivered_after_ack, verdict.explained_redeliveries_after_ack) == (1, 1)
-    assert verdict.ok, verdict.problems()
-    # a crash long after the ack was persisted does not explain it
-    run.history.faults[0].started_at = shared_ack + 5
-    assert not check(run.history).ok
+    for kind in ("kill-broker", "pause-broker", "cut-broker-etcd"):
+        run.history.faults = [
+            Fault(0, kind, "broker-0", 0.0, 1.0, started_at=shared_ack + 0.1, ended_at=5.0)
+        ]
+        verdict = check(run.history)
+        assert verdict.unexplained_redeliveries_after_ack == 1, kind
+        assert verdict.explained_by == {}
+        assert not verdict.ok
 
 
 def test_a_redelivery_before_the_ack_was_confirmed_is_at_least_once() -> None:
