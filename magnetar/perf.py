@@ -217,6 +217,13 @@ def _add_common(parser: argparse.ArgumentParser, *, num_messages: bool = True) -
         help=f"seconds to run (default {DEFAULT_DURATION_S:g} unless --num-messages is given)",
     )
     parser.add_argument(
+        "--warmup-s",
+        type=_non_negative_float,
+        default=0.0,
+        help="run this long first without counting it: rates and latencies are over the time"
+        " after it (--duration comes on top; default 0)",
+    )
+    parser.add_argument(
         "--operation-timeout-s",
         type=_positive_float,
         default=10.0,
@@ -225,6 +232,11 @@ def _add_common(parser: argparse.ArgumentParser, *, num_messages: bool = True) -
     )
     parser.add_argument(
         "-q", "--quiet", action="store_true", help="no progress line every second on stderr"
+    )
+    parser.add_argument(
+        "--json-progress",
+        action="store_true",
+        help="progress lines as JSON objects, one a second on stderr (for scripts)",
     )
 
 
@@ -425,7 +437,14 @@ class _Run:
     ended_at: float = 0.0
     wakeups: list[asyncio.Event] = field(default_factory=list)
     main_task: asyncio.Task[Any] | None = None
+    warm_at: float | None = None
+    """When the warm-up ended (None: no warm-up, or the run ended first)."""
+    warm_messages: int = 0
+    warm_bytes: int = 0
+    other_meters: list[_Meter] = field(default_factory=list)
+    """Meters whose latencies the warm-up also discards (end-to-end's publish meter)."""
     _reporter: asyncio.Task[None] | None = None
+    _warmup: asyncio.TimerHandle | None = None
 
     @property
     def mode(self) -> str:
@@ -454,12 +473,26 @@ class _Run:
         loop = asyncio.get_running_loop()
         self.started_at = loop.time()
         self.started = True
+        warmup_s = getattr(self.args, "warmup_s", 0.0)
+        if warmup_s > 0:
+            self._warmup = loop.call_later(warmup_s, self._end_warmup)
         if not self.args.quiet:
             self._reporter = asyncio.create_task(self._report(pending), name="perf-progress")
+
+    def _end_warmup(self) -> None:
+        """From now on it counts: the latencies so far are dropped, rates start here."""
+        self.warm_at = asyncio.get_running_loop().time()
+        self.warm_messages = self.meter.messages
+        self.warm_bytes = self.meter.bytes
+        for meter in (self.meter, *self.other_meters):
+            meter.interval = LatencyHistogram()
+            meter.total = LatencyHistogram()
 
     async def stop_measuring(self, ended_at: float | None = None) -> None:
         """Stop the progress lines; the run's figures are over the time up to ``ended_at``
         (default now)."""
+        if self._warmup is not None:
+            self._warmup.cancel()
         self.ended_at = asyncio.get_running_loop().time() if ended_at is None else ended_at
         if self._reporter is not None:
             self._reporter.cancel()
@@ -468,7 +501,8 @@ class _Run:
     @property
     def deadline(self) -> float:
         duration = self.args.duration
-        return math.inf if duration is None else self.started_at + duration
+        warmup_s = getattr(self.args, "warmup_s", 0.0)
+        return math.inf if duration is None else self.started_at + warmup_s + duration
 
     async def _report(self, pending: Callable[[], int]) -> None:
         loop = asyncio.get_running_loop()
@@ -484,12 +518,27 @@ class _Run:
             rate = (meter.messages - last_messages) / seconds
             mb_rate = (meter.bytes - last_bytes) / seconds / _MB
             last_at, last_messages, last_bytes = now, meter.messages, meter.bytes
+            p50 = p99 = 0.0
             if interval.count:
                 p50, p99 = (v / 1000 for v in interval.percentiles(50, 99))
                 latency = f"p50 {p50:8.3f} ms  p99 {p99:8.3f} ms"
             else:
                 latency = f"p50 {'-':>8} ms  p99 {'-':>8} ms"
             errors = f"  errors {meter.errors:,}" if meter.errors else ""
+            if getattr(self.args, "json_progress", False):
+                line = {
+                    "progress": self.mode,
+                    "t_s": round(now - self.started_at, 3),
+                    "warmup": self.warm_at is None and getattr(self.args, "warmup_s", 0.0) > 0,
+                    "msg_per_s": round(rate, 1),
+                    "mb_per_s": round(mb_rate, 3),
+                    "p50_ms": p50 if interval.count else None,
+                    "p99_ms": p99 if interval.count else None,
+                    "pending": pending(),
+                    "errors": meter.errors,
+                }
+                print(json.dumps(line), file=sys.stderr, flush=True)
+                continue
             print(
                 f"{self.mode} {now - self.started_at:6.1f} s  {rate:10,.0f} msg/s"
                 f"  {mb_rate:8.2f} MB/s  {latency}  pending {pending():,}{errors}",
@@ -500,18 +549,26 @@ class _Run:
     def summary(self, **extra: Any) -> dict[str, Any]:
         meter = self.meter
         histogram = meter.finish()
-        duration = max(self.ended_at - self.started_at, 1e-9)
+        measured_from = self.started_at if self.warm_at is None else self.warm_at
+        duration = max(self.ended_at - measured_from, 1e-9)
+        messages = meter.messages - self.warm_messages
+        measured_bytes = meter.bytes - self.warm_bytes
         out: dict[str, Any] = {
             "mode": self.mode,
             "topic": self.args.topic,
             "messages": meter.messages,
             "bytes": meter.bytes,
             "duration_s": round(duration, 3),
-            "msg_per_s": round(meter.messages / duration, 1),
-            "mb_per_s": round(meter.bytes / duration / _MB, 3),
+            "msg_per_s": round(messages / duration, 1),
+            "mb_per_s": round(measured_bytes / duration / _MB, 3),
             "latency_ms": _latency_ms(histogram),
             "errors": meter.errors,
         }
+        warmup_s = getattr(self.args, "warmup_s", 0.0)
+        if warmup_s > 0:
+            out["warmup_s"] = warmup_s
+            out["warmup_completed"] = self.warm_at is not None
+            out["measured_messages"] = messages
         out.update(extra)
         out["interrupted"] = self.interrupted
         return out
@@ -976,6 +1033,7 @@ async def _end_to_end(run: _Run, client: Client) -> int:
     )
     producer = await client.create_producer(args.topic, **_producer_settings(args))
     publish_meter = _Meter()
+    run.other_meters.append(publish_meter)
     load = _SendLoad(
         run,
         publish_meter,

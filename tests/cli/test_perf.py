@@ -180,6 +180,40 @@ async def test_end_to_end_receives_what_it_sent(node: StandaloneNode) -> None:
     assert "end-to-end" in err  # progress lines
 
 
+async def test_warmup_is_left_out_and_json_progress_is_one_object_a_second(
+    node: StandaloneNode,
+) -> None:
+    code, out, err = await perf(
+        "end-to-end",
+        topic(),
+        "--service-url",
+        node.service_url,
+        "--rate",
+        "500",
+        "--warmup-s",
+        "1.5",
+        "--duration",
+        "2",
+        "--json",
+        "--json-progress",
+    )
+    assert code == 0, err
+    summary = one_json_line(out)
+    assert summary["warmup_s"] == 1.5
+    assert summary["warmup_completed"] is True
+    # every message counts as sent and received; the rate is over the 2 s after the warm-up
+    assert summary["messages"] == summary["sent"] > summary["measured_messages"] > 0
+    assert summary["duration_s"] < 3
+    progress = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    assert len(progress) >= 2
+    assert progress[0]["progress"] == "end-to-end"
+    assert progress[0]["warmup"] is True
+    assert progress[-1]["warmup"] is False
+    assert {"t_s", "msg_per_s", "mb_per_s", "p50_ms", "p99_ms", "pending", "errors"} <= set(
+        progress[-1]
+    )
+
+
 async def test_partitions_creates_a_partitioned_topic(node: StandaloneNode) -> None:
     name = topic()
     code, out, err = await perf(
