@@ -108,6 +108,9 @@ PERF_TIMEOUT_MARGIN_S = 120.0
 BACKLOG_TIMEOUT_MIN_RATE = 10_000
 """A backlog phase is given as long as this many messages per second would take (plus margin)."""
 RSS_SAMPLE_INTERVAL_S = 0.2
+CONSUMER_QUEUE = 10_000
+"""The drain's ``--receiver-queue-size``. The client's default (1,000, as Pulsar's) is one
+1,000-message entry in flight: the consumer then waits a round trip for every entry."""
 
 
 # --- workloads ------------------------------------------------------------------------------------
@@ -166,17 +169,35 @@ GROW_KEY = "grow"
 
 def perf_base(mode: str, topic: str, service_url: str) -> list[str]:
     """The start of a ``magnetar perf`` command line (interpreter left out)."""
-    return ["-m", "magnetar.cli", "perf", mode, topic, "--service-url", service_url, "--json"]
+    return [
+        "-m",
+        "magnetar.cli",
+        "perf",
+        mode,
+        topic,
+        "--service-url",
+        service_url,
+        "--json",
+        "--json-progress",
+    ]
 
 
 def perf_phases(
-    workload: Workload, service_url: str, *, duration_s: float, backlog_messages: int
+    workload: Workload,
+    service_url: str,
+    *,
+    duration_s: float,
+    backlog_messages: int,
+    warmup_s: float = 0.0,
 ) -> list[tuple[str, list[str], float]]:
-    """(phase, perf arguments, timeout in seconds) of a workload, in order."""
+    """(phase, perf arguments, timeout in seconds) of a workload, in order. A timed phase runs
+    ``warmup_s`` first, left out of its figures (``perf --warmup-s``)."""
     size = ["--size", str(workload.message_bytes)]
     topic = ["--partitions", str(workload.partitions)]
     timed = ["--duration", f"{duration_s:g}"]
-    timeout_s = duration_s + PERF_TIMEOUT_MARGIN_S
+    if warmup_s > 0:
+        timed += ["--warmup-s", f"{warmup_s:g}"]
+    timeout_s = warmup_s + duration_s + PERF_TIMEOUT_MARGIN_S
     if workload.kind == MAX_RATE:
         args = perf_base("produce", workload.topic, service_url)
         return [("produce", [*args, *topic, *size, "--rate", "0", *timed], timeout_s)]
@@ -190,7 +211,18 @@ def perf_phases(
     consume = perf_base("consume", workload.topic, service_url)
     return [
         ("produce", [*produce, *topic, *size, "--rate", "0", *count], timeout_s),
-        ("consume", [*consume, "--position", "earliest", *count], timeout_s),
+        (
+            "consume",
+            [
+                *consume,
+                "--position",
+                "earliest",
+                "--receiver-queue-size",
+                str(CONSUMER_QUEUE),
+                *count,
+            ],
+            timeout_s,
+        ),
     ]
 
 
@@ -207,8 +239,19 @@ _PROGRESS = re.compile(
 
 
 def parse_progress(line: str) -> dict[str, Any] | None:
-    """One of perf's per-second progress lines as numbers, or None for any other line."""
-    match = _PROGRESS.match(line.strip())
+    """One of perf's per-second progress lines as numbers (its ``--json-progress`` objects, or
+    the human lines), or None for any other line."""
+    text = line.strip()
+    if text.startswith("{"):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return None
+        if not isinstance(value, dict) or "progress" not in value:
+            return None
+        keys = ("t_s", "msg_per_s", "mb_per_s", "p50_ms", "p99_ms", "pending", "errors")
+        return {key: value.get(key) for key in keys} | {"warmup": bool(value.get("warmup"))}
+    match = _PROGRESS.match(text)
     if match is None:
         return None
 
@@ -564,7 +607,7 @@ async def run_phase(
     on_progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Run one ``magnetar perf`` process to its end, sampling the broker's RSS all along and the
-    CPU of every process at its first progress line and at its summary line.
+    CPU of every process at its first progress line after the warm-up and at its summary line.
 
     ``stop_early`` is asked every sample; a reason from it interrupts perf (SIGINT: it prints
     its figures so far). ``on_progress`` sees each progress line as it comes.
@@ -617,8 +660,8 @@ async def run_phase(
             progress.append(parsed)
             if on_progress is not None:
                 on_progress(parsed)
-            if first is None:
-                first = await safe_snapshot()
+            if first is None and not parsed.get("warmup"):
+                first = await safe_snapshot()  # CPU is counted from the end of the warm-up
 
     async def read_stdout() -> None:
         nonlocal summary, last
@@ -768,6 +811,7 @@ async def run_workload(
     duration_s: float,
     backlog_messages: int,
     loop_tid: int,
+    warmup_s: float = 0.0,
 ) -> dict[str, Any]:
     result: dict[str, Any] = {
         "key": workload.key,
@@ -783,12 +827,14 @@ async def run_workload(
         result["backlog_messages"] = backlog_messages
     else:
         result["duration_s"] = duration_s
+        result["warmup_s"] = warmup_s
     try:
         phases = perf_phases(
             workload,
             cluster.service_url,
             duration_s=duration_s,
             backlog_messages=backlog_messages,
+            warmup_s=warmup_s,
         )
         for phase, perf_args, timeout_s in phases:
             result.setdefault("sync_before_s", []).append(await settle_disk())
@@ -1000,6 +1046,7 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
                     duration_s=args.duration_s,
                     backlog_messages=args.backlog_messages,
                     loop_tid=loop_tid,
+                    warmup_s=args.warmup_s,
                 )
                 results["workloads"].append(result)
                 if not result["ok"]:
@@ -1592,6 +1639,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add = parser.add_argument
     add("--duration-s", type=float, default=20.0, help="seconds per max-rate or fixed-rate run")
     add(
+        "--warmup-s",
+        type=float,
+        default=3.0,
+        help="seconds each max-rate or fixed-rate run goes first without counting (default 3)",
+    )
+    add(
         "--backlog-messages",
         type=int,
         default=TARGET_BACKLOG_MESSAGES,
@@ -1655,6 +1708,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.duration_s = min(args.duration_s, 2.0)
+        args.warmup_s = min(args.warmup_s, 0.5)
         args.backlog_messages = min(args.backlog_messages, 100_000)
         args.raw_s = 0.5
         args.tag = args.tag or "quick"

@@ -127,6 +127,43 @@ def test_progress_lines_without_latency_with_errors_or_negative_pending():
     assert noisy["errors"] == 1200
 
 
+def test_json_progress_lines_are_read_with_their_warmup_flag():
+    line = (
+        '{"progress": "produce", "t_s": 2.0, "warmup": true, "msg_per_s": 5.5, "mb_per_s": 0.1,'
+        ' "p50_ms": null, "p99_ms": 3.0, "pending": 4, "errors": 0}'
+    )
+    assert suite.parse_progress(line) == {
+        "t_s": 2.0,
+        "msg_per_s": 5.5,
+        "mb_per_s": 0.1,
+        "p50_ms": None,
+        "p99_ms": 3.0,
+        "pending": 4,
+        "errors": 0,
+        "warmup": True,
+    }
+    assert suite.parse_progress('{"mode": "produce", "messages": 3}') is None  # the summary
+    assert suite.parse_progress("{not json") is None
+
+
+def test_timed_phases_warm_up_and_the_drain_prefetches_deeply():
+    (phase,) = suite.perf_phases(
+        suite.Workload(suite.MAX_RATE, 1, 100),
+        "magnetar://h:1",
+        duration_s=5,
+        backlog_messages=10,
+        warmup_s=2,
+    )
+    assert phase[1][-2:] == ["--warmup-s", "2"]
+    assert "--json-progress" in phase[1]
+    assert phase[2] == 2 + 5 + suite.PERF_TIMEOUT_MARGIN_S
+    _produce, consume = suite.perf_phases(
+        suite.Workload(suite.BACKLOG, 1, 100), "magnetar://h:1", duration_s=5, backlog_messages=10
+    )
+    queue = consume[1].index("--receiver-queue-size")
+    assert consume[1][queue + 1] == str(suite.CONSUMER_QUEUE)
+
+
 @pytest.mark.parametrize(
     "line",
     [
