@@ -39,7 +39,8 @@ class ManagedLedgerConfig:
     """Consumed ledgers are deleted, oldest first, while they add up to more (-1: never by size)."""
 
     cursor_persist_interval_ms: int = 1000
-    """A cursor's acknowledgements are written at most this often (and on flush and close)."""
+    """A cursor's acknowledgements are written at most this often (and on flush and close);
+    acks a client waits a receipt for are written at once."""
 
     max_inline_ack_ranges: int = 10_000
     """Acknowledgement holes a subscription may have before it stops dispatching new entries

@@ -4,8 +4,11 @@ A cursor has a **read position** (the next entry :meth:`ManagedCursor.read` retu
 acknowledgement state: a **mark-delete** position (everything at or before it is acknowledged)
 plus individually acknowledged ranges above it (:class:`~.ack_ranges.AckRanges`). A durable
 cursor persists the acknowledgement state, at most every ``cursor_persist_interval_ms``, on
-:meth:`flush` and on close. A new owner of the managed ledger loads it and redelivers whatever
-was not acknowledged in what was persisted.
+:meth:`flush` and on close; an ack whose sender waits for its receipt (:meth:`wait_persisted`)
+is persisted at once instead, one write at a time, each carrying every change made meanwhile
+(group commit), so receipts come within a metadata write and the writes stay few. A new owner
+of the managed ledger loads it and redelivers whatever was not acknowledged in what was
+persisted.
 
 **Complete ack state.** Every range is persisted, and so are the acknowledged messages of
 partly acknowledged batch entries (:meth:`ManagedCursor.ack_indexes`), so a new owner redelivers
@@ -95,6 +98,9 @@ class ManagedCursor:
         self._persisted_changes = 0
         self._persist_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._last_persist = -math.inf
+        self._last_persist_failed = False
+        self._urgent = asyncio.Event()
+        """Set when someone waits for a persist: cut the interval short."""
         self._persist_task: asyncio.Task[None] | None = None
         self._flush_lock = asyncio.Lock()
         self._known: dict[Position, _Known] = {}
@@ -374,15 +380,29 @@ class ManagedCursor:
     async def _persist_later(self) -> None:
         interval = self._ml.config.cursor_persist_interval_ms / 1000
         delay = self._last_persist + interval - self._clock.monotonic()
-        if delay > 0:
-            await self._clock.sleep(delay)
+        if delay > 0 and (self._last_persist_failed or not self._persist_waiters):
+            # wait out the interval, unless a receipt waiter arrives (after a failed write,
+            # waiters wait too: no tight retry loop against a metadata store in trouble)
+            self._urgent.clear()
+            sleeper = asyncio.ensure_future(self._clock.sleep(delay))
+            woken = asyncio.ensure_future(self._urgent.wait())
+            try:
+                if self._last_persist_failed:
+                    await sleeper
+                else:
+                    await asyncio.wait({sleeper, woken}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                sleeper.cancel()
+                woken.cancel()
         try:
             await self.flush()
+            self._last_persist_failed = False
         except ManagedLedgerFencedError:
             return
         except MagnetarError as e:
             self._log.warning("cursor_persist_failed", error=e.message)
             self._last_persist = self._clock.monotonic()  # try again after an interval
+            self._last_persist_failed = True
         self._persist_task = None
         if self.dirty and not self._ml.closed:
             self._schedule_persist()
@@ -397,13 +417,15 @@ class ManagedCursor:
         return self._changes
 
     async def wait_persisted(self, changes: int) -> None:
-        """Return once the state after ``changes`` changes is persisted (with the next
-        periodic persist, so at most ``cursor_persist_interval_ms`` later while the store
-        answers); raises :class:`ManagedLedgerFencedError` if another owner took over first."""
+        """Return once the state after ``changes`` changes is persisted: at once (the next
+        write, or the one after the write under way), or after ``cursor_persist_interval_ms``
+        when the last write failed; raises :class:`ManagedLedgerFencedError` if another owner
+        took over first."""
         if not self.durable or self._persisted_changes >= changes:
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._persist_waiters.append((changes, waiter))
+        self._urgent.set()
         self._schedule_persist()
         await waiter
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 
 import pytest
@@ -140,6 +141,32 @@ async def test_persisting_is_rate_limited_and_flushed_on_close(ml_env: Env) -> N
     cursor.ack([positions[6]])
     await ml.close()  # persisted on close, without waiting for the interval
     assert (await stored_cursor(ml_env, "t", "sub")).mark_delete == positions[6]
+
+
+async def test_a_receipt_waiter_is_persisted_at_once_with_what_came_meanwhile(
+    ml_env: Env,
+) -> None:
+    """Acks a client waits a receipt for do not wait out the interval: a client acknowledging
+    one message at a time with receipts would otherwise get one ack a second. Acks made while a
+    write is under way share the next write."""
+    clock = ManualClock()
+    config = replace(FAST, cursor_persist_interval_ms=1000)
+    ml = await ml_env.factory(config=config, clock=clock).open("t")
+    cursor = await ml.open_cursor("sub", start="earliest")
+    positions = await written(ml, 10)
+    cursor.ack([positions[0]])
+    await cursor.wait_persisted(cursor.changes)  # the first write of a quiet spell
+    written_once = cursor.version
+    cursor.ack([positions[1]])  # no waiter: waits for the interval
+    for _ in range(20):
+        await clock.advance(0)
+    assert cursor.version == written_once
+    for p in positions[2:5]:
+        cursor.ack([p])
+    # the manual clock never moves: this returns only if no interval is waited out
+    await asyncio.wait_for(cursor.wait_persisted(cursor.changes), 5)
+    assert (await stored_cursor(ml_env, "t", "sub")).mark_delete == positions[4]
+    assert not cursor.dirty
 
 
 async def test_reset_seek_and_rewind(ml_env: Env) -> None:
