@@ -18,7 +18,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import pytest_asyncio
@@ -85,7 +85,7 @@ def nothing_arrives(consumer: magnetar.Consumer, wait_ms: int = 1000) -> bool:
 class Worker:
     """A consumer process that receives ``count`` messages, holds them, and waits to die."""
 
-    def __init__(  # noqa: PLR0917 - the worker's command line
+    def __init__(
         self,
         service_url: str,
         topic: str,
@@ -647,11 +647,11 @@ async def test_subscription_state_survives_a_broker_sigkill(
 
 
 @pytest.mark.parametrize(("sub_type", "acked"), [("shared", 4), ("exclusive", 6)])
-def test_confirmed_acks_inside_a_batch_outlive_the_consumer(  # noqa: PLR0917 - fixtures
+def test_confirmed_acks_inside_a_batch_outlive_the_consumer(
     client: magnetar.Client,
     admin: magnetar.AdminClient,
     cluster: LocalCluster,
-    sub_type: str,
+    sub_type: Literal["shared", "exclusive"],
     acked: int,
 ) -> None:
     """The long ``magnetar verify --seed 20261122`` found confirmed acks of messages inside a

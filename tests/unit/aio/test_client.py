@@ -483,7 +483,7 @@ async def test_send_many_refuses_what_it_cannot_send_and_nothing_else_breaks(
     held = producer.send_many_async([b"a"] * 8)
     with pytest.raises(ProducerQueueFullError):
         await producer.send_many_async([b"b"] * 3)
-    waiting = asyncio.create_task(producer.send_many([bytearray(b"c"), memoryview(b"d")]))
+    waiting = asyncio.create_task(producer.send_many([bytearray(b"c"), memoryview(b"d")]))  # type: ignore[list-item]
     await asyncio.sleep(0.05)
     assert producer.pending_messages() == 10
     cluster.drop_receipts = False
