@@ -943,12 +943,9 @@ class Producer:
         run. If a batch of the run fails, the future fails with that error; the run's other
         batches still go their way (with deduplication on, sending the run again is safe).
         """
-        messages, error = _many_contents(contents, self.config.max_pending_messages)
-        deliver_at = 0
-        if error is None:
-            error, deliver_at = self._check(deliver_after_ms, deliver_at_ms)
-        if error is None:
-            error = _check_fields(properties, partition_key, event_timestamp)
+        messages, error, deliver_at = self._check_many(
+            contents, properties, partition_key, event_timestamp, deliver_after_ms, deliver_at_ms
+        )
         if error is None and not self.capacity.try_acquire(len(messages)):
             error = self._queue_full()
         return self._queue_many(
@@ -1008,12 +1005,9 @@ class Producer:
                 deliver_after_ms=deliver_after_ms,
                 deliver_at_ms=deliver_at_ms,
             )
-        messages, error = _many_contents(contents, self.config.max_pending_messages)
-        deliver_at = 0
-        if error is None:
-            error, deliver_at = self._check(deliver_after_ms, deliver_at_ms)
-        if error is None:
-            error = _check_fields(properties, partition_key, event_timestamp)
+        messages, error, deliver_at = self._check_many(
+            contents, properties, partition_key, event_timestamp, deliver_after_ms, deliver_at_ms
+        )
         if error is None:
             await self.capacity.acquire(len(messages))
             error = self._unusable()
@@ -1028,6 +1022,24 @@ class Producer:
             event_timestamp=event_timestamp,
             deliver_at_ms=deliver_at,
         )
+
+    def _check_many(  # noqa: PLR0917 - send_many's arguments, checked together
+        self,
+        contents: Sequence[bytes],
+        properties: Mapping[str, str] | None,
+        partition_key: str | None,
+        event_timestamp: int | None,
+        deliver_after_ms: int | None,
+        deliver_at_ms: int | None,
+    ) -> tuple[Sequence[bytes], MagnetarError | None, int]:
+        """A run's messages as bytes, why it cannot be sent (or None), and its delivery time."""
+        messages, error = _many_contents(contents, self.config.max_pending_messages)
+        deliver_at = 0
+        if error is None:
+            error, deliver_at = self._check(deliver_after_ms, deliver_at_ms)
+        if error is None:
+            error = _check_fields(properties, partition_key, event_timestamp)
+        return messages, error, deliver_at
 
     def _queue_many(
         self,
