@@ -28,6 +28,7 @@ from magnetar.cli_support import (
 )
 from magnetar.common.config import add_config_arguments, config_overrides_from_args, load_config
 from magnetar.common.errors import MagnetarError
+from magnetar.common.gc_tuning import tune_gc_for_throughput
 from magnetar.common.log import configure_logging
 
 NOT_BUILT: dict[str, str] = {}
@@ -299,6 +300,7 @@ def _run_bookie(args: argparse.Namespace) -> int:
     config = load_config(
         BookieConfig, file=args.config, overrides=config_overrides_from_args(args, BookieConfig)
     )
+    tune_gc_for_throughput()  # see magnetar/common/gc_tuning.py
     return asyncio.run(run_bookie(config))
 
 
@@ -312,6 +314,7 @@ def _run_standalone(args: argparse.Namespace) -> int:
         file=args.config,
         overrides=config_overrides_from_args(args, StandaloneConfig),
     )
+    tune_gc_for_throughput()  # see magnetar/common/gc_tuning.py
     return asyncio.run(run_standalone(config))
 
 
@@ -324,6 +327,7 @@ def _run_broker(args: argparse.Namespace) -> int:
     config = load_config(
         BrokerConfig, file=args.config, overrides=config_overrides_from_args(args, BrokerConfig)
     )
+    tune_gc_for_throughput()  # see magnetar/common/gc_tuning.py
     return asyncio.run(run_broker(config))
 
 
