@@ -36,7 +36,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
+from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias, TypeVar
 
 from magnetar.aio.codec import BatchBuilder, SealedBatch, encode_extras, message_size
 from magnetar.aio.config import ClientConfig, ProducerConfig
@@ -72,6 +72,7 @@ SendCallback = Callable[[MagnetarError | None, MessageId | None], None]
 ManyCallback = Callable[[MagnetarError | None, "SendReceipt | None"], None]
 """``callback(error, receipt)`` of :meth:`Producer.send_many_async`: exactly one is None."""
 
+_T = TypeVar("_T")
 _Single = tuple["asyncio.Future[MessageId]", SendCallback | None]
 _Handle: TypeAlias = "_Single | _ManySend"
 _DEFAULT_MAX_MESSAGE_BYTES = 5 * 1024 * 1024
@@ -101,10 +102,13 @@ def deliver_time_ms(deliver_after_ms: int | None, deliver_at_ms: int | None) -> 
 
 
 def _run_callback(
-    callback: SendCallback, error: MagnetarError | None, message_id: MessageId | None
+    callback: Callable[[MagnetarError | None, _T | None], None],
+    error: MagnetarError | None,
+    result: _T | None,
 ) -> None:
+    """Call a send callback (``send_async``'s or ``send_many_async``'s) with its outcome."""
     try:
-        callback(error, message_id)
+        callback(error, result)
     except Exception:  # an application callback must not break the producer
         log.exception("send_callback_failed")
 
@@ -208,26 +212,17 @@ class _ManySend:
             return
         receipt = SendReceipt(self.partition, self.segments)
         if self.callback is not None:
-            _run_many_callback(self.callback, None, receipt)
+            _run_callback(self.callback, None, receipt)
         self.future.set_result(receipt)
 
     def fail(self, error: MagnetarError) -> None:
         if self.future.done():
             return
         if self.callback is not None:
-            _run_many_callback(self.callback, error, None)
+            _run_callback(self.callback, error, None)
         self.future.set_exception(error)
         if self.callback is not None:
             self.future.exception()
-
-
-def _run_many_callback(
-    callback: ManyCallback, error: MagnetarError | None, receipt: SendReceipt | None
-) -> None:
-    try:
-        callback(error, receipt)
-    except Exception:  # an application callback must not break the producer
-        log.exception("send_callback_failed")
 
 
 class _Capacity:
