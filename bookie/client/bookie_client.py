@@ -251,9 +251,14 @@ class BookieClient:
         Raises BookieUnavailableError if the bookie could not be reached or the stream broke
         before it answered (the entries may or may not be stored).
         """
+        return await self.add_entries_nowait(entries)
+
+    def add_entries_nowait(self, entries: Sequence[AddEntry]) -> asyncio.Future[list[AddFailure]]:
+        """:meth:`add_entries` as a future, for callers that would rather not spend a task on
+        each call. Cancelling the future gives up waiting for the answer."""
         if self._adds is None or self._adds.broken:
             self._adds = _AddStream(self)
-        return await self._adds.add(entries)
+        return self._adds.add(entries)
 
     # --- unary calls --------------------------------------------------------------------------
 

@@ -22,16 +22,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Coroutine
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING
 
 import structlog
 
 from bookie.client.ledger_metadata import LedgerMetadata, LedgerState
 from bookie.client.placement import choose_replacement
 from bookie.client.quorum import AckTracker
-from bookie.entries import AddEntry, entry_checksum
+from bookie.entries import AddEntry, AddFailure, entry_checksum
 from magnetar.common.errors import (
     BadVersionError,
     BookieUnavailableError,
@@ -80,7 +80,7 @@ class _Outbox:
         self.scheduled = False
         entry_ids, self.entry_ids = self.entry_ids, []
         if entry_ids:
-            self.handle._spawn(self.handle._send(self.bookie, entry_ids))
+            self.handle._send(self.bookie, entry_ids)
 
 
 class WriteHandle:
@@ -112,7 +112,8 @@ class WriteHandle:
         self._closing = False
         self._closed = False
         self._space = asyncio.Event()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._sends: set[asyncio.Future[list[AddFailure]]] = set()
+        """Adds sent to bookies and not answered yet (cancelled when the ledger closes)."""
         self.ensemble_changes = 0
 
     # --- state ------------------------------------------------------------------------------
@@ -220,12 +221,7 @@ class WriteHandle:
             outbox = self._outboxes[bookie] = _Outbox(self, bookie)
         return outbox
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _send(self, bookie: str, entry_ids: list[int]) -> None:
+    def _send(self, bookie: str, entry_ids: list[int]) -> None:
         adds = [
             self._entries[e].add
             for e in entry_ids
@@ -233,19 +229,43 @@ class WriteHandle:
         ]
         if not adds:
             return
-        timeout = self._client.config.add_timeout_ms / 1000
+        # a future and a timer, not a task per call: this runs for every entry on every bookie
         try:
-            client = self._client.pool.client(bookie)
-            failures = await asyncio.wait_for(client.add_entries(adds), timeout)
-        except TimeoutError:
+            answer = self._client.pool.client(bookie).add_entries_nowait(adds)
+        except MagnetarError as e:
+            self._bookie_failed(bookie, e)
+            return
+        timeout = self._client.config.add_timeout_ms / 1000
+        timer = asyncio.get_running_loop().call_later(timeout, answer.cancel)
+        self._sends.add(answer)
+        answer.add_done_callback(partial(self._answered, bookie, adds, timer, timeout))
+
+    def _answered(
+        self,
+        bookie: str,
+        adds: list[AddEntry],
+        timer: asyncio.TimerHandle,
+        timeout: float,
+        answer: asyncio.Future[list[AddFailure]],
+    ) -> None:
+        timer.cancel()
+        self._sends.discard(answer)
+        if self._closed:
+            return
+        if answer.cancelled():
             self._bookie_failed(
                 bookie, BookieUnavailableError(f"bookie {bookie} did not answer in {timeout:g} s")
             )
             return
-        except MagnetarError as e:
-            self._bookie_failed(bookie, e)
+        error = answer.exception()
+        if error is not None:
+            if not isinstance(error, MagnetarError):
+                error = BookieUnavailableError(
+                    f"adding to bookie {bookie} failed: {error!r}", context={"bookie": bookie}
+                )
+            self._bookie_failed(bookie, error)
             return
-        refused = {f.entry_id: f.error for f in failures}
+        refused = {f.entry_id: f.error for f in answer.result()}
         for add in adds:
             error = refused.get(add.entry_id)
             if error is None:
@@ -460,7 +480,7 @@ class WriteHandle:
                     raise self._error from None  # type: ignore[misc]
                 self.metadata = current
         self._closed = True
-        for task in list(self._tasks):
-            task.cancel()
+        for answer in list(self._sends):
+            answer.cancel()
         log.info("ledger_closed", ledger=self.ledger_id, last_entry=lac, length=self._length)
         return self.metadata

@@ -17,7 +17,6 @@ import asyncio
 import itertools
 from collections import deque
 from collections.abc import AsyncIterator
-from typing import Any
 
 import grpc
 import grpc.aio
@@ -29,6 +28,7 @@ from broker.service.envelope import IncomingBatch
 from broker.service.streams import (
     AckDone,
     ActiveChange,
+    ClientDone,
     ConsumerEvent,
     Deliveries,
     MessageIdStart,
@@ -231,7 +231,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                     receipt = loop.create_future()
                     receipt.set_exception(e)
                 inflight.append((batch.request_id, receipt))
-            arrived.set()
+                receipt.add_done_callback(lambda _: arrived.set())
 
     async def _produce_responses(
         self,
@@ -241,30 +241,21 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         reader: asyncio.Task[None],
     ) -> AsyncIterator[pb.ProduceResponse]:
         partition = producer.topic.name.partition
+        # one event wakes this loop: a batch arriving or completing (each receipt future sets
+        # it when done), the producer closing, or the reader ending; no task per wait
+        producer.closed.add_done_callback(lambda _: arrived.set())
+        reader.add_done_callback(lambda _: arrived.set())
         while True:
-            if not inflight:
-                if reader.done() and not producer.is_closed:
+            if not (inflight and inflight[0][1].done()):
+                if producer.is_closed:
+                    # what is not receipted is resent by the client
+                    yield _producer_closed(producer.closed.result())
+                    return
+                if not inflight and reader.done():
                     return  # the client closed its side
                 arrived.clear()
-                arrival = asyncio.ensure_future(arrived.wait())
-                waiters: list[asyncio.Future[Any]] = [arrival, producer.closed]
-                if not reader.done():
-                    waiters.append(reader)
-                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-                if not arrival.done():
-                    arrival.cancel()
-                if producer.is_closed and not inflight:
-                    yield _producer_closed(producer.closed.result())
-                    return
+                await arrived.wait()
                 continue
-            head = inflight[0][1]
-            if not head.done():
-                both: list[asyncio.Future[Any]] = [head, producer.closed]
-                await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
-                if not head.done():
-                    # closed under us: what is not receipted is resent by the client
-                    yield _producer_closed(producer.closed.result())
-                    return
             receipts = pb.ProduceReceipts()
             errors: list[pb.ProduceResponse] = []
             moved: MagnetarError | None = None
@@ -420,18 +411,18 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         self, consumer: ConsumerSession, reader: asyncio.Task[None]
     ) -> AsyncIterator[pb.ConsumeResponse]:
         partition = consumer.subscription.topic.name.partition
+        queue = consumer.events
+        # the reader's end comes through the queue too: one plain wait per turn, no task
+        reader.add_done_callback(lambda _: queue.put_nowait(ClientDone()))
         while True:
-            getter = asyncio.ensure_future(consumer.events.get())
-            done, _ = await asyncio.wait([getter, reader], return_when=asyncio.FIRST_COMPLETED)
-            if getter not in done:
-                getter.cancel()
-                return  # the client closed its side
-            events: list[ConsumerEvent] = [getter.result()]
-            while not consumer.events.empty():
-                events.append(consumer.events.get_nowait())
+            events: list[ConsumerEvent] = [await queue.get()]
+            while not queue.empty():
+                events.append(queue.get_nowait())
             deliveries = pb.Deliveries()
             size = 0
             for event in events:
+                if isinstance(event, ClientDone):
+                    return  # the client closed its side
                 if isinstance(event, Deliveries):
                     for item in event.items:
                         deliveries.deliveries.add(

@@ -105,6 +105,9 @@ LEDGER_PROPERTY = "managed-ledger"
 
 _RETRY_FIRST_S = 0.1
 _RETRY_MAX_S = 5.0
+_PRUNE_WAITERS_AT = 64
+"""Entry waiters that were completed by their owner pile up until the next entry; past this
+many the finished ones are dropped when another is added."""
 
 
 class _State(enum.Enum):
@@ -929,6 +932,28 @@ class ManagedLedger:
             finally:
                 with contextlib.suppress(ValueError):
                     self._waiters.remove(waiter)
+
+    def entries_waiter(self) -> asyncio.Future[None]:
+        """A future that completes once an entry past the current ``last_confirmed`` is
+        confirmed, or fails if the managed ledger is closed or fenced first.
+
+        The cheap form of :meth:`wait_for_entries` for a dispatch loop: no task, and the caller
+        may complete or cancel the future itself to stop waiting early.
+        """
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        try:
+            self._check_usable()
+            if self._closing:
+                raise ManagedLedgerClosedError(
+                    f"managed ledger {self.name!r} is closing", context={"name": self.name}
+                )
+        except MagnetarError as e:
+            waiter.set_exception(e)
+            return waiter
+        if len(self._waiters) >= _PRUNE_WAITERS_AT:
+            self._waiters = [w for w in self._waiters if not w.done()]
+        self._waiters.append(waiter)
+        return waiter
 
     def _wake_waiters(self, error: MagnetarError | None) -> None:
         waiters, self._waiters = self._waiters, []

@@ -108,7 +108,14 @@ class StreamClosed:
     end_of_topic: bool = False
 
 
-ConsumerEvent = Deliveries | AckDone | SeekDone | RequestFailed | ActiveChange | StreamClosed
+@dataclass(frozen=True, slots=True)
+class ClientDone:
+    """The client ended its side of the stream: the stream ends without another message."""
+
+
+ConsumerEvent = (
+    Deliveries | AckDone | SeekDone | RequestFailed | ActiveChange | StreamClosed | ClientDone
+)
 
 
 class Closable:

@@ -197,6 +197,7 @@ class Subscription:
         """Messages in the largest recent entry (0: none read yet), to turn permits into entries."""
         self._repositioned = cursor.read_position
         self._wake = asyncio.Event()
+        self._entries_waiter: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._timers: set[asyncio.TimerHandle] = set()
         self._due_timer: asyncio.TimerHandle | None = None
@@ -409,6 +410,9 @@ class Subscription:
 
     def wake(self) -> None:
         self._wake.set()
+        waiter = self._entries_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     async def _dispatch_loop(self) -> None:
         while True:
@@ -576,18 +580,12 @@ class Subscription:
         return items, entries
 
     async def _wait_for_entries(self) -> None:
-        arrival = asyncio.ensure_future(self.ml.wait_for_entries(self.ml.last_confirmed))
-        woken = asyncio.ensure_future(self._wake.wait())
+        # a plain future that both a new entry and wake() complete: no task per wait
+        waiter = self._entries_waiter = self.ml.entries_waiter()
         try:
-            await asyncio.wait({arrival, woken}, return_when=asyncio.FIRST_COMPLETED)
+            await waiter
         finally:
-            for task in (arrival, woken):
-                if not task.done():
-                    task.cancel()
-            # both finished before returning: a task left pending is destroyed at shutdown
-            await asyncio.gather(arrival, woken, return_exceptions=True)
-        if arrival.done() and not arrival.cancelled() and arrival.exception() is not None:
-            raise arrival.exception()  # type: ignore[misc]
+            self._entries_waiter = None
 
     def _deliver(self, plan: Plan, entries: dict[Position, Entry]) -> None:
         batches: dict[int, list[DeliveryItem]] = {}

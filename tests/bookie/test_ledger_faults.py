@@ -105,6 +105,33 @@ async def test_writer_rides_over_a_sigkilled_bookie(local_cluster: LocalCluster)
     await store.close()
 
 
+async def test_a_hung_bookie_is_replaced_once_its_adds_time_out(
+    local_cluster: LocalCluster,
+) -> None:
+    # SIGSTOP: the connection stays up and nothing breaks it; only the add timeout can tell
+    store, client = await connect(local_cluster, add_timeout_ms=1_000)
+    ledger = await client.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2)
+    futures = [await ledger.add_async(payload(i)) for i in range(200)]
+    await asyncio.gather(*futures)
+    victim = ledger.metadata.last_segment.bookies[0]
+    hung = node(local_cluster, victim)
+    await hung.pause()
+    try:
+        futures += [await ledger.add_async(payload(i)) for i in range(200, 400)]
+        async with asyncio.timeout(20):
+            results = await asyncio.gather(*futures, return_exceptions=True)
+        assert results == list(range(400))  # no error reached the writer
+        assert ledger.ensemble_changes >= 1
+        assert victim not in ledger.metadata.last_segment.bookies
+    finally:
+        await hung.resume()
+    closed = await ledger.close()
+    reader = await client.open_ledger(closed.ledger_id)
+    assert [e.payload for e in await reader.read(0, 399)] == [payload(i) for i in range(400)]
+    await client.close()
+    await store.close()
+
+
 async def test_with_three_bookies_the_writer_waits_for_the_killed_one_to_return(
     tmp_path: Path,
 ) -> None:

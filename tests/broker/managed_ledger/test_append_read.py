@@ -136,6 +136,36 @@ async def test_wait_for_entries_wakes_on_append_and_fails_on_close(ml_env: Env) 
         ml.append(1, builder(1, b"late"))
 
 
+async def test_an_entries_waiter_completes_on_append_or_by_its_owner_and_fails_on_close(
+    ml_env: Env,
+) -> None:
+    ml = await ml_env.factory().open("t")
+    waiter = ml.entries_waiter()
+    await asyncio.sleep(0.05)
+    assert not waiter.done()
+    result = await append(ml, b"hello")
+    await asyncio.wait_for(waiter, 5)
+    assert ml.last_confirmed == result.position
+    # a dispatcher woken for another reason completes (or cancels) its waiter itself; the
+    # finished waiters it leaves behind are pruned, and later ones still wake on an append
+    for i in range(200):
+        abandoned = ml.entries_waiter()
+        if i % 2:
+            abandoned.set_result(None)
+        else:
+            abandoned.cancel()
+    assert len(ml._waiters) < 100
+    waiter = ml.entries_waiter()
+    await append(ml, b"again")
+    await asyncio.wait_for(waiter, 5)
+    waiter = ml.entries_waiter()
+    await ml.close()
+    with pytest.raises(ManagedLedgerClosedError):
+        await waiter
+    with pytest.raises(ManagedLedgerClosedError):
+        await ml.entries_waiter()  # closed already: failed from the start
+
+
 async def test_close_waits_for_pending_appends_and_records_final_counts(ml_env: Env) -> None:
     factory = ml_env.factory()
     ml = await factory.open("t")

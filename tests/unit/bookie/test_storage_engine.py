@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from bookie.entries import entry_checksum
+from bookie.storage import journal
 from bookie.storage.config import StorageConfig
 from bookie.storage.engine import EntryToStore, StorageEngine
 from magnetar.common.errors import CorruptionError, NoSuchEntryError, NoSuchLedgerError
@@ -202,3 +205,29 @@ async def test_a_very_sparse_entry_id_does_not_allocate_a_huge_array(tmp_path: P
     engine = await open_engine(tmp_path)
     assert [r.entry_id for r in await engine.read_entries(1, 10**12, 10**12)] == [10**12]
     await engine.close()
+
+
+async def test_small_groups_are_written_on_the_loop_and_large_ones_in_a_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hops: list[str] = []
+    real_to_thread = asyncio.to_thread
+
+    async def counting_to_thread(func: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        hops.append(getattr(func, "__name__", repr(func)))
+        return await real_to_thread(func, *args, **kwargs)
+
+    monkeypatch.setattr(asyncio, "to_thread", counting_to_thread)
+    config = StorageConfig(max_group_wait_ms=0, gc_interval_s=0)
+    engine = await open_engine(tmp_path, config)
+    hops.clear()
+    await engine.add_entries([entry(1, 0)])
+    assert hops == ["fdatasync"]  # one thread hop: the write went straight to the page cache
+    hops.clear()
+    big = b"x" * (journal.INLINE_WRITE_MAX_BYTES + 1)
+    await engine.add_entries([entry(1, 1, big, lac=0)])
+    assert hops == ["_write_chunks", "fdatasync"]
+    await engine.close()
+    reopened = await open_engine(tmp_path, config)
+    assert [r.payload for r in await reopened.read_entries(1, 0, 1)] == [b"L1E0" * 10, big]
+    await reopened.close()
