@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -227,7 +229,23 @@ async def test_small_groups_are_written_on_the_loop_and_large_ones_in_a_thread(
     big = b"x" * (journal.INLINE_WRITE_MAX_BYTES + 1)
     await engine.add_entries([entry(1, 1, big, lac=0)])
     assert hops == ["_write_chunks", "fdatasync"]
+    # while an fdatasync runs, even a small group is written in a thread (an append can wait
+    # there for the file system's journal commit)
+    real_fdatasync = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        time.sleep(0.3)
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    hops.clear()
+    first = asyncio.ensure_future(engine.add_entries([entry(1, 2, lac=1)]))
+    await asyncio.sleep(0.1)  # its fdatasync is running
+    await engine.add_entries([entry(1, 3, lac=2)])
+    await first
+    assert hops == ["fdatasync", "_write_chunks", "fdatasync"]
     await engine.close()
     reopened = await open_engine(tmp_path, config)
-    assert [r.payload for r in await reopened.read_entries(1, 0, 1)] == [b"L1E0" * 10, big]
+    got = [r.payload for r in await reopened.read_entries(1, 0, 3)]
+    assert got == [b"L1E0" * 10, big, b"L1E2" * 10, b"L1E3" * 10]
     await reopened.close()
