@@ -8,6 +8,7 @@ prints each process's busiest frames, self and inclusive::
 
     .venv/bin/python bench/profile_cluster.py 2000   # writes /tmp/prof-{broker,bookie,perf}.txt
     .venv/bin/python bench/profile_cluster.py 50000 --out /tmp/p50k
+    .venv/bin/python bench/profile_cluster.py 50000 --size 1024 --gil   # only GIL-holding time
 
 This is how the 2026-11-22 suite run's "about 3 ms of CPU per entry" was attributed.
 """
@@ -52,14 +53,14 @@ def busiest(path: Path, top: int = 20) -> str:
     return "\n".join(lines)
 
 
-async def main(rate: int, out: Path, seconds: int) -> None:
+async def main(rate: int, out: Path, seconds: int, size: int, gil: bool) -> None:
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     root = Path(tempfile.mkdtemp(prefix="profile-cluster-"))
     try:
         async with LocalCluster(root, bookies=3, brokers=1, broker_args=BROKER_ARGS) as cluster:
             perf = await asyncio.create_subprocess_exec(
                 *(sys.executable, "-m", "magnetar.cli", "perf", "end-to-end", "profiled"),
-                *("--rate", str(rate), "--duration", str(seconds + 6)),
+                *("--rate", str(rate), "--size", str(size), "--duration", str(seconds + 6)),
                 *("--service-url", cluster.service_url, "--json", "-q"),
                 stdout=asyncio.subprocess.PIPE,
             )
@@ -72,6 +73,7 @@ async def main(rate: int, out: Path, seconds: int) -> None:
             spies = [
                 await asyncio.create_subprocess_exec(
                     *(spy, "record", "-o", str(out / f"prof-{name}.txt"), "-f", "raw"),
+                    *(("--gil",) if gil else ()),
                     *("-r", "250", "-d", str(seconds), "-p", str(pid)),
                     stdout=asyncio.subprocess.DEVNULL,
                     stderr=asyncio.subprocess.DEVNULL,
@@ -94,6 +96,13 @@ if __name__ == "__main__":
     parser.add_argument("rate", type=int, nargs="?", default=2000, help="messages per second")
     parser.add_argument("--out", type=Path, default=Path("/tmp"), help="where the files go")
     parser.add_argument("--seconds", type=int, default=10, help="how long py-spy samples")
+    parser.add_argument("--size", type=int, default=100, help="message size in bytes")
+    parser.add_argument(
+        "--gil",
+        action="store_true",
+        help="sample only the thread holding the GIL: where Python time goes, without the"
+        " threads that wait (gRPC's poller, the journal's fdatasync, idle workers)",
+    )
     options = parser.parse_args()
     options.out.mkdir(parents=True, exist_ok=True)
-    asyncio.run(main(options.rate, options.out, options.seconds))
+    asyncio.run(main(options.rate, options.out, options.seconds, options.size, options.gil))
