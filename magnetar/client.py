@@ -157,6 +157,11 @@ class Producer:
     def producer_name(self) -> str:
         return self._aio.producer_name()
 
+    @property
+    def last_sequence_id(self) -> int:
+        """See :attr:`magnetar.aio.Producer.last_sequence_id`."""
+        return self._aio.last_sequence_id
+
     def is_connected(self) -> bool:
         return self._aio.is_connected()
 

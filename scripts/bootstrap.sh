@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Set up what Magnetar needs on a fresh Debian machine with Python 3.11, idempotently:
-#   bash scripts/bootstrap.sh           the virtualenv (.venv) with Magnetar and its dev tools
-#   bash scripts/bootstrap.sh --etcd    the same, plus Debian's etcd-server for the tests
+#   bash scripts/bootstrap.sh           the virtualenv (.venv) with Magnetar, its dev tools and the
+#                                       Spark connector's extras (PySpark)
+#   bash scripts/bootstrap.sh --etcd    the same, plus Debian's etcd-server and a Java runtime
+#                                       (for Spark) for the tests
 # Re-running is cheap: pip runs again only when pyproject.toml changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,15 +44,20 @@ if [ ! -x .venv/bin/python ]; then
 fi
 
 stamp=.venv/.magnetar-installed
-want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+want="$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "bootstrap: installing Magnetar and its dev tools into .venv"
   .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]"
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,spark]"
   echo "$want" > "$stamp"
 fi
 
 if [ "$want_etcd" = 1 ] && ! command -v etcd >/dev/null 2>&1 && [ ! -x /usr/bin/etcd ]; then
   echo "bootstrap: installing Debian's etcd-server (the tests start their own on free ports)"
   apt_install etcd-server
+fi
+
+if [ "$want_etcd" = 1 ] && ! command -v java >/dev/null 2>&1; then
+  echo "bootstrap: installing a Java runtime (PySpark runs Spark on it)"
+  apt_install default-jre-headless
 fi

@@ -127,12 +127,25 @@ class ProducerConfig:
     properties: dict[str, str] = field(default_factory=dict)
     """Free-form properties given to the broker when the producer opens."""
 
+    initial_sequence_id: int = -1
+    """The first message gets this + 1 as its sequence id (Pulsar's ``initialSequenceId``),
+    unless the broker already stored a higher one under this producer name. With a fixed
+    ``producer_name`` this lets a writer number its messages itself, so that a retried writer
+    is told by :attr:`Producer.last_sequence_id` what was already stored and skips it."""
+
     def __post_init__(self) -> None:
         _at_least(
             self,
             ("batching_max_messages", "batching_max_bytes", "max_pending_messages"),
             1,
         )
+        if isinstance(self.initial_sequence_id, bool) or not isinstance(
+            self.initial_sequence_id, int
+        ):
+            raise config_error(
+                "initial_sequence_id", self.initial_sequence_id, "must be an integer >= -1"
+            )
+        _at_least(self, ("initial_sequence_id",), -1)
         _at_least(self, ("batching_max_publish_delay_ms", "send_timeout_ms"), 0)
         _at_least(self, ("max_request_bytes",), 1024)
         if self.compression not in _COMPRESSIONS:

@@ -346,7 +346,7 @@ class _PartitionProducer(PartitionStream):
         """Pending batches not yet written on the current stream."""
         self._wake_sender = asyncio.Event()
         self._drain_waiters: list[tuple[int, asyncio.Future[None]]] = []
-        self._next_sequence_id = 0
+        self._next_sequence_id = self._config.initial_sequence_id + 1
         self.max_message_bytes = _DEFAULT_MAX_MESSAGE_BYTES
         self._expiry_task: asyncio.Task[None] | None = None
 
@@ -606,6 +606,11 @@ class _PartitionProducer(PartitionStream):
                         broker_pb2.ProduceRequest(send=broker_pb2.ProduceSend(batches=batches))
                     )
 
+    @property
+    def last_sequence_id(self) -> int:
+        """The highest sequence id given out here, or stored under this name at opening."""
+        return self._next_sequence_id - 1
+
     def _on_response(
         self, kind: str | None, response: broker_pb2.ProduceResponse
     ) -> MagnetarError | None:
@@ -762,6 +767,13 @@ class Producer:
     def producer_name(self) -> str:
         """The name the producer publishes under (given, or assigned by the broker)."""
         return next((p.producer_name for p in self._partitions if p.producer_name), None) or ""
+
+    @property
+    def last_sequence_id(self) -> int:
+        """The highest sequence id this producer has given out, or that the broker had stored
+        under its name when it opened (the highest over partitions); ``initial_sequence_id``
+        (default -1) if neither."""
+        return max(p.last_sequence_id for p in self._partitions)
 
     def is_connected(self) -> bool:
         return not self._closed and all(p.connected for p in self._partitions)
