@@ -1029,24 +1029,26 @@ def _consume(args: argparse.Namespace) -> int:
     wanted = args.num_messages
     received = 0
     deadline = time.monotonic() + args.timeout if args.timeout is not None else None
+    topic = args.topic
     with _client(args) as client:
         # prefetch no more than asked for, so a shared subscription's other consumers get the rest
         queue = min(wanted, 1000) if wanted else 1000
-        if args.reader:
-            source: Any = client.create_reader(args.topic, args.position, receiver_queue_size=queue)
-            receive = source.read_next
-            topic = source.topic()
-        else:
-            source = client.subscribe(
-                args.topic,
-                args.subscription,
-                args.subscription_type,
-                initial_position=args.position,
-                receiver_queue_size=queue,
-            )
-            receive = source.receive
-            topic = source.topic()
+        source: Any = None
+        # Ctrl-C ends the command the same way wherever it lands, even while it subscribes
         try:
+            if args.reader:
+                source = client.create_reader(args.topic, args.position, receiver_queue_size=queue)
+                receive = source.read_next
+            else:
+                source = client.subscribe(
+                    args.topic,
+                    args.subscription,
+                    args.subscription_type,
+                    initial_position=args.position,
+                    receiver_queue_size=queue,
+                )
+                receive = source.receive
+            topic = source.topic()
             while wanted == 0 or received < wanted:
                 timeout_ms: int | None = None
                 if deadline is not None:
@@ -1070,7 +1072,8 @@ def _consume(args: argparse.Namespace) -> int:
                 )
                 return EXIT_INTERRUPTED
         finally:
-            source.close()  # flushes the acknowledgements
+            if source is not None:
+                source.close()  # flushes the acknowledgements
     print(f"magnetar consume: received {received} message(s) from {topic}", file=sys.stderr)
     if wanted and received < wanted:
         print(

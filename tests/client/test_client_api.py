@@ -575,3 +575,31 @@ def test_receiver_queue_bounds_what_is_delivered(
     assert 1000 <= delivered <= 1000 + 1 + 500, subscription
     consumer.acknowledge(first)
     consumer.close()
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_named_producer_numbers_from_its_initial_sequence_id_and_learns_the_last(
+    target: Target,
+):
+    topic = unique("seq")
+    async with magnetar.aio.Client(target.service_url) as client:
+        async with await client.create_producer(
+            topic, "numbered", initial_sequence_id=99
+        ) as producer:
+            assert producer.last_sequence_id == 99  # nothing sent yet
+            await asyncio.gather(*(producer.send_async(b"m") for _ in range(3)))
+            assert producer.last_sequence_id == 102
+        # the same name again, with a lower base: the broker's 102 wins, and a new name starts
+        # from its own base
+        async with await client.create_producer(topic, "numbered", initial_sequence_id=49) as again:
+            assert again.last_sequence_id == 102
+            await again.send(b"n")
+            assert again.last_sequence_id == 103
+        async with await client.create_producer(topic, "other") as other:
+            assert other.last_sequence_id == -1
+        with pytest.raises(InvalidConfigError, match="initial_sequence_id"):
+            await client.create_producer(topic, initial_sequence_id=-2)
+    with magnetar.Client(target.service_url) as sync_client:
+        producer = sync_client.create_producer(topic, "numbered")
+        assert producer.last_sequence_id == 103
+        producer.close()
