@@ -36,6 +36,7 @@ __all__ = [
     "PartitionOffsets",
     "WriteResult",
     "discover",
+    "read_chunks",
     "read_range",
     "report_loss",
     "resolve",
@@ -282,8 +283,11 @@ async def _read_chunks(
         await reader.close()
 
 
-def read_range(r: OffsetRange, options: ReadOptions, to_row: Callable[[Message], R]) -> Iterator[R]:
-    """Every message of ``r`` as a row, in offset order (one Spark task's work)."""
+def read_chunks(
+    r: OffsetRange, options: ReadOptions, to_row: Callable[[Message], R]
+) -> Iterator[list[R]]:
+    """Every message of ``r`` as a row, in offset order, a chunk (up to :data:`READ_CHUNK`
+    rows) at a time: one Spark task's work."""
     if r.size <= 0:
         return
     with Loop() as loop:
@@ -300,11 +304,18 @@ def read_range(r: OffsetRange, options: ReadOptions, to_row: Callable[[Message],
                         rows = loop.run(chunks.__anext__())
                     except StopAsyncIteration:
                         break
-                    yield from rows
+                    if rows:
+                        yield rows
             finally:
                 loop.run(chunks.aclose())
         finally:
             loop.run(client.close())
+
+
+def read_range(r: OffsetRange, options: ReadOptions, to_row: Callable[[Message], R]) -> Iterator[R]:
+    """Every message of ``r`` as a row, in offset order."""
+    for rows in read_chunks(r, options, to_row):
+        yield from rows
 
 
 # --- writing ------------------------------------------------------------------------------------

@@ -600,6 +600,6 @@ async def test_a_named_producer_numbers_from_its_initial_sequence_id_and_learns_
         with pytest.raises(InvalidConfigError, match="initial_sequence_id"):
             await client.create_producer(topic, initial_sequence_id=-2)
     with magnetar.Client(target.service_url) as sync_client:
-        producer = sync_client.create_producer(topic, "numbered")
-        assert producer.last_sequence_id == 103
-        producer.close()
+        sync_producer = sync_client.create_producer(topic, "numbered")
+        assert sync_producer.last_sequence_id == 103
+        sync_producer.close()
