@@ -123,36 +123,7 @@ def main() -> None:
     )
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
-    aggregated = totals(spark, args.service_url)
-    as_messages = aggregated.select(
-        F.col("user").alias("key"),
-        F.to_json(F.struct("window_start", "window_end", "user", "events", "amount")).alias(
-            "value"
-        ),
-    )
-    to_topic = (
-        as_messages.writeStream.format("magnetar")
-        .option("serviceUrl", args.service_url)
-        .option("topic", TOTALS)
-        .option("checkpointLocation", str(args.out / "checkpoints" / "topic"))
-        .outputMode("append")
-    )
-    to_parquet = (
-        aggregated.writeStream.format("parquet")
-        .option("path", str(args.out / "totals"))
-        .option("checkpointLocation", str(args.out / "checkpoints" / "parquet"))
-        .outputMode("append")
-    )
-    if args.keep_running:
-        queries = [to_topic.start(), to_parquet.start()]
-        spark.streams.awaitAnyTermination()
-    else:
-        queries = [
-            to_topic.trigger(availableNow=True).start(),
-            to_parquet.trigger(availableNow=True).start(),
-        ]
-        for query in queries:
-            query.awaitTermination()
+    run(spark, args.service_url, args.out, keep_running=args.keep_running)
     written = spark.read.parquet(str(args.out / "totals"))
     print(f"windows closed so far: {written.count():,} (Parquet under {args.out / 'totals'})")
     written.orderBy("window_start", "user").show(5, truncate=False)
@@ -164,6 +135,41 @@ def main() -> None:
     )
     print(f"messages in {TOTALS}: {results.count():,}")
     spark.stop()
+
+
+def run(spark: SparkSession, service_url: str, out: Path, *, keep_running: bool = False) -> None:
+    """The two streaming queries: to the ``user-totals`` topic and to Parquet under ``out``."""
+    aggregated = totals(spark, service_url)
+    as_messages = aggregated.select(
+        F.col("user").alias("key"),
+        F.to_json(F.struct("window_start", "window_end", "user", "events", "amount")).alias(
+            "value"
+        ),
+    )
+    to_topic = (
+        as_messages.writeStream.format("magnetar")
+        .option("serviceUrl", service_url)
+        .option("topic", TOTALS)
+        .option("checkpointLocation", str(out / "checkpoints" / "topic"))
+        .outputMode("append")
+    )
+    to_parquet = (
+        aggregated.writeStream.format("parquet")
+        .option("path", str(out / "totals"))
+        .option("checkpointLocation", str(out / "checkpoints" / "parquet"))
+        .outputMode("append")
+    )
+    if keep_running:
+        to_topic.start()
+        to_parquet.start()
+        spark.streams.awaitAnyTermination()
+        return
+    queries = [
+        to_topic.trigger(availableNow=True).start(),
+        to_parquet.trigger(availableNow=True).start(),
+    ]
+    for query in queries:
+        query.awaitTermination()
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ a thread (``spark_call``): the test's event loop keeps reading the servers' outp
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 import signal
@@ -547,3 +548,41 @@ async def test_data_the_checkpoint_needed_is_gone_fail_or_skip(
         await spark_call(lambda: run_once("false"))
         expected = list(range(20)) + list(range(earliest, 50))
         assert await spark_call(written) == expected, "skipped what was gone, read the rest"
+
+
+# --- the example --------------------------------------------------------------------------------
+
+
+async def test_the_example_pipeline_writes_the_same_totals_to_the_topic_and_to_parquet(
+    spark: SparkSession, node: StandaloneNode, tmp_path: Path
+) -> None:
+    path = HERE.parent.parent / "examples" / "spark_pipeline" / "pipeline.py"
+    spec = importlib.util.spec_from_file_location("spark_pipeline_example", path)
+    assert spec is not None
+    assert spec.loader is not None
+    pipeline = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pipeline)
+    url = node.service_url
+    await pipeline.produce(url, 3_000, 7)
+    await spark_call(lambda: pipeline.run(spark, url, tmp_path / "out"))
+
+    def results() -> tuple[set[tuple[Any, ...]], set[tuple[Any, ...]]]:
+        parquet = {
+            (str(r["window_start"]), r["user"], r["events"], r["amount"])
+            for r in spark.read.parquet(str(tmp_path / "out" / "totals")).collect()
+        }
+        messages = read(spark, url, topic=pipeline.TOTALS).selectExpr(
+            "key",
+            "from_json(CAST(value AS STRING), 'window_start TIMESTAMP, user STRING,"
+            " events BIGINT, amount DOUBLE') AS t",
+        )
+        topic = {
+            (str(r["t"]["window_start"]), r["t"]["user"], r["t"]["events"], r["t"]["amount"])
+            for r in messages.collect()
+        }
+        return parquet, topic
+
+    parquet, topic = await spark_call(results)
+    assert parquet == topic
+    assert len(parquet) >= 100  # closed one-minute windows of 20 users (the last stay open)
+    assert sum(events for _, _, events, _ in parquet) <= 3_000
