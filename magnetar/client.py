@@ -409,6 +409,10 @@ class Reader:
     def read_next(self, timeout_millis: int | None = None) -> Message:
         return self._runner.run(self._aio.read_next(timeout_millis))
 
+    def read_available(self, max_messages: int, timeout_millis: int | None = None) -> list[Message]:
+        """See :meth:`magnetar.aio.Reader.read_available`."""
+        return self._runner.run(self._aio.read_available(max_messages, timeout_millis))
+
     def __iter__(self) -> Iterator[Message]:
         while True:
             try:

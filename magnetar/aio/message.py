@@ -80,7 +80,9 @@ class Message:
         return self._message.partition_key if self._message.HasField("partition_key") else None
 
     def properties(self) -> dict[str, str]:
-        return dict(self._message.properties)
+        properties = self._message.properties
+        # most messages carry none: an empty protobuf map is cheaper to test than to copy
+        return dict(properties) if properties else {}
 
     def message_id(self) -> MessageId:
         message_id = self._id

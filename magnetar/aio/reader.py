@@ -28,6 +28,19 @@ class Reader:
         """The next message; :class:`ReceiveTimeoutError` when none comes in ``timeout_millis``."""
         return await self._consumer.receive(timeout_millis)
 
+    async def read_available(
+        self, max_messages: int, timeout_millis: int | None = None
+    ) -> list[Message]:
+        """The next messages, up to ``max_messages``: waits (at most ``timeout_millis``, then
+        :class:`ReceiveTimeoutError`) only for the first, then takes what is queued with it.
+        For bulk readers: whole runs leave the queue at once, where :meth:`read_next` costs a
+        call per message."""
+        first = await self._consumer.receive(timeout_millis)
+        if max_messages <= 1:
+            return [first]
+        rest = await self._consumer.batch_receive(max_messages - 1, timeout_millis=0)
+        return [first, *rest]
+
     def __aiter__(self) -> Reader:
         return self
 

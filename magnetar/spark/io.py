@@ -256,15 +256,17 @@ async def _read_chunks(
         timeout_ms = int(options.read_timeout_s * 1000)
         while expected < r.end:
             rows: list[R] = []
-            while expected < r.end and len(rows) < READ_CHUNK:
-                try:
-                    message = await reader.read_next(timeout_millis=timeout_ms)
-                except ReceiveTimeoutError:
-                    raise OperationTimeoutError(
-                        f"reading {r.partition_topic}: no message at offset {expected} within"
-                        f" {options.read_timeout_s:g} s (the range ends at {r.end}); is the"
-                        " broker reachable? (option readTimeoutMs)"
-                    ) from None
+            try:
+                messages = await reader.read_available(
+                    min(READ_CHUNK, r.end - expected), timeout_millis=timeout_ms
+                )
+            except ReceiveTimeoutError:
+                raise OperationTimeoutError(
+                    f"reading {r.partition_topic}: no message at offset {expected} within"
+                    f" {options.read_timeout_s:g} s (the range ends at {r.end}); is the"
+                    " broker reachable? (option readTimeoutMs)"
+                ) from None
+            for message in messages:
                 offset = message.offset()
                 if offset < expected:
                     continue  # before the range (a message of a batch that starts earlier)

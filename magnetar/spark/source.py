@@ -222,7 +222,10 @@ def _arrow_batches(r: OffsetRange, options: ReadOptions) -> Iterator[pa.RecordBa
                 pa.array(values, schema.field("value").type),
                 _times(published, zero_is_null=False),
                 _times(events, zero_is_null=True),
-                pa.array([list(p.items()) for p in properties], schema.field("properties").type),
+                pa.array(
+                    [list(p.items()) if p else [] for p in properties],
+                    schema.field("properties").type,
+                ),
                 pa.array(producers, pa.string()),
             ],
             schema=schema,

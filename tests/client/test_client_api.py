@@ -603,3 +603,24 @@ async def test_a_named_producer_numbers_from_its_initial_sequence_id_and_learns_
         sync_producer = sync_client.create_producer(topic, "numbered")
         assert sync_producer.last_sequence_id == 103
         sync_producer.close()
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_reader_takes_what_is_available_in_bulk(target: Target):
+    topic = unique("bulk")
+    async with magnetar.aio.Client(target.service_url) as client:
+        async with await client.create_producer(topic) as producer:
+            await asyncio.gather(*(producer.send_async(f"b{i}".encode()) for i in range(10)))
+        async with await client.create_reader(topic, "earliest") as reader:
+            got: list[bytes] = []
+            while len(got) < 10:
+                taken = await reader.read_available(4, timeout_millis=10_000)
+                assert 1 <= len(taken) <= 4
+                got += [m.data() for m in taken]
+            assert got == [f"b{i}".encode() for i in range(10)]
+            with pytest.raises(ReceiveTimeoutError):
+                await reader.read_available(4, timeout_millis=100)
+    with magnetar.Client(target.service_url) as sync_client:
+        sync_reader = sync_client.create_reader(topic, "earliest")
+        assert sync_reader.read_available(1, timeout_millis=10_000)[0].data() == b"b0"
+        sync_reader.close()
