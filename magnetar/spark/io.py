@@ -43,7 +43,6 @@ __all__ = [
     "write_rows",
 ]
 
-T = TypeVar("T")
 R = TypeVar("R")
 
 READ_CHUNK = 2_000
