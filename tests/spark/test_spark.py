@@ -127,7 +127,9 @@ async def test_a_batch_read_returns_every_message_with_its_columns(
     spark: SparkSession, node: StandaloneNode
 ) -> None:
     topic = unique("batch")
+    produced_from = time.time()
     await produce(node.service_url, topic, 100_000, partitions=4)
+    produced_to = time.time()
     df = read(spark, node.service_url, topic=topic)
     rows = await spark_call(df.collect)
     assert len(rows) == 100_000
@@ -141,7 +143,8 @@ async def test_a_batch_read_returns_every_message_with_its_columns(
         assert r["key"] == f"k{i % 100}"
         assert r["partition"] == key_partition(r["key"], 4)
         assert r["event_time"].timestamp() * 1000 == pytest.approx(EVENT_TIME_BASE + i)
-        assert r["publish_time"] is not None
+        # the broker's clock, while the messages were being produced
+        assert produced_from - 1 <= r["publish_time"].timestamp() <= produced_to + 1
         assert r["producer_name"]
         offsets.setdefault(r["partition"], []).append(r["offset"])
         ids.add(r["message_id"])
