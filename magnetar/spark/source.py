@@ -138,17 +138,18 @@ class _RowBuilder:
                 return data
 
         def row(message: Message) -> tuple[Any, ...]:
+            offset, message_id, key, data, published, event, properties, producer = _fields(message)
             return (
                 topic,
                 partition,
-                message.offset(),
-                str(message.message_id()),
-                message.partition_key(),
-                decode(message.data()),
-                _time(message.publish_timestamp()),
-                _time(message.event_timestamp()),
-                message.properties(),
-                message.producer_name(),
+                offset,
+                message_id,
+                key,
+                decode(data),
+                _time(published),
+                _time(event),
+                properties,
+                producer,
             )
 
         return row
@@ -292,6 +293,8 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.options = options
         self.value_type = value_type
         self._target: dict[str, int] | None = None
+        self._latest: dict[str, int] | None = None
+        """The partitions' ends as the last :meth:`latestOffset` found them."""
         """With Trigger.AvailableNow: where the query stops (the end when it started)."""
 
     def _now(self) -> tuple[list[io.PartitionOffsets], dict[str, int]]:
@@ -312,10 +315,13 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = latest
 
     def reportLatestOffset(self) -> dict[str, int] | None:
-        return self._now()[1]
+        # what the last latestOffset saw: asking the brokers again would add a round trip a
+        # trigger for a status figure
+        return self._latest
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         found, latest = self._now()
+        self._latest = latest
         if self._target is not None:
             latest = {k: min(v, self._target[k]) for k, v in latest.items() if k in self._target}
         # a partition the start does not know (added while the query ran) is read from its
