@@ -534,22 +534,26 @@ async def test_data_the_checkpoint_needed_is_gone_fail_or_skip(
 
             await spark_call(lambda: run_once("true"))
             assert await spark_call(written) == list(range(20))
-            # the query is stopped; 30 more are written and, once no subscription holds them,
+            # the query is stopped; more are written and, once no subscription holds them,
             # every ledger but the last is trimmed, including messages the checkpoint has not read
             for i in range(30):
                 await producer.send(f"b{i}".encode())
-            await producer.close()
             async with AdminClient(url) as admin:
                 await admin.delete_subscription(topic, "hold")
+            # 3 more start a new ledger: every full one before it (offsets 0..49) is trimmed,
+            # and the trimming is over once the earliest offset is 50 (a fixed point to test
+            # against, where waiting for "past 20" raced with the trimming still going on)
+            for i in range(3):
+                await producer.send(f"c{i}".encode())
+            await producer.close()
             options = _read_options(url, topic)
             async with asyncio.timeout(30):
-                while (await asyncio.to_thread(io.discover, options))[0].earliest <= 20:
+                while (await asyncio.to_thread(io.discover, options))[0].earliest < 50:
                     await asyncio.sleep(0.2)
-            earliest = (await asyncio.to_thread(io.discover, options))[0].earliest
         with pytest.raises(Exception, match="failOnDataLoss"):
             await spark_call(lambda: run_once("true"))
         await spark_call(lambda: run_once("false"))
-        expected = list(range(20)) + list(range(earliest, 50))
+        expected = [*range(20), 50, 51, 52]
         assert await spark_call(written) == expected, "skipped what was gone, read the rest"
 
 
