@@ -48,7 +48,7 @@ want="$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "bootstrap: installing Magnetar and its dev tools into .venv"
   .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,spark]"
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,spark,helm]"
   echo "$want" > "$stamp"
 fi
 

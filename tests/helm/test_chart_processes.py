@@ -1,0 +1,154 @@
+"""The chart's containers, started as Kubernetes would start them (the rendered args, config file
+and environment) against a real etcd: the init Job's command succeeds (twice), and every probe
+gets SERVING from the port and service it names."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from magnetar.testing.etcd import EtcdServer, free_port
+from tests.helm.chart import NAMESPACE, RELEASE, container_env, render
+
+pytestmark = pytest.mark.etcd
+
+MAGNETAR = [sys.executable, "-m", "magnetar.cli"]
+SERVING = health_pb2.HealthCheckResponse.SERVING
+
+
+async def run(args: list[str], env: dict[str, str]) -> tuple[int, str]:
+    process = await asyncio.create_subprocess_exec(
+        *MAGNETAR, *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    out, _ = await asyncio.wait_for(process.communicate(), 60)
+    return process.returncode or 0, out.decode()
+
+
+async def health(port: int, service: str, timeout_s: float = 30) -> int:
+    """The status the probe would see, waiting (as the startup probe does) for the port."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            try:
+                reply = await stub.Check(  # type: ignore[attr-defined]
+                    health_pb2.HealthCheckRequest(service=service), timeout=2
+                )
+                if reply.status == SERVING or asyncio.get_running_loop().time() > deadline:
+                    return int(reply.status)
+            except grpc.aio.AioRpcError:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+            await asyncio.sleep(0.2)
+
+
+def http_get(port: int, path: str) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
+        return int(reply.status)
+
+
+async def test_the_chart_s_processes_answer_its_probes(tmp_path: Path) -> None:
+    ports = {name: free_port() for name in ("broker", "broker_http", "bookie", "bookie_http")}
+    rendered = render(
+        {
+            "broker": {
+                "ports": {"grpc": ports["broker"], "http": ports["broker_http"]},
+                "config": {"ledger": {"ensemble_size": 1, "write_quorum": 1, "ack_quorum": 1}},
+            },
+            "bookie": {
+                "replicaCount": 1,
+                "ports": {"grpc": ports["bookie"], "http": ports["bookie_http"]},
+            },
+        }
+    )
+    processes: list[asyncio.subprocess.Process] = []
+    logs: list[Any] = []
+    async with EtcdServer(data_dir=tmp_path / "etcd", name="chart") as etcd:
+        # What differs from a pod: the metadata URL (this etcd, not the in-cluster names), the
+        # bookie's data directory (no volume here) and the advertised host (no pod DNS).
+        overrides = {"MAGNETAR_METADATA": etcd.url, "MAGNETAR_ADVERTISED_HOST": "127.0.0.1"}
+        base_env = {k: v for k, v in os.environ.items() if not k.startswith("MAGNETAR_")}
+
+        job = rendered.get("Job", f"{RELEASE}-magnetar-init")["spec"]["template"]["spec"]
+        args = list(job["containers"][0]["args"])
+        args[args.index("--metadata") + 1] = etcd.url
+        env = {**base_env, **container_env(job["containers"][0], {})}
+        for attempt in ("first", "again"):
+            code, out = await run(args, env)
+            assert code == 0, f"init job ({attempt}): {out}"
+        code, out = await run(["cluster", "info", "--metadata", etcd.url], env)
+        assert code == 0, out
+        assert RELEASE in out
+
+        try:
+            started: list[tuple[str, dict[str, Any]]] = []
+            for kind, name, component in (
+                ("StatefulSet", f"{RELEASE}-magnetar-bookie", "bookie"),
+                ("Deployment", f"{RELEASE}-magnetar-broker", "broker"),
+                ("Deployment", f"{RELEASE}-magnetar-autorecovery", "autorecovery"),
+            ):
+                container = rendered.container(kind, name)
+                config_map = rendered.get("ConfigMap", name)
+                config_file = tmp_path / f"{component}.toml"
+                config_file.write_text(config_map["data"][f"{component}.toml"])
+                args = list(container["args"])
+                args[args.index("--config") + 1] = str(config_file)
+                pod = {
+                    "metadata.name": f"{name}-0",
+                    "metadata.namespace": NAMESPACE,
+                    "status.podIP": "127.0.0.1",
+                }
+                env = {**base_env, **container_env(container, pod), **overrides}
+                if component == "bookie":
+                    env["MAGNETAR_DATA_DIR"] = str(tmp_path / "bookie-data")
+                log = (tmp_path / f"{component}.log").open("wb")
+                logs.append(log)
+                processes.append(
+                    await asyncio.create_subprocess_exec(
+                        *MAGNETAR, *args, env=env, stdout=log, stderr=log
+                    )
+                )
+                started.append((component, container))
+
+            for component, container in started:
+                for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+                    if probe not in container:
+                        continue
+                    spec = container[probe]["grpc"]
+                    status = await health(spec["port"], spec.get("service", ""))
+                    assert status == SERVING, f"{component} {probe}: {status}"
+                http_port = next(
+                    (p["containerPort"] for p in container.get("ports", []) if p["name"] == "http"),
+                    None,
+                )
+                if http_port is not None:
+                    assert await asyncio.to_thread(http_get, http_port, "/metrics") == 200
+            # the broker came up under its pod name; autorecovery is still running
+            code, out = await run(
+                ["cluster", "brokers", "--service-url", f"magnetar://127.0.0.1:{ports['broker']}"],
+                base_env,
+            )
+            assert f"{RELEASE}-magnetar-broker-0" in out, out
+            assert all(p.returncode is None for p in processes), [
+                (tmp_path / f"{c}.log").read_text()[-2000:] for c, _ in started
+            ]
+        finally:
+            for process in processes:
+                if process.returncode is None:
+                    process.terminate()
+            for process in processes:
+                try:
+                    await asyncio.wait_for(process.wait(), 30)
+                except TimeoutError:
+                    process.kill()
+                    await process.wait()
+            for log in logs:
+                log.close()
