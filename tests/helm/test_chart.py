@@ -246,8 +246,8 @@ def replicas(rendered: Any) -> tuple[int | None, int]:
 
 
 def test_broker_and_bookie_replica_counts_change_independently() -> None:
-    assert replicas(render()) == (2, 3)
-    assert replicas(render({"broker": {"replicaCount": 7}})) == (7, 3)
+    assert replicas(render()) == (2, 4)
+    assert replicas(render({"broker": {"replicaCount": 7}})) == (7, 4)
     assert replicas(render({"bookie": {"replicaCount": 6}})) == (2, 6)
     assert replicas(render({"broker": {"replicaCount": 1}, "bookie": {"replicaCount": 9}})) == (
         1,
@@ -270,7 +270,7 @@ def test_broker_and_bookie_replica_counts_change_independently() -> None:
 
 def test_the_autoscaler_owns_the_broker_count_when_on() -> None:
     rendered = render({"broker": {"autoscaling": {"enabled": True, "minReplicas": 3}}})
-    assert replicas(rendered) == (None, 3)
+    assert replicas(rendered) == (None, 4)
     hpa = rendered.get("HorizontalPodAutoscaler", BROKER)
     assert hpa["spec"]["scaleTargetRef"] == {
         "apiVersion": "apps/v1",
