@@ -10,14 +10,17 @@ with :func:`error_from_code`. Codes are grouped by layer in blocks of 100.
     MagnetarError                         base: code, retriable, message, context
     ├── InternalError                     a bug or an unexpected state (1)
     ├── InvalidArgumentError              a request or flag was malformed (2)
-    │   └── InvalidConfigError            a configuration value broke its rule (9)
+    │   ├── InvalidConfigError            a configuration value broke its rule (9)
+    │   └── BookieStillRunningError       a bookie to decommission is still running (2*)
     ├── OperationTimeoutError             a deadline passed (3, retriable)
     ├── ServiceUnavailableError           a peer cannot be reached now (4, retriable)
     ├── ShuttingDownError                 the component is stopping (10, retriable)
     ├── MetadataError                     the metadata store (100)
     │   ├── BadVersionError               compare-and-swap lost: the key changed (101)
     │   ├── KeyExistsError                create-only put on an existing key (102)
+    │   │   └── ClusterNameConflictError  the store holds a cluster of another name (102*)
     │   ├── NoSuchKeyError                the key does not exist (103)
+    │   │   └── BookieNotFoundError       the cluster knows no bookie of that id (103*)
     │   ├── InvalidKeyError               a key or prefix broke the key rules (104)
     │   ├── ValueTooLargeError            a value is over the backend's limit (105)
     │   ├── MetadataUnavailableError      the store cannot be reached (106, retriable)
@@ -79,6 +82,9 @@ with :func:`error_from_code`. Codes are grouped by layer in blocks of 100.
         ├── ProducerClosedError           (605)
         ├── ConsumerClosedError           (606)
         └── InvalidServiceUrlError        (607)
+
+A code marked ``*`` is its parent's: errors of operator commands that never cross the wire
+subclass the error they refine without a code of their own, and travel (if ever) as their parent.
 
 The gRPC status used for unary calls is a coarse summary (``grpc_status``); the code in the detail
 is the truth. This module imports nothing outside the standard library so that every layer,
@@ -251,6 +257,12 @@ class InvalidConfigError(InvalidArgumentError):
     code = ErrorCode.INVALID_CONFIG
 
 
+class BookieStillRunningError(InvalidArgumentError):
+    """A bookie named for decommissioning is registered as available: it must be stopped first."""
+
+    grpc_status = "FAILED_PRECONDITION"
+
+
 class OperationTimeoutError(MagnetarError):
     """A deadline passed before the operation completed."""
 
@@ -298,11 +310,19 @@ class KeyExistsError(MetadataError):
     grpc_status = "ALREADY_EXISTS"
 
 
+class ClusterNameConflictError(KeyExistsError):
+    """``cluster init`` found the metadata store initialised for a cluster of another name."""
+
+
 class NoSuchKeyError(MetadataError):
     """The key does not exist."""
 
     code = ErrorCode.METADATA_NO_SUCH_KEY
     grpc_status = "NOT_FOUND"
+
+
+class BookieNotFoundError(NoSuchKeyError):
+    """The cluster has no bookie of that id (no cookie under ``/magnetar/bookies/cookies/``)."""
 
 
 class InvalidKeyError(MetadataError):
