@@ -131,8 +131,10 @@ async def establish_identity(
                 f" {previous.instance_id}), but its data directory {data_dir} is empty: it was"
                 " wiped or replaced. A bookie that lost its data must not rejoin under its old"
                 " identity, since it would claim replicas it no longer has. Decommission the old"
-                f" identity first (delete {layout.bookie_cookie(bookie_id)} once its ledgers are"
-                " re-replicated), or start this bookie with another --bookie-id.",
+                f" identity first with 'magnetar cluster decommission-bookie {bookie_id}' (it"
+                " waits until autorecovery has re-replicated the bookie's ledgers, then deletes"
+                f" its cookie {layout.bookie_cookie(bookie_id)}; this bookie may then start"
+                " under that id), or start this bookie with another --bookie-id.",
                 context={"bookie": bookie_id, "path": str(data_dir)},
             )
         identity = Identity(bookie_id, uuid.uuid4().hex)
