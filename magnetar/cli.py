@@ -15,6 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from magnetar import __version__
 from magnetar.cli_support import (
@@ -30,6 +31,9 @@ from magnetar.common.config import add_config_arguments, config_overrides_from_a
 from magnetar.common.errors import MagnetarError
 from magnetar.common.gc_tuning import tune_gc_for_throughput
 from magnetar.common.log import configure_logging
+
+if TYPE_CHECKING:
+    from metadata import MetadataStore
 
 NOT_BUILT: dict[str, str] = {}
 
@@ -49,8 +53,12 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-_METADATA_ONLY = frozenset({"under-replicated"})
+_OPERATIONS = frozenset({"init", "info", "decommission-bookie"})
+_METADATA_ONLY = frozenset({"under-replicated"}) | _OPERATIONS
 _ADMIN_ONLY = frozenset({"brokers", "ownership"})
+DEFAULT_INIT_WAIT_S = 120.0
+DEFAULT_DECOMMISSION_TIMEOUT_S = 3600.0
+_DECOMMISSION_REPORT_S = 10.0
 
 
 def _add_cluster_source(parser: argparse.ArgumentParser, name: str) -> None:
@@ -63,7 +71,7 @@ def _add_cluster_source(parser: argparse.ArgumentParser, name: str) -> None:
             "--metadata",
             default=None,
             required="MAGNETAR_METADATA" not in os.environ,
-            help="read the metadata store at this URL (env MAGNETAR_METADATA)",
+            help="the metadata store at this URL (env MAGNETAR_METADATA)",
         )
         return
     source = parser.add_mutually_exclusive_group()
@@ -160,9 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     cluster = commands.add_parser(
         "cluster",
-        help="brokers, bookies, ownership, ledgers, under-replicated ledgers",
+        help="brokers, bookies, ownership, ledgers, under-replicated ledgers; init, info,"
+        " decommission-bookie",
         description="Inspect the cluster, through a broker (--service-url) or by reading the"
-        " metadata store directly (--metadata).",
+        " metadata store directly (--metadata); initialise it (init) and retire bookies"
+        " (decommission-bookie) in the metadata store.",
     )
     cluster_commands = cluster.add_subparsers(dest="cluster_command", metavar="WHAT", required=True)
     for name, summary in (
@@ -184,6 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "ownership":
             sub.add_argument("--broker", metavar="BROKER_ID", help="only this broker's partitions")
 
+    _add_cluster_operations(cluster_commands)
+
     from magnetar.cli_client import add_client_commands  # noqa: PLC0415
     from magnetar.perf import add_perf_command  # noqa: PLC0415
 
@@ -195,6 +207,98 @@ def build_parser() -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=summary, description=summary)
         sub.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return parser
+
+
+def _seconds_at_least_zero(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}")
+    return value
+
+
+def _cluster_name(text: str) -> str:
+    from magnetar.common.errors import InvalidArgumentError  # noqa: PLC0415
+    from metadata.cluster_info import check_cluster_name  # noqa: PLC0415
+
+    try:
+        return check_cluster_name(text)
+    except InvalidArgumentError as e:
+        raise argparse.ArgumentTypeError(e.message) from None
+
+
+def _add_cluster_operations(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``cluster init``, ``cluster info`` and ``cluster decommission-bookie``: they act on the
+    metadata store itself (``--metadata``), never through a broker."""
+    from magnetar.cli_client import positive_seconds  # noqa: PLC0415
+
+    summary = (
+        "initialise a new cluster's metadata (once; repeating it with the same name is a no-op)"
+    )
+    init = commands.add_parser(
+        "init",
+        help=summary,
+        description="Write the cluster's record (its name and metadata format) at"
+        " /magnetar/cluster, create-only. Run it once before the first bookie and broker"
+        " start. Run again with the same name it says the cluster is already initialised and"
+        " exits 0; with another name it fails. It keeps trying to reach the metadata store for"
+        " --wait-s seconds, so it may start before etcd is up.",
+    )
+    _add_cluster_source(init, "init")
+    init.add_argument(
+        "--cluster-name",
+        type=_cluster_name,
+        default=os.environ.get("MAGNETAR_CLUSTER_NAME"),
+        required="MAGNETAR_CLUSTER_NAME" not in os.environ,
+        metavar="NAME",
+        help="the cluster's name: 1-63 letters, digits, '.', '_' or '-', starting with a letter"
+        " or digit (env MAGNETAR_CLUSTER_NAME)",
+    )
+    init.add_argument(
+        "--wait-s",
+        type=_seconds_at_least_zero,
+        default=DEFAULT_INIT_WAIT_S,
+        metavar="S",
+        help="keep trying to reach the metadata store for this long before failing (default"
+        f" {DEFAULT_INIT_WAIT_S:g}; 0: try once)",
+    )
+
+    summary = "the cluster's name, metadata format version and creation time"
+    info = commands.add_parser("info", help=summary, description=summary)
+    _add_cluster_source(info, "info")
+    info.add_argument("--json", action="store_true", help="one JSON object instead of a table")
+
+    summary = "retire a stopped bookie for good, once no ledger needs it (frees its id)"
+    decommission = commands.add_parser(
+        "decommission-bookie",
+        help=summary,
+        description="Retire a bookie that is stopped for good (like BookKeeper's"
+        " decommissionbookie). Refuses a bookie the cluster does not know or that is still"
+        " running. Waits until no ledger's ensembles name the bookie any more (autorecovery"
+        " re-replicates the ledgers of a lost bookie), printing how many still do, then deletes"
+        " its cookie so a new bookie with an empty data directory may take the id.",
+    )
+    decommission.add_argument("bookie_id", metavar="BOOKIE_ID")
+    _add_cluster_source(decommission, "decommission-bookie")
+    decommission.add_argument(
+        "--timeout-s",
+        type=positive_seconds,
+        default=DEFAULT_DECOMMISSION_TIMEOUT_S,
+        metavar="S",
+        help="give up (exit 1, cookie kept) if ledgers still reference the bookie after this"
+        f" long (default {DEFAULT_DECOMMISSION_TIMEOUT_S:g})",
+    )
+    decommission.add_argument(
+        "--poll-interval-s",
+        type=positive_seconds,
+        default=2.0,
+        metavar="S",
+        help="how often to look at the ledgers (default 2)",
+    )
+    for sub in (init, info, decommission):
+        sub.set_defaults(cluster_parser=sub)
 
 
 def _add_verify_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -351,8 +455,14 @@ async def _cluster(args: argparse.Namespace) -> int:
     from proto.format.v1 import cluster_pb2  # noqa: PLC0415
 
     configure_logging(mode="console", level="warning", stream=sys.stderr)
+    if args.cluster_command == "init":
+        return await _cluster_init(args)
     store = await open_store(args.metadata)
     try:
+        if args.cluster_command == "info":
+            return await _cluster_info(store, as_json=args.json)
+        if args.cluster_command == "decommission-bookie":
+            return await _decommission_bookie(store, args)
         rows: list[dict[str, object]]
         columns: list[str]
         if args.cluster_command == "bookies":
@@ -416,6 +526,93 @@ async def _cluster(args: argparse.Namespace) -> int:
         print(json.dumps(rows))
     else:
         print(table(rows, columns))
+    return EXIT_OK
+
+
+def _iso_time(ms: int) -> str:
+    from datetime import UTC, datetime  # noqa: PLC0415
+
+    text = datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="seconds")
+    return text.replace("+00:00", "Z")
+
+
+async def _cluster_init(args: argparse.Namespace) -> int:
+    from metadata.cluster_info import initialize_cluster_waiting  # noqa: PLC0415
+
+    def waiting(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    result = await initialize_cluster_waiting(
+        args.metadata, args.cluster_name, wait_s=args.wait_s, on_wait=waiting
+    )
+    info = result.info
+    if result.created:
+        print(
+            f"initialised cluster {info.cluster_name} (metadata format {info.format_version})"
+            f" in {args.metadata}"
+        )
+    else:
+        print(
+            f"cluster {info.cluster_name} is already initialised (since"
+            f" {_iso_time(info.created_ms)}, metadata format {info.format_version}); nothing to do"
+        )
+    return EXIT_OK
+
+
+async def _cluster_info(store: MetadataStore, *, as_json: bool) -> int:
+    from metadata import layout  # noqa: PLC0415
+    from metadata.cluster_info import read_cluster_info  # noqa: PLC0415
+
+    info = await read_cluster_info(store)
+    if info is None:
+        print(
+            f"magnetar cluster: the cluster is not initialised ({store.description} has no"
+            f" {layout.CLUSTER}); run: magnetar cluster init --cluster-name NAME",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    row: dict[str, object] = {
+        "cluster_name": info.cluster_name,
+        "format_version": info.format_version,
+        "created": _iso_time(info.created_ms),
+        "created_ms": info.created_ms,
+    }
+    if as_json:
+        print(json.dumps(row))
+    else:
+        print(table([row], ["cluster_name", "format_version", "created"]))
+    return EXIT_OK
+
+
+async def _decommission_bookie(store: MetadataStore, args: argparse.Namespace) -> int:
+    from bookie.decommission import (  # noqa: PLC0415
+        DecommissionProgress,
+        decommission_bookie,
+        describe_progress,
+    )
+
+    shown: tuple[int, float] | None = None  # (ledger count, elapsed_s) last printed
+
+    def progress(now: DecommissionProgress) -> None:
+        nonlocal shown
+        count = len(now.ledgers)
+        if shown is None or shown[0] != count or now.elapsed_s - shown[1] >= _DECOMMISSION_REPORT_S:
+            print(f"waiting: {describe_progress(now)}", file=sys.stderr, flush=True)
+            shown = (count, now.elapsed_s)
+
+    result = await decommission_bookie(
+        store,
+        args.bookie_id,
+        timeout_s=args.timeout_s,
+        poll_interval_s=args.poll_interval_s,
+        on_progress=progress,
+    )
+    print(
+        f"decommissioned bookie {result.bookie_id}: no ledger references it"
+        f" ({result.ledgers_at_start} did when this started; waited {result.waited_s:.0f} s)"
+        f" and its cookie is deleted, so a bookie with an empty data directory may now start"
+        f" as {result.bookie_id}"
+    )
     return EXIT_OK
 
 
