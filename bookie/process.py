@@ -5,6 +5,13 @@ the test kit run several in one process, sharing one metadata store. Start-up or
 (refuse a foreign or wiped directory before touching it), storage (recovery), the servers, and
 registration last: a bookie is announced only once it can serve. Shutdown runs the other way, so
 clients stop choosing the bookie before it stops answering.
+
+Health, for Kubernetes probes (the contract is :mod:`magnetar.common.health`'s), on the gRPC
+port: service ``""`` (:data:`READINESS_SERVICE`) is SERVING only while the bookie is registered
+under a live metadata session and is not stopping; it drops when the session is lost or a stop
+begins and comes back once the bookie has registered again. :data:`LIVENESS_SERVICE` is SERVING
+from the end of start-up until a stop begins, whatever etcd does. HTTP ``/health`` answers 200
+exactly when ``""`` is SERVING, 503 otherwise.
 """
 
 from __future__ import annotations
@@ -17,7 +24,6 @@ from pathlib import Path
 import grpc
 import grpc.aio
 import structlog
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from bookie.autorecovery import Autorecovery, AutorecoveryConfig
 from bookie.grpc.servicer import BookieServicer
@@ -27,6 +33,8 @@ from bookie.service.metrics import BookieMetrics
 from bookie.service.registration import Registration, establish_identity
 from bookie.storage.engine import StorageEngine
 from magnetar.common.errors import InvalidConfigError
+from magnetar.common.health import READINESS_SERVICE as _READINESS
+from magnetar.common.health import ProcessHealth
 from magnetar.common.serving import grpc_server_options, listen, run_until_signalled
 from magnetar.common.status_http import Response, StatusServer
 from metadata import MetadataStore, open_store
@@ -35,6 +43,10 @@ from proto.bookie.v1 import bookie_pb2_grpc
 log = structlog.get_logger("magnetar.bookie.process")
 
 SERVICE_NAME = "magnetar.bookie.v1.BookieService"
+READINESS_SERVICE = _READINESS
+"""gRPC health service name for readiness probes (the overall service, ``""``)."""
+LIVENESS_SERVICE = SERVICE_NAME
+"""gRPC health service name for liveness and startup probes: SERVING while the process runs."""
 GRPC_OPTIONS = grpc_server_options(256 * 1024 * 1024)
 
 
@@ -48,9 +60,9 @@ class BookieProcess:
         self.store: MetadataStore
         self._owns_store = False
         self._server: grpc.aio.Server
-        self._health: health.aio.HealthServicer
+        self._health: ProcessHealth
         self._http: StatusServer
-        self._registration: Registration
+        self._registration: Registration | None = None
         self._autorecovery: Autorecovery | None = None
         self.port = 0
         self.http_port = 0
@@ -97,8 +109,9 @@ class BookieProcess:
             BookieServicer(self.bookie, max_inflight_bytes=config.max_inflight_bytes_per_stream),
             self._server,
         )
-        self._health = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        self._health = await ProcessHealth.serve(
+            self._server, (LIVENESS_SERVICE,), bookie=identity.bookie_id
+        )
         try:
             self.port = listen(self._server, config.bind_host, config.port)
         except InvalidConfigError:
@@ -114,8 +127,6 @@ class BookieProcess:
         )
         self.http_port = await self._http.start()
         await self._server.start()
-        for service in ("", SERVICE_NAME):
-            await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         self.bookie.start()
         self._registration = Registration(
             self.store,
@@ -126,12 +137,14 @@ class BookieProcess:
             refresh_s=config.registration_refresh_s,
         )
         self.bookie.on_state_change(self._registration.changed)
+        self._registration.on_registered_change(self._health.changed)
         await self._registration.start()
         if config.autorecovery:
             self._autorecovery = await Autorecovery(
                 self.store,
                 AutorecoveryConfig(metadata=config.metadata, name=f"bookie:{identity.bookie_id}"),
             ).start()
+        await self._health.started(self._ready)
         log.info(
             "bookie_started",
             bookie=identity.bookie_id,
@@ -148,7 +161,17 @@ class BookieProcess:
     def _metrics(self) -> Response:
         return Response(200, self.bookie.metrics.render(), "text/plain; version=0.0.4")
 
+    def _ready(self) -> bool:
+        registration = self._registration
+        return not self._stopped.is_set() and registration is not None and registration.registered
+
     def _health_check(self) -> Response:
+        if self._registration is None:
+            return Response(503, b"starting\n")
+        if self._stopped.is_set():
+            return Response(503, b"stopping\n")
+        if not self._ready():
+            return Response(503, b"not registered: no metadata session\n")
         state = "read-only" if self.bookie.read_only else "writable"
         return Response(200, f"ok {state}\n".encode())
 
@@ -157,12 +180,14 @@ class BookieProcess:
         if self._stopped.is_set():
             return
         self._stopped.set()
+        # unready before leaving the cluster, so nothing new is sent to a bookie on its way out
         with contextlib.suppress(Exception):
-            await self._health.enter_graceful_shutdown()
+            await self._health.stop()
         if self._autorecovery is not None:
             await self._autorecovery.close()
-        with contextlib.suppress(Exception):
-            await self._registration.close()
+        if self._registration is not None:
+            with contextlib.suppress(Exception):
+                await self._registration.close()
         await self._server.stop(grace_s)
         await self._http.stop()
         await self.bookie.stop()

@@ -3,6 +3,14 @@
 ``magnetar broker`` runs one :class:`BrokerProcess`; ``magnetar standalone`` and tests may run
 one in-process with a shared metadata store. SIGTERM hands every partition over to other
 brokers before the process exits.
+
+Health, for Kubernetes probes (the contract is :mod:`magnetar.common.health`'s), on the gRPC
+port: service ``""`` (:data:`READINESS_SERVICE`) is SERVING only while the broker holds a live
+metadata session and is not stopping; it drops the moment the session is lost or a stop begins,
+before any partition is handed over, and comes back when the broker has a new session. The
+broker's service names (:data:`LIVENESS_SERVICE` and the admin service) are SERVING from the end
+of start-up until a stop begins, whatever etcd does. HTTP ``/health`` answers 200 exactly when
+``""`` is SERVING, 503 otherwise.
 """
 
 from __future__ import annotations
@@ -14,7 +22,6 @@ import socket
 import grpc
 import grpc.aio
 import structlog
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from bookie.client.ledger_client import LedgerClient
 from broker.grpc.admin import AdminServicer
@@ -23,6 +30,8 @@ from broker.service.broker import Broker
 from broker.service.config import BrokerConfig
 from broker.service.metrics import BrokerMetrics
 from magnetar import __version__
+from magnetar.common.health import READINESS_SERVICE as _READINESS
+from magnetar.common.health import ProcessHealth
 from magnetar.common.serving import grpc_server_options, listen, run_until_signalled
 from magnetar.common.status_http import Response, StatusServer
 from metadata import MetadataStore, open_store
@@ -31,7 +40,12 @@ from proto.broker.v1 import broker_pb2_grpc
 
 log = structlog.get_logger("magnetar.broker.process")
 
-SERVICE_NAMES = ("magnetar.broker.v1.BrokerService", "magnetar.admin.v1.AdminService")
+READINESS_SERVICE = _READINESS
+"""gRPC health service name for readiness probes (the overall service, ``""``)."""
+LIVENESS_SERVICE = "magnetar.broker.v1.BrokerService"
+"""gRPC health service name for liveness and startup probes: SERVING while the process runs."""
+SERVICE_NAMES = (LIVENESS_SERVICE, "magnetar.admin.v1.AdminService")
+"""The broker's gRPC services; each is a liveness name on the health service."""
 GRPC_OPTIONS = grpc_server_options(64 * 1024 * 1024)
 
 
@@ -45,12 +59,13 @@ class BrokerProcess:
         self.ledger_client: LedgerClient
         self._owns_store = False
         self._server: grpc.aio.Server
-        self._health: health.aio.HealthServicer
+        self._health: ProcessHealth
         self._http: StatusServer
         self._admin: AdminServicer
         self.port = 0
         self.http_port = 0
         self.address = ""
+        self._started = False
         self._stopped = asyncio.Event()
 
     @classmethod
@@ -102,12 +117,12 @@ class BrokerProcess:
         )
         self._admin = AdminServicer(self.broker)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(self._admin, self._server)
-        self._health = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        self._health = await ProcessHealth.serve(self._server, SERVICE_NAMES, broker=broker_id)
         await self._server.start()
         await self.broker.start()
-        for service in ("", *SERVICE_NAMES):
-            await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        self._started = True
+        self.broker.on_serving_change(self._health.changed)
+        await self._health.started(self._ready)
         log.info("broker_serving", broker=broker_id, address=self.address, http_port=self.http_port)
 
     @property
@@ -117,9 +132,15 @@ class BrokerProcess:
     def _metrics(self) -> Response:
         return Response(200, self.metrics.render(), "text/plain; version=0.0.4")
 
+    def _ready(self) -> bool:
+        return self._started and not self._stopped.is_set() and self.broker.serving
+
     def _health_check(self) -> Response:
-        session = self.broker.session
-        if session is None or not session.alive:
+        if not self._started:
+            return Response(503, b"starting\n")
+        if self._stopped.is_set():
+            return Response(503, b"stopping\n")
+        if not self._ready():
             return Response(503, b"no metadata session\n")
         return Response(200, f"ok {len(self.broker.topics.topics)} partitions\n".encode())
 
@@ -128,8 +149,9 @@ class BrokerProcess:
         if self._stopped.is_set():
             return
         self._stopped.set()
+        # unready before anything else, so clients stop coming while the partitions move
         with contextlib.suppress(Exception):
-            await self._health.enter_graceful_shutdown()
+            await self._health.stop()
         if graceful:
             await self.broker.shutdown()
         else:

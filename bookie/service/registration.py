@@ -16,6 +16,9 @@ refuses to join, with a message saying what happened and what to do, when:
 **Registration.** While it runs, the bookie publishes its address, state and disk figures at
 ``/magnetar/bookies/available/<bookie_id>``, bound to its session's lease. So it vanishes from
 placement when the process dies, and it is refreshed periodically and on every state change.
+When the session is lost the bookie keeps serving and registers again under a new one;
+:attr:`Registration.registered` says whether it is in the list now (the process reports it as
+readiness).
 """
 
 from __future__ import annotations
@@ -225,6 +228,8 @@ class Registration:
         self._ttl_s = ttl_s
         self._refresh_s = refresh_s
         self._session: Session | None = None
+        self._registered_under: Session | None = None
+        self._listeners: list[Callable[[], None]] = []
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -236,17 +241,39 @@ class Registration:
         """Publish again now (the state or the disk figures changed)."""
         self._changed.set()
 
+    @property
+    def registered(self) -> bool:
+        """Whether the bookie is in the list of available bookies now: its record was written
+        under the current session, and that session is alive."""
+        session = self._session
+        return session is not None and session.alive and self._registered_under is session
+
+    def on_registered_change(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` (synchronously, in the event loop) whenever :attr:`registered` may
+        have changed: the session lost, the record written under a new one, the bookie left."""
+        self._listeners.append(listener)
+
+    def _registered_changed(self) -> None:
+        for listener in self._listeners:
+            try:
+                listener()
+            except Exception:
+                log.exception("registration_listener_failed", bookie=self.identity.bookie_id)
+
     async def _register(self) -> None:
         if self._session is None or not self._session.alive:
             self._session = await Session.start(
                 self.store, ttl_s=self._ttl_s, name=f"bookie:{self.identity.bookie_id}"
             )
+            self._session.on_lost(lambda _: self._registered_changed())
+        session = self._session
         record = registration_record(self._status(), self.identity, self._http_address)
         await self.store.put(
-            layout.bookie_available(self.identity.bookie_id),
-            record,
-            lease_id=self._session.lease_id,
+            layout.bookie_available(self.identity.bookie_id), record, lease_id=session.lease_id
         )
+        if self._registered_under is not session:
+            self._registered_under = session
+            self._registered_changed()
 
     async def _keep_current(self) -> None:
         while True:
@@ -276,3 +303,4 @@ class Registration:
                 await self._task
         if self._session is not None:
             await self._session.close()
+        self._registered_changed()

@@ -5,14 +5,15 @@ A broker holds no data. It registers under a session lease, answers lookups for 
 partitions it owns through :class:`TopicManager`, and publishes its load. When its session is
 lost it drops every partition at once (another broker may own them already) and starts a new
 session. A graceful shutdown hands each partition to the least-loaded other broker before
-exiting.
+exiting. :attr:`Broker.serving` says whether it can take clients now (a live session, not
+stopping); the process reports it as readiness.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,9 +140,28 @@ class Broker:
         self.sessions_lost = 0
         self._stopping = False
         self._tasks: set[asyncio.Task[object]] = set()
+        self._serving_listeners: list[Callable[[], None]] = []
         self.ready = asyncio.Event()
 
     # --- life cycle -------------------------------------------------------------------------------
+
+    @property
+    def serving(self) -> bool:
+        """Whether this broker can take clients now: it holds a live metadata session (without
+        one it owns nothing) and is not stopping."""
+        return not self._stopping and self.session is not None and self.session.alive
+
+    def on_serving_change(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` (synchronously, in the event loop) whenever :attr:`serving` may
+        have changed: a session lost or restored, a stop begun."""
+        self._serving_listeners.append(listener)
+
+    def _serving_changed(self) -> None:
+        for listener in self._serving_listeners:
+            try:
+                listener()
+            except Exception:
+                log.exception("serving_listener_failed", broker=self.broker_id)
 
     async def start(self) -> None:
         await self._new_session()
@@ -175,7 +195,13 @@ class Broker:
         self.load_manager.start(session)
         with contextlib.suppress(MagnetarError):
             await self.load_manager.publish(session)
-        session.on_lost(lambda error: self._spawn(self._session_lost(session, error)))
+        session.on_lost(lambda error: self._lost(session, error))
+        self._serving_changed()
+
+    def _lost(self, session: Session, error: SessionLostError) -> None:
+        # told at once, not from the task: readiness must drop before anything else happens
+        self._serving_changed()
+        self._spawn(self._session_lost(session, error))
 
     async def _register(
         self, session: Session, registration: cluster_pb2.BrokerRegistration
@@ -284,6 +310,7 @@ class Broker:
         if self._stopping:
             return
         self._stopping = True
+        self._serving_changed()
         self.topics.accepting = False
         log.info("broker_stopping", broker=self.broker_id, partitions=len(self.topics.topics))
         with contextlib.suppress(MetadataError):
@@ -323,6 +350,7 @@ class Broker:
 
     async def close(self) -> None:
         self._stopping = True
+        self._serving_changed()
         for task in list(self._tasks):
             task.cancel()
         await self.load_manager.stop()
