@@ -243,7 +243,9 @@ class Broker:
             TopicNotOwnedError(f"broker {self.broker_id} lost its metadata session")
         )
         delay = 0.2
+        revoked = False
         while not self._stopping:
+            revoked = revoked or await self._revoke_lost_lease(session)
             try:
                 await self._new_session()
             except MagnetarError as e:
@@ -253,6 +255,21 @@ class Broker:
             else:
                 log.info("broker_session_restored", broker=self.broker_id)
                 return
+
+    async def _revoke_lost_lease(self, session: Session) -> bool:
+        """Revoke a lost session's lease, in case the store still has it; True once done.
+
+        A lease the broker gave up on may live on: etcd grants every lease a fresh TTL when it
+        restarts. Its keys, this broker's registration and ownership locks, would then keep the
+        new session from registering, and other brokers from the partitions, for one more TTL.
+        Revoking it is safe: everything held under it was dropped already.
+        """
+        try:
+            await asyncio.wait_for(self.store.revoke_lease(session.lease_id), timeout=2.0)
+        except (MetadataError, TimeoutError) as e:
+            log.info("lost_lease_revoke_failed", lease=session.lease_id, error=str(e))
+            return False
+        return True
 
     def _spawn(self, coro: Coroutine[Any, Any, object]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
