@@ -19,6 +19,11 @@ repeats three steps:
 The records are the progress (``magnetar cluster under-replicated`` lists them), and they are
 what makes a restart mid-way safe. A new active instance picks the work up where it stopped;
 copies are idempotent, so redoing part of one costs time, not correctness.
+
+``magnetar autorecovery`` (:func:`run_autorecovery`) also serves ``/health`` and ``/metrics``
+over HTTP on ``http_port``, from what the instance already knows (:meth:`Autorecovery.health`,
+:mod:`bookie.autorecovery_metrics`): a probe or a scrape never reads the metadata store. An
+instance a bookie runs inside itself serves nothing of its own.
 """
 
 from __future__ import annotations
@@ -26,11 +31,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import structlog
 
+from bookie.autorecovery_metrics import AutorecoveryMetrics
 from bookie.client.config import LedgerClientConfig
 from bookie.client.ledger_client import LedgerClient
 from bookie.client.ledger_metadata import LedgerMetadata, write_set_indexes
@@ -39,6 +47,7 @@ from bookie.entries import AddEntry, entry_checksum
 from magnetar.common.config import config_error
 from magnetar.common.errors import (
     BadVersionError,
+    InvalidConfigError,
     LedgerError,
     LedgerNotFoundError,
     MagnetarError,
@@ -47,7 +56,9 @@ from magnetar.common.errors import (
     NotEnoughBookiesError,
     SessionLostError,
 )
-from metadata import MetadataStore, layout
+from magnetar.common.serving import run_until_signalled
+from magnetar.common.status_http import Response, StatusServer
+from metadata import MetadataStore, layout, open_store
 from metadata.coordination import LeaderElection, Session
 
 log = structlog.get_logger("magnetar.autorecovery")
@@ -67,6 +78,12 @@ class AutorecoveryConfig:
     name: str = "autorecovery"
     """Name of this instance in the election (and in logs)."""
 
+    http_port: int = 8001
+    """HTTP port of /metrics and /health of `magnetar autorecovery` (0: any free port)."""
+
+    bind_host: str = "0.0.0.0"  # noqa: S104 - a server listens on every interface by default
+    """Address the HTTP server of `magnetar autorecovery` listens on."""
+
     lost_bookie_grace_s: float = 60.0
     """A bookie missing this long is lost, and its ledgers are re-replicated."""
 
@@ -80,6 +97,8 @@ class AutorecoveryConfig:
     """How copies are read and written."""
 
     def __post_init__(self) -> None:
+        if not 0 <= self.http_port <= 65535:
+            raise config_error("http_port", self.http_port, "must be a port number from 0 to 65535")
         if self.lost_bookie_grace_s < 0:
             raise config_error("lost_bookie_grace_s", self.lost_bookie_grace_s, "must be >= 0")
         if self.check_interval_s <= 0:
@@ -148,9 +167,21 @@ class Autorecovery:
         self._election: LeaderElection | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._last_error: str | None = None
+        self.active = asyncio.Event()
+        # what /metrics reports (bookie/autorecovery_metrics.py): plain numbers kept as the
+        # work happens, so a scrape costs no metadata read
         self.copied_entries = 0
         self.replicated_fragments = 0
-        self.active = asyncio.Event()
+        self.replicated_ledgers = 0
+        self.replication_failures: Counter[str] = Counter()
+        """Ledgers whose replication failed in a pass, by reason (the next pass retries them)."""
+        self.interruptions = 0
+        self.lost_bookie_count = 0
+        self.under_replicated_ledgers = 0
+        """Records listed by the last audit, less those this instance has cleared since."""
+        self.last_audit_at: float | None = None
+        """Wall-clock time (s since the epoch) the last audit completed; None before the first."""
 
     async def start(self) -> Autorecovery:
         self._client = await LedgerClient.start(
@@ -165,6 +196,7 @@ class Autorecovery:
                 self._session = await Session.start(
                     self.store, ttl_s=self.config.session_ttl_s, name=self.name
                 )
+                self._last_error = None
                 self._election = LeaderElection(
                     self.store, self._session, LEADER, self.name.encode()
                 )
@@ -176,14 +208,51 @@ class Autorecovery:
                     await asyncio.sleep(self.config.check_interval_s)
                 if not self._stopping:
                     log.warning("autorecovery_leadership_lost", name=self.name)
+                    self.interruptions += 1
             except (SessionLostError, MetadataError) as e:
                 log.warning("autorecovery_interrupted", error=str(e))
+                self._last_error = e.message
+                self.interruptions += 1
                 await asyncio.sleep(1.0)
             finally:
                 self.active.clear()
                 if self._session is not None:
                     with contextlib.suppress(MagnetarError):
                         await self._session.close()
+
+    # --- state, for /health ---------------------------------------------------------------------
+
+    def health(self) -> tuple[bool, str]:
+        """``(True, "active")`` or ``(True, "standby")`` while the instance runs under a live
+        metadata session; otherwise ``(False, why)``. Reads only what the instance holds (no
+        metadata request), so a probe may ask as often as it likes."""
+        if self._stopping:
+            return False, "stopping"
+        task = self._task
+        if task is None:
+            return False, "starting"
+        if task.done():
+            error = None if task.cancelled() else task.exception()
+            return False, f"the autorecovery loop ended: {error!r}"
+        session = self._session
+        if session is None or not session.alive:
+            lost = session.lost_error if session is not None else None
+            why = self._last_error or (lost.message if lost is not None else None)
+            return False, f"no metadata session: {why or 'connecting to the metadata store'}"
+        return True, "active" if self.is_active else "standby"
+
+    @property
+    def is_active(self) -> bool:
+        """Whether this instance leads the election now and works under a live session."""
+        session, election = self._session, self._election
+        return (
+            self.active.is_set()
+            and not self._stopping
+            and session is not None
+            and session.alive
+            and election is not None
+            and election.is_leader
+        )
 
     # --- one pass ---------------------------------------------------------------------------------
 
@@ -193,15 +262,21 @@ class Autorecovery:
         lost = await self.lost_bookies(available)
         if lost:
             await self.audit(lost)
-        for record in await list_under_replicated(self.store):
+        records = await list_under_replicated(self.store)
+        self.lost_bookie_count = len(lost)
+        self.under_replicated_ledgers = len(records)
+        self.last_audit_at = time.time()
+        for record in records:
             # what a record names stays lost while it is still away, even if this instance
             # only just started (and so has not yet watched it miss its grace period)
             still_lost = set(record.lost_bookies) - available
             try:
                 await self.replicate(record.ledger_id, still_lost)
             except NotEnoughBookiesError as e:
+                self.replication_failures["no_replacement"] += 1
                 log.warning("autorecovery_no_replacement", ledger=record.ledger_id, error=e.message)
             except LedgerError as e:
+                self.replication_failures["ledger_error"] += 1
                 log.warning("autorecovery_ledger_failed", ledger=record.ledger_id, error=e.message)
 
     async def _available(self) -> set[str]:
@@ -256,15 +331,20 @@ class Autorecovery:
         """Copy every lost fragment of one ledger, then clear its record."""
         assert self._client is not None
         client = self._client
+        copied = False
         while True:
             try:
                 metadata = await client.ledgers.read(ledger_id)
             except LedgerNotFoundError:
                 await self.store.delete(under_replicated_key(ledger_id))  # deleted meanwhile
+                self._cleared()
                 return
             fragments = lost_fragments(metadata, lost)
             if not fragments:
                 await self.store.delete(under_replicated_key(ledger_id))
+                self._cleared()
+                if copied:  # not a record cleared because its bookie came back
+                    self.replicated_ledgers += 1
                 log.info("ledger_replicated", ledger=ledger_id)
                 return
             index = fragments[0]
@@ -288,12 +368,16 @@ class Autorecovery:
             except (BadVersionError, NoSuchKeyError):
                 continue  # the ledger changed (closed, or its writer changed ensemble): redo
             self.replicated_fragments += 1
+            copied = True
             log.info(
                 "fragment_replicated",
                 ledger=ledger_id,
                 segment=index,
                 replaced={segment.bookies[p]: b for p, b in replacements.items()},
             )
+
+    def _cleared(self) -> None:
+        self.under_replicated_ledgers = max(0, self.under_replicated_ledgers - 1)
 
     async def _copy(
         self, metadata: LedgerMetadata, index: int, replacements: dict[int, str]
@@ -377,20 +461,91 @@ class Autorecovery:
             await self._client.close()
 
 
+class AutorecoveryProcess:
+    """``magnetar autorecovery``: one instance, and /health and /metrics over HTTP.
+
+    Create with :meth:`start`, end with :meth:`stop`. The HTTP server listens before the
+    instance starts, so a taken port fails the start before it joins the election.
+    """
+
+    def __init__(
+        self, config: AutorecoveryConfig, store: MetadataStore, *, owns_store: bool
+    ) -> None:
+        self.config = config
+        self.store = store
+        self._owns_store = owns_store
+        self.instance = Autorecovery(store, config)
+        self.metrics = AutorecoveryMetrics(self.instance)
+        self._http = StatusServer(
+            config.bind_host,
+            config.http_port,
+            {"/metrics": self._metrics, "/health": self._health_check},
+        )
+        self.http_port = 0
+
+    @classmethod
+    async def start(
+        cls, config: AutorecoveryConfig, *, store: MetadataStore | None = None
+    ) -> AutorecoveryProcess:
+        """Open the metadata store (unless ``store`` is given, which it then does not close),
+        listen on ``http_port``, start the instance."""
+        if store is None:
+            self = cls(config, await open_store(config.metadata), owns_store=True)
+        else:
+            self = cls(config, store, owns_store=False)
+        try:
+            try:
+                self.http_port = await self._http.start()
+            except OSError as e:
+                raise InvalidConfigError(
+                    f"cannot listen on {config.bind_host}:{config.http_port} for /metrics and"
+                    f" /health: {e.strerror or e}; stop the other process or choose another"
+                    " --http-port",
+                    context={"address": f"{config.bind_host}:{config.http_port}"},
+                ) from None
+            await self.instance.start()
+        except BaseException:
+            await self.instance.close()
+            await self._http.stop()
+            await self._close_store()
+            raise
+        log.info("autorecovery_started", name=config.name, http_port=self.http_port)
+        return self
+
+    @property
+    def http_host(self) -> str:
+        """Where to reach the HTTP server: the bind address, or this machine's name."""
+        host = self.config.bind_host
+        return socket.gethostname() if host in ("", "0.0.0.0", "::") else host  # noqa: S104
+
+    def _metrics(self) -> Response:
+        return Response(200, self.metrics.render(), "text/plain; version=0.0.4")
+
+    def _health_check(self) -> Response:
+        ok, state = self.instance.health()
+        return (
+            Response(200, f"ok {state}\n".encode()) if ok else Response(503, f"{state}\n".encode())
+        )
+
+    async def stop(self) -> None:
+        """Leave the election (another instance takes over), then stop serving."""
+        await self.instance.close()
+        await self._http.stop()
+        await self._close_store()
+        log.info("autorecovery_stopped", name=self.config.name)
+
+    async def _close_store(self) -> None:
+        if self._owns_store:
+            await self.store.close()
+
+
 async def run_autorecovery(config: AutorecoveryConfig) -> int:
     """Run an autorecovery instance until SIGTERM or SIGINT (``magnetar autorecovery``)."""
-    import signal  # noqa: PLC0415
-
-    from metadata import open_store  # noqa: PLC0415
-
-    store = await open_store(config.metadata)
-    instance = await Autorecovery(store, config).start()
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    print(f"autorecovery {config.name} running", flush=True)  # noqa: T201 - the ready line
-    await stop.wait()
-    await instance.close()
-    await store.close()
-    return 0
+    return await run_until_signalled(
+        lambda: AutorecoveryProcess.start(config),
+        lambda p: (
+            f"autorecovery {config.name} running"
+            f" (metrics: http://{p.http_host}:{p.http_port}/metrics)"
+        ),
+        lambda p: p.stop(),
+    )

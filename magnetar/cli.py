@@ -161,7 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
         "autorecovery",
         help="run the autorecovery role (re-replicates the ledgers of lost bookies)",
         description="Run an autorecovery instance. One instance in the cluster is active at a"
-        " time (elected through the metadata store); the others wait to take over.",
+        " time (elected through the metadata store); the others wait to take over. Metrics and"
+        " health on --http-port.",
     )
     _add_server_options(autorecovery)
     add_config_arguments(autorecovery, AutorecoveryConfig)

@@ -8,6 +8,7 @@ import contextlib
 from pathlib import Path
 
 from bookie.autorecovery import Autorecovery, AutorecoveryConfig
+from bookie.autorecovery_metrics import AutorecoveryMetrics
 from bookie.client.ledger_client import LedgerClient
 from bookie.decommission import DecommissionProgress, decommission_bookie
 from bookie.process import BookieProcess
@@ -17,6 +18,15 @@ from metadata import layout, open_store
 
 def payload(ledger_id: int, entry_id: int) -> bytes:
     return f"ledger {ledger_id} entry {entry_id}|".encode() * 8
+
+
+async def until_metric(instance: Autorecovery, line: str) -> str:
+    """Scrape until the exposition has ``line``; the text then."""
+    metrics = AutorecoveryMetrics(instance)
+    async with asyncio.timeout(10):
+        while line not in (text := metrics.render().decode()):
+            await asyncio.sleep(0.05)
+    return text
 
 
 async def test_decommission_waits_for_autorecovery_then_frees_the_id(tmp_path: Path) -> None:
@@ -59,6 +69,19 @@ async def test_decommission_waits_for_autorecovery_then_frees_the_id(tmp_path: P
         assert seen
         assert seen[0].autorecovery == "autorecovery"
         assert await store.get(layout.bookie_cookie(victim)) is None
+
+        # what /metrics of `magnetar autorecovery` reports of that work (once a later pass
+        # has seen the records cleared)
+        text = await until_metric(
+            recovery,
+            'magnetar_autorecovery_under_replicated_ledgers{autorecovery="autorecovery"} 0.0',
+        )
+        holding = sum(victim in m.all_bookies() for m in written)
+        assert f'replicated_ledgers_total{{autorecovery="autorecovery"}} {holding}.0' in text
+        assert recovery.replicated_fragments >= holding
+        assert recovery.copied_entries > 0
+        assert 'reason="no_replacement"} 0.0' in text
+        assert 'reason="ledger_error"} 0.0' in text
 
         # the copies are real: with one more original bookie down, every entry is still there
         for metadata in written:

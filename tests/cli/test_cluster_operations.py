@@ -204,6 +204,7 @@ async def test_decommission_a_killed_bookie_then_reuse_its_id(tmp_path: Path) ->
                 autorecovery = await asyncio.create_subprocess_exec(
                     *(*COMMAND, "autorecovery", "--metadata", url, "--session-ttl-s", "2"),
                     *("--lost-bookie-grace-s", "0.5", "--check-interval-s", "0.2"),
+                    *("--http-port", "0"),  # not the default 8001, which may be taken
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=asyncio.subprocess.DEVNULL,
                     stderr=log,
