@@ -136,7 +136,7 @@ CHART_MANAGED: dict[str, frozenset[str]] = {
     "broker": frozenset(
         {"metadata", "port", "http_port", "bind_host", "advertised_host", "broker_id"}
     ),
-    "autorecovery": frozenset({"metadata", "name"}),
+    "autorecovery": frozenset({"metadata", "name", "http_port", "bind_host"}),
 }
 
 COMPONENTS: dict[str, type] = {

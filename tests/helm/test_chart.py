@@ -227,6 +227,26 @@ def test_probes_point_at_ports_the_processes_listen_on(values_file: Path) -> Non
             assert annotations["prometheus.io/port"] == str(config["http_port"])
 
 
+@pytest.mark.parametrize("values_file", CI_VALUES, ids=ids(CI_VALUES))
+def test_autorecovery_is_probed_on_its_http_port(values_file: Path) -> None:
+    rendered = render(ci_values(values_file))
+    if not rendered.has("Deployment", AUTORECOVERY):
+        assert ci_values(values_file)["autorecovery"]["enabled"] is False
+        return
+    container = rendered.container("Deployment", AUTORECOVERY)
+    config = rendered.config_toml("autorecovery")
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
+        "http": config["http_port"]
+    }
+    assert config["bind_host"] == "0.0.0.0"
+    # readiness follows the metadata session (/health); liveness only that the process answers
+    assert container["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert container["livenessProbe"]["tcpSocket"] == {"port": "http"}
+    assert container["startupProbe"]["tcpSocket"] == {"port": "http"}
+    service = rendered.get("Service", AUTORECOVERY)["spec"]
+    assert service["ports"] == [{"name": "http", "port": config["http_port"], "targetPort": "http"}]
+
+
 def test_changed_ports_move_probes_services_and_config_together() -> None:
     rendered = render({"broker": {"ports": {"grpc": 7650, "http": 9080}}})
     container = rendered.container("Deployment", BROKER)
