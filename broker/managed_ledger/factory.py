@@ -67,13 +67,15 @@ class ManagedLedgerFactory:
     async def open(self, name: str, *, config: ManagedLedgerConfig | None = None) -> ManagedLedger:
         """Open (creating if needed) managed ledger ``name`` and become its owner.
 
-        Returns the instance already open here, unless it was fenced or closed. Raises
-        :class:`ManagedLedgerFencedError` if another owner opened it at the same time.
+        Returns the instance already open here, unless it was fenced or is closing or closed:
+        one still closing would close under its new user, so the close is waited for and a new
+        instance opened. Raises :class:`ManagedLedgerFencedError` if another owner opened it
+        at the same time.
         """
         check_name(name)
         self._check_open()
         existing = self._open.get(name)
-        if existing is not None and not existing.closed and not existing.fenced.is_set():
+        if existing is not None and not existing.closing and not existing.fenced.is_set():
             return existing
         opening = self._opening.get(name)
         if opening is None:
@@ -85,7 +87,13 @@ class ManagedLedgerFactory:
     async def _do_open(self, name: str, config: ManagedLedgerConfig) -> ManagedLedger:
         stale = self._open.pop(name, None)
         if stale is not None:
-            await stale.close()
+            # its close (perhaps already under way, perhaps given up by a forced close) ends
+            # one way or another before the new instance starts; how is not this open's
+            # business, since opening recovers whatever the old instance left behind
+            closing = asyncio.ensure_future(stale.close())
+            await asyncio.wait({closing})
+            if not closing.cancelled() and (error := closing.exception()) is not None:
+                log.info("stale_managed_ledger_close_failed", managed_ledger=name, error=str(error))
         ml = await ManagedLedger.open(
             name,
             store=self.store,

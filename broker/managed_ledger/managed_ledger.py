@@ -383,6 +383,11 @@ class ManagedLedger:
         return self._state is _State.CLOSED
 
     @property
+    def closing(self) -> bool:
+        """True from the moment a close begins (it may still be flushing), and once closed."""
+        return self._closing or self.closed
+
+    @property
     def cursors(self) -> dict[str, ManagedCursor]:
         """The durable cursors, by name."""
         return dict(self._cursors)

@@ -8,9 +8,18 @@ from dataclasses import replace
 import pytest
 
 from bookie.client.ledger_metadata import LedgerState
-from broker.managed_ledger import BEFORE_EVERYTHING, Position
+from broker.managed_ledger import BEFORE_EVERYTHING, ManagedLedgerFactory, Position
 from magnetar.common.errors import ManagedLedgerFencedError
-from tests.broker.managed_ledger.conftest import FAST, Env, append, append_all, body_of
+from metadata.faults import FaultyMetadataStore
+from tests.broker.managed_ledger.conftest import (
+    FAST,
+    Env,
+    HeaderCodec,
+    append,
+    append_all,
+    body_of,
+    wait_until,
+)
 
 
 async def test_a_new_owner_recovers_continues_and_fences_the_old_one(ml_env: Env) -> None:
@@ -119,3 +128,48 @@ async def test_a_brand_new_managed_ledger_and_its_reopen_without_entries(ml_env:
     again = await factory.open("fresh")
     assert again.next_offset == 0
     assert len(again.ledgers) == 1
+
+
+async def test_a_managed_ledger_still_closing_is_not_handed_out_again(ml_env: Env) -> None:
+    # a broker that loses its session and wins the partition back at once (its new session
+    # registers straight away) opens it again while the forced close of the old one is still
+    # flushing: it must get a new instance, not the one about to be closed under it
+    faulty = FaultyMetadataStore(ml_env.store)
+    factory = ManagedLedgerFactory(faulty, ml_env.client, codec=HeaderCodec(), config=FAST)
+    ml_env.factories.append(factory)
+    first = await factory.open("t")
+    await append_all(first, [b"x"] * 3)
+    faulty.stall("txn", 0.5)
+    closing = asyncio.create_task(first.close())
+    await wait_until(lambda: faulty.injected["txn"] > 0)  # the close is held at its write
+    faulty.heal()
+    assert not first.closed
+
+    second = await factory.open("t")
+    await closing
+    assert second is not first
+    assert not second.closed
+    assert (await append(second, b"y")).first_offset == 3
+
+
+async def test_a_forced_close_given_up_during_the_reopen_still_yields_a_new_instance(
+    ml_env: Env,
+) -> None:
+    faulty = FaultyMetadataStore(ml_env.store)
+    factory = ManagedLedgerFactory(faulty, ml_env.client, codec=HeaderCodec(), config=FAST)
+    ml_env.factories.append(factory)
+    first = await factory.open("t")
+    await append_all(first, [b"x"] * 3)
+    faulty.stall("txn", 2.0)
+    # a dropped partition gives its managed ledger a short while to close, then gives up
+    forced = asyncio.create_task(asyncio.wait_for(first.close(), 0.3))
+    await wait_until(lambda: faulty.injected["txn"] > 0)
+    faulty.heal()
+
+    second = await factory.open("t")
+    with pytest.raises(TimeoutError):
+        await forced
+    assert first.closed
+    assert second is not first
+    assert not second.closed
+    assert (await append(second, b"y")).first_offset == 3
