@@ -43,6 +43,7 @@ import asyncio
 import contextlib
 import itertools
 import math
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -741,6 +742,7 @@ class _PartitionConsumer(PartitionStream):
         tracker = self._tracker
         partition = self.partition
         topic = self.partition_topic
+        received = time.monotonic()
         for delivery in deliveries:
             wire_id = delivery.message_id
             entry: Entry = (wire_id.ledger_id, wire_id.entry_id)
@@ -774,6 +776,7 @@ class _PartitionConsumer(PartitionStream):
                 topic=topic,
                 producer_name=decoded.producer_name,
                 sequence_id=decoded.sequence_id,
+                received_monotonic=received,
             )
             to_dead_letter = 0 < self._dead_letter_after < delivery.redelivery_count
             if not to_dead_letter and self._floor is None and self._offset_floor is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from magnetar.aio.message_id import MessageId
 from proto.format.v1 import entry_pb2
 
-__all__ = ["EntryFacts", "Message"]
+__all__ = ["EntryFacts", "Message", "received_monotonic"]
 
 
 class EntryFacts:
@@ -19,6 +19,7 @@ class EntryFacts:
         "partition",
         "producer_name",
         "publish_time_ms",
+        "received_monotonic",
         "redelivery_count",
         "sequence_id",
         "topic",
@@ -37,6 +38,7 @@ class EntryFacts:
         topic: str,
         producer_name: str,
         sequence_id: int,
+        received_monotonic: float = 0.0,
     ) -> None:
         self.ledger_id = ledger_id
         self.entry_id = entry_id
@@ -48,6 +50,8 @@ class EntryFacts:
         self.topic = topic
         self.producer_name = producer_name
         self.sequence_id = sequence_id
+        self.received_monotonic = received_monotonic
+        """When the client got the entry from the broker (``time.monotonic()``)."""
         """The producer's sequence id of the entry's first message."""
 
 
@@ -125,3 +129,11 @@ class Message:
             f"Message(topic={self._entry.topic!r}, id={self.message_id()},"
             f" offset={self.offset()}, size={self.size()})"
         )
+
+
+def received_monotonic(message: Message) -> float:
+    """When the client got ``message`` from the broker, on ``time.monotonic()``: before the
+    application received it, perhaps long before if it waited in the consumer's queue. For
+    tools that reason about delivery times (``magnetar verify``), not part of the Pulsar-style
+    API."""
+    return message._entry.received_monotonic

@@ -19,10 +19,15 @@ count in :class:`Verdict` (a violation fails the run):
     order (the draining rule exists to prevent exactly this when keys move).
   Shared subscriptions promise no order and are not checked for it.
 - **acknowledged positions**: a message delivered again after the broker confirmed its ack.
-  An ack receipt means the ack is persisted, so no fault may bring the message back. The one
-  *explained* case is a failover consumer's: a message the new active consumer had already
-  been sent (queued in its client) when the old one acknowledged it, handed out within
-  ``switch_s`` of the switch. Any other is a violation, whatever faults were running.
+  An ack receipt means the ack is persisted, so no fault may bring the message back. Two
+  cases are *explained*, since the broker sent the message before the ack was confirmed:
+  * ``in_flight``: the copy reached the consumer's client before the ack was confirmed, and
+    only waited in its queue. For example, after a failover the new owner dispatches what its
+    stored cursor says is unacknowledged to one consumer while another consumer resends its
+    unconfirmed ack of it. That is at-least-once delivery, not a lost ack.
+  * ``switch``: a failover consumer's message, handed out within ``switch_s`` of a switch
+    (histories without the client's receive times).
+  Any other is a violation, whatever faults were running.
 
 Unavailability windows are the gaps in each partition's stream of acknowledgements longer
 than ``gap_s``, with the faults active during each.
@@ -259,16 +264,23 @@ def _check_subscriptions(history: History, verdict: Verdict, switch_s: float) ->
                     switched = any(
                         abs(at - d.at) <= switch_s for at in switches[(d.consumer, d.partition)]
                     )
-                    if switched:
+                    in_flight = d.received_at is not None and d.received_at <= acked_at
+                    if in_flight or switched:
+                        reason = "in_flight" if in_flight else "switch"
                         verdict.explained_redeliveries_after_ack += 1
-                        verdict.explained_by["switch"] = verdict.explained_by.get("switch", 0) + 1
+                        verdict.explained_by[reason] = verdict.explained_by.get(reason, 0) + 1
                     else:
                         verdict.unexplained_redeliveries_after_ack += 1
                         _note(
                             verdict,
                             "unexplained",
                             f"{subscription}: {_label(d.name)} ack confirmed at {acked_at:.3f}s,"
-                            f" delivered again at {d.at:.3f}s to {d.consumer}",
+                            f" delivered again at {d.at:.3f}s to {d.consumer}"
+                            + (
+                                f" (its client got it at {d.received_at:.3f}s)"
+                                if d.received_at is not None
+                                else ""
+                            ),
                         )
             _check_order(verdict, subscription, d, first, high_offset, key_high)
             seen.add(d.name)

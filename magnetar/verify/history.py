@@ -95,6 +95,9 @@ class Delivery:
     acked_at: float | None = None
     """When the broker confirmed the ack (acks wait for receipts); None if it never did."""
     ack_error: str = ""
+    received_at: float | None = None
+    """When the consumer's client got it from the broker (``at`` is when the application did;
+    in between it waited in the client's queue). None in histories from before it was kept."""
 
     @property
     def name(self) -> Name:

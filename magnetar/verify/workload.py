@@ -25,6 +25,7 @@ from functools import partial
 import structlog
 
 from magnetar.aio import Client, Consumer, Message, Producer
+from magnetar.aio.message import received_monotonic
 from magnetar.aio.message_id import MessageId
 from magnetar.common.errors import (
     ClientClosedError,
@@ -62,6 +63,10 @@ class Clock:
 
     def now(self) -> float:
         return time.monotonic() - self._zero
+
+    def at(self, monotonic: float) -> float:
+        """A ``time.monotonic()`` reading as seconds since the run began."""
+        return monotonic - self._zero
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -313,6 +318,7 @@ class Workload:
             seq=seq,
             redelivery_count=message.redelivery_count(),
             phantom=decoded is None,
+            received_at=self.clock.at(received_monotonic(message)),
         )
         self.history.deliveries.append(delivery)
         if decoded is not None:

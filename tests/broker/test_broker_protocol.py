@@ -10,6 +10,7 @@ import pytest
 
 from bookie.storage.config import StorageConfig
 from broker.managed_ledger import ManagedLedgerConfig, Position
+from broker.managed_ledger.managed_ledger import ManagedLedger
 from broker.managed_ledger.persistence import decode_cursor
 from magnetar.common.errors import ErrorCode
 from magnetar.common.grpc_errors import error_from_rpc_error
@@ -218,6 +219,66 @@ async def test_acknowledged_messages_stay_acknowledged_across_unload(
     await again.flow(100)
     redelivered = await again.deliveries(4)
     assert [values_of(d) for d in redelivered] == [[f"m{i}".encode()] for i in range(6, 10)]
+    await again.close()
+
+
+async def test_entries_acknowledged_while_they_are_read_are_not_dispatched(
+    start_cluster: StartCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a consumer that reconnects resends its unconfirmed acks at once, while the new owner's
+    # first read of the backlog may be under way: what they acknowledge as a whole must not go
+    # out when the read returns (the cursor filters after it reads, not only before)
+    cluster = await start_cluster()
+    stub = cluster.broker_stub()
+    producer = RawProducer(stub)
+    await producer.open("acked-mid-read")
+    await producer.send(*(produce_batch(i, i, f"m{i}".encode()) for i in range(4)))
+    await producer.receipts(4)
+    await producer.close()
+    first = RawConsumer(stub)
+    await first.subscribe("acked-mid-read", "sub", sub_type=types_pb2.SUBSCRIPTION_TYPE_SHARED)
+    await first.flow(10)
+    delivered = await first.deliveries(4)
+    await first.close()
+    # the subscription starts again from its stored cursor: nothing acknowledged
+    await cluster.admin().UnloadTopic(admin.UnloadTopicRequest(topic="acked-mid-read"))
+
+    armed = asyncio.Event()
+    reading = asyncio.Event()
+    release = asyncio.Event()
+    real_read = ManagedLedger.read
+
+    async def held_read(self: ManagedLedger, *args: object, **kwargs: object) -> object:
+        if armed.is_set() and not reading.is_set():  # the dispatcher's first read waits
+            reading.set()
+            await release.wait()
+        return await real_read(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ManagedLedger, "read", held_read)
+    again = RawConsumer(stub)
+    await again.subscribe("acked-mid-read", "sub", sub_type=types_pb2.SUBSCRIPTION_TYPE_SHARED)
+    armed.set()
+    await again.flow(10)
+    await asyncio.wait_for(reading.wait(), 10)
+    await again.send(
+        pb.ConsumeRequest(
+            ack=pb.Ack(
+                ack_type=pb.ACK_TYPE_INDIVIDUAL,
+                message_ids=[d.message_id for d in delivered],
+                request_id=1,
+            )
+        )
+    )
+    while (got := await again.next()).WhichOneof("kind") != "ack_receipt":
+        print("DEBUG before receipt", got.WhichOneof("kind"))
+    print("DEBUG reading", reading.is_set())
+    release.set()
+    try:
+        response = await again.next(timeout_s=1)
+    except TimeoutError:
+        pass  # nothing more: what was acknowledged stays acknowledged
+    else:
+        pytest.fail(f"an acknowledged message came again: {response}")
     await again.close()
 
 

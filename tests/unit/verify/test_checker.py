@@ -58,6 +58,7 @@ class Run:
         at: float,
         consumer: str = "",
         acked_at: float | None = None,
+        received_at: float | None = None,
     ) -> Delivery:
         delivery = Delivery(
             subscription=subscription,
@@ -74,6 +75,7 @@ class Run:
             seq=send.seq,
             redelivery_count=0,
             acked_at=acked_at,
+            received_at=received_at,
         )
         self.history.deliveries.append(delivery)
         return delivery
@@ -252,6 +254,31 @@ def test_a_redelivery_after_a_confirmed_ack_fails_whatever_fault_was_running() -
         assert verdict.unexplained_redeliveries_after_ack == 1, kind
         assert verdict.explained_by == {}
         assert not verdict.ok
+
+
+def test_a_copy_its_client_got_before_the_ack_was_confirmed_is_in_flight_not_lost() -> None:
+    """magnetar verify --seed 2 (CI): after a failover the new owner sent shared-1 what its
+    stored cursor called unacknowledged, while shared-0 resent its unconfirmed ack of it; the
+    ack was confirmed, then shared-1's application took the copy from its queue. The broker
+    sent it before the ack was confirmed: at-least-once. A copy the client got after the
+    confirmation is still a violation."""
+    run = Run()
+    send = run.send("a")
+    run.deliver(send, "shared", at=2.0, consumer="shared-0", acked_at=10.0)
+    run.deliver(send, "shared", at=10.1, consumer="shared-1", received_at=9.9)
+    verdict = check(run.history)
+    assert verdict.redelivered_after_ack == 1
+    assert verdict.explained_by == {"in_flight": 1}
+    assert verdict.unexplained_redeliveries_after_ack == 0
+
+    late = Run()
+    send = late.send("a")
+    late.deliver(send, "shared", at=2.0, consumer="shared-0", acked_at=10.0)
+    late.deliver(send, "shared", at=10.2, consumer="shared-1", received_at=10.05)
+    verdict = check(late.history)
+    assert verdict.unexplained_redeliveries_after_ack == 1
+    assert "its client got it at 10.050s" in " ".join(verdict.problems())
+    assert not verdict.ok
 
 
 def test_a_redelivery_before_the_ack_was_confirmed_is_at_least_once() -> None:
