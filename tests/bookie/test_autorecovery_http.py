@@ -4,7 +4,6 @@ real command in a subprocess, against a real etcd, on a free HTTP port."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import re
 import signal
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from magnetar.testing.etcd import EtcdServer, free_port
+from magnetar.testing.probes import http_get
 
 pytestmark = pytest.mark.etcd
 
@@ -22,22 +22,6 @@ ENV = {k: v for k, v in os.environ.items() if not k.startswith("MAGNETAR_")} | {
     "GRPC_VERBOSITY": "ERROR"
 }
 READY = re.compile(r"^autorecovery (\S+) running \(metrics: http://\S+:(\d+)/metrics\)$")
-
-
-async def http_get(port: int, path: str) -> tuple[int, str]:
-    """One GET; the status code and body (the server closes the connection after it)."""
-    async with asyncio.timeout(5):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
-            writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
-            await writer.drain()
-            raw = await reader.read()
-        finally:
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
-    head, _, body = raw.decode().partition("\r\n\r\n")
-    return int(head.split()[1]), body
 
 
 def metric(text: str, name: str) -> float:

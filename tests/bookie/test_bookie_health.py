@@ -6,13 +6,10 @@ injected into the metadata store with :class:`FaultyMetadataStore`."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
-import grpc.aio
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bookie.client.bookie_client import BookieClient
 from bookie.entries import AddEntry, entry_checksum
@@ -20,30 +17,17 @@ from bookie.process import LIVENESS_SERVICE, READINESS_SERVICE, BookieProcess
 from bookie.service.config import BookieConfig
 from bookie.storage.config import StorageConfig
 from magnetar.common.errors import MetadataUnavailableError
+from magnetar.testing.probes import NOT_SERVING, SERVING, grpc_health, http_get
 from metadata import layout, open_store
 from metadata.faults import FaultyMetadataStore
 
-SERVING = health_pb2.HealthCheckResponse.SERVING
-NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-
 
 async def health_status(bookie: BookieProcess, service: str) -> int:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{bookie.port}") as channel:
-        answer = await health_pb2_grpc.HealthStub(channel).Check(  # type: ignore[attr-defined]
-            health_pb2.HealthCheckRequest(service=service), timeout=2
-        )
-    return int(answer.status)
+    return await grpc_health(f"127.0.0.1:{bookie.port}", service)
 
 
 async def http_status(bookie: BookieProcess) -> int:
-    reader, writer = await asyncio.open_connection("127.0.0.1", bookie.http_port)
-    writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-    await writer.drain()
-    status_line = await reader.readline()
-    writer.close()
-    with contextlib.suppress(ConnectionError):
-        await writer.wait_closed()
-    return int(status_line.split()[1])
+    return (await http_get(bookie.http_port))[0]
 
 
 async def until(check: Callable[[], Awaitable[bool]], timeout_s: float) -> None:

@@ -8,7 +8,6 @@ write; the last test does the same with real processes and a real etcd that is s
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -21,14 +20,12 @@ from broker.process import LIVENESS_SERVICE, READINESS_SERVICE, SERVICE_NAMES
 from broker.service.catalog import read_handover, read_owner
 from magnetar.common.errors import MetadataUnavailableError
 from magnetar.testing import LocalCluster
+from magnetar.testing.probes import NOT_SERVING, SERVING, http_get
 from metadata import open_store
 from metadata.faults import FaultyMetadataStore
 from proto.admin.v1 import admin_pb2 as admin
 from proto.broker.v1 import broker_pb2 as pb
 from tests.broker.conftest import Cluster, StartCluster, broker_config, eventually
-
-SERVING = health_pb2.HealthCheckResponse.SERVING
-NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 class Health:
@@ -64,14 +61,7 @@ async def faulty_cluster(tmp_path: Path) -> AsyncIterator[tuple[Cluster, FaultyM
 
 
 async def http_status(port: int) -> int:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-    await writer.drain()
-    status_line = await reader.readline()
-    writer.close()
-    with contextlib.suppress(ConnectionError):
-        await writer.wait_closed()
-    return int(status_line.split()[1])
+    return (await http_get(port))[0]
 
 
 async def test_a_started_broker_is_ready_and_live(start_cluster: StartCluster) -> None:

@@ -7,21 +7,19 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from magnetar.testing.etcd import EtcdServer, free_port
+from magnetar.testing.probes import SERVING, grpc_health, http_get
 from tests.helm.chart import NAMESPACE, RELEASE, container_env, render
 
 pytestmark = pytest.mark.etcd
 
 MAGNETAR = [sys.executable, "-m", "magnetar.cli"]
-SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
 async def run(args: list[str], env: dict[str, str]) -> tuple[int, str]:
@@ -35,19 +33,15 @@ async def run(args: list[str], env: dict[str, str]) -> tuple[int, str]:
 async def health(port: int, service: str, timeout_s: float = 30) -> int:
     """The status the probe would see, waiting (as the startup probe does) for the port."""
     deadline = asyncio.get_running_loop().time() + timeout_s
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while True:
-            try:
-                reply = await stub.Check(  # type: ignore[attr-defined]
-                    health_pb2.HealthCheckRequest(service=service), timeout=2
-                )
-                if reply.status == SERVING or asyncio.get_running_loop().time() > deadline:
-                    return int(reply.status)
-            except grpc.aio.AioRpcError:
-                if asyncio.get_running_loop().time() > deadline:
-                    raise
-            await asyncio.sleep(0.2)
+    while True:
+        try:
+            status = await grpc_health(f"127.0.0.1:{port}", service)
+            if status == SERVING or asyncio.get_running_loop().time() > deadline:
+                return status
+        except grpc.aio.AioRpcError:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+        await asyncio.sleep(0.2)
 
 
 async def answers(probe: dict[str, Any], named_ports: dict[str, int]) -> bool:
@@ -62,7 +56,7 @@ async def answers(probe: dict[str, Any], named_ports: dict[str, int]) -> bool:
     while True:
         try:
             if kind == "httpGet":
-                if await asyncio.to_thread(http_get, port, probe["httpGet"]["path"]) == 200:
+                if (await http_get(port, probe["httpGet"]["path"]))[0] == 200:
                     return True
             else:
                 _, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -73,11 +67,6 @@ async def answers(probe: dict[str, Any], named_ports: dict[str, int]) -> bool:
         if asyncio.get_running_loop().time() > deadline:
             return False
         await asyncio.sleep(0.2)
-
-
-def http_get(port: int, path: str) -> int:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
-        return int(reply.status)
 
 
 async def test_the_chart_s_processes_answer_its_probes(tmp_path: Path) -> None:
@@ -152,7 +141,7 @@ async def test_the_chart_s_processes_answer_its_probes(tmp_path: Path) -> None:
                 for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
                     assert await answers(container[probe], named), f"{component} {probe}"
                 if "http" in named:
-                    assert await asyncio.to_thread(http_get, named["http"], "/metrics") == 200
+                    assert (await http_get(named["http"], "/metrics"))[0] == 200
             # the broker came up under its pod name; autorecovery is still running
             code, out = await run(
                 ["cluster", "brokers", "--service-url", f"magnetar://127.0.0.1:{ports['broker']}"],
