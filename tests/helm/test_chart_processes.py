@@ -1,6 +1,6 @@
 """The chart's containers, started as Kubernetes would start them (the rendered args, config file
-and environment) against a real etcd: the init Job's command succeeds (twice), and every probe
-gets SERVING from the port and service it names."""
+and environment) against a real etcd: the init Job's command succeeds (twice), every probe gets
+SERVING from the port and service it names, and the `helm test` pod's script passes."""
 
 from __future__ import annotations
 
@@ -148,6 +148,24 @@ async def test_the_chart_s_processes_answer_its_probes(tmp_path: Path) -> None:
                 base_env,
             )
             assert f"{RELEASE}-magnetar-broker-0" in out, out
+
+            # `helm test`: the test pod's script, as it is rendered, against these processes
+            # (the service URL points here instead of at the broker Service)
+            pod = rendered.get("Pod", f"{RELEASE}-magnetar-test")["spec"]["containers"][0]
+            env = {**base_env, **container_env(pod, {})}
+            env["MAGNETAR_SERVICE_URL"] = f"magnetar://127.0.0.1:{ports['broker']}"
+            env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+            test_pod = await asyncio.create_subprocess_exec(
+                *pod["command"],
+                *pod["args"],
+                env=env,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+            )
+            out_bytes, _ = await asyncio.wait_for(test_pod.communicate(), 90)
+            assert test_pod.returncode == 0, out_bytes.decode()
+            assert b"hello-from-helm-test" in out_bytes
+
             assert all(p.returncode is None for p in processes), [
                 (tmp_path / f"{c}.log").read_text()[-2000:] for c, _ in started
             ]
