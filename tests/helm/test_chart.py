@@ -459,6 +459,31 @@ def uncommented_config_blocks() -> dict[str, Any]:
     return {c: values[c]["config"] for c in COMPONENT_CONFIGS}
 
 
+def test_every_value_in_values_yaml_is_described() -> None:
+    """Each key has a comment just above it, or lies inside a value described as a whole with
+    `# --` (the requests and limits of a described `resources`, say). Group headers take a
+    plain comment, which does not stand for the keys under them."""
+    undescribed = []
+    open_keys: dict[int, bool] = {}  # indent -> whether the key open there is a described value
+    comment = ""  # the first line of the comment block just above, if any
+    for number, line in enumerate((CHART_DIR / "values.yaml").read_text().splitlines(), 1):
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            comment = comment or stripped
+            continue
+        match = re.match(r"^( *)([A-Za-z_][\w.]*):", line)
+        if match is None:
+            comment = ""  # a blank line or a list item ends the comment block
+            continue
+        indent = len(match.group(1))
+        open_keys = {i: d for i, d in open_keys.items() if i < indent}
+        if not comment and not any(open_keys.values()):
+            undescribed.append(f"{number}: {line}")
+        open_keys[indent] = comment.startswith("# --")
+        comment = ""
+    assert undescribed == []
+
+
 @pytest.mark.parametrize("component", list(COMPONENT_CONFIGS))
 def test_values_yaml_documents_every_setting_at_its_real_default(
     component: str, tmp_path: Path
