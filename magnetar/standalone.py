@@ -12,17 +12,22 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
 from bookie.client.config import LedgerClientConfig
-from bookie.process import BookieProcess
 from bookie.service.config import BookieConfig
-from broker.process import BrokerProcess
 from broker.service.config import BrokerConfig
 from magnetar.common.config import config_error
-from magnetar.common.serving import run_until_signalled
-from metadata import MetadataStore, open_store
+
+if TYPE_CHECKING:
+    from bookie.process import BookieProcess
+    from broker.process import BrokerProcess
+    from metadata import MetadataStore
+
+# The servers are imported when a standalone starts, not with this module: the CLI reads
+# StandaloneConfig from here to build its flags, and every `magnetar` command builds them.
 
 log = structlog.get_logger("magnetar.standalone")
 
@@ -78,6 +83,10 @@ class Standalone:
         started = time.monotonic()
         data_dir = config.data_dir.resolve()
         data_dir.mkdir(parents=True, exist_ok=True)
+        from bookie.process import BookieProcess  # noqa: PLC0415 - see the imports above
+        from broker.process import BrokerProcess  # noqa: PLC0415
+        from metadata import open_store  # noqa: PLC0415
+
         store = await open_store(f"embedded://{data_dir / 'metadata'}")
         self = cls(config, store)
         try:
@@ -160,6 +169,8 @@ def _process_age_s() -> float | None:
 
 async def run_standalone(config: StandaloneConfig) -> int:
     """The body of ``magnetar standalone``: serve until Ctrl-C or SIGTERM."""
+    from magnetar.common.serving import run_until_signalled  # noqa: PLC0415
+
     return await run_until_signalled(
         lambda: Standalone.start(config), Standalone.ready_line, Standalone.stop
     )
