@@ -77,12 +77,13 @@ class Autorecovery:
         seen: tuple[int, str] | None = None
         try:
             async with asyncio.timeout(timeout_s):
-                while not wanted(*(seen := await self.health())):
+                while True:
+                    seen = await self.health()
+                    if wanted(*seen):
+                        return seen[1]
                     await asyncio.sleep(0.05)
         except TimeoutError:
             pytest.fail(f"/health still {seen} after {timeout_s} s; log:\n{self.logs()}")
-        assert seen is not None
-        return seen[1]
 
     async def stop(self) -> None:
         if self.process.returncode is None:

@@ -125,6 +125,23 @@ class RawConsumer(RawStream):
             raise EOFError("the broker ended the consume stream")  # noqa: TRY004 - end of stream, not a bad type
         return response
 
+    async def ack_with_receipt(
+        self, message_ids: list[types_pb2.MessageId], request_id: int
+    ) -> None:
+        """Acknowledge ``message_ids`` individually and wait for the receipt (other responses
+        arriving meanwhile are passed over)."""
+        await self.send(
+            pb.ConsumeRequest(
+                ack=pb.Ack(
+                    ack_type=pb.ACK_TYPE_INDIVIDUAL,
+                    message_ids=message_ids,
+                    request_id=request_id,
+                )
+            )
+        )
+        while (await self.next()).WhichOneof("kind") != "ack_receipt":
+            pass
+
     async def deliveries(self, count: int) -> list[pb.Delivery]:
         got: list[pb.Delivery] = []
         while len(got) < count:

@@ -200,17 +200,7 @@ async def test_acknowledged_messages_stay_acknowledged_across_unload(
     await consumer.flow(100)
     deliveries = await consumer.deliveries(10)
     acked = deliveries[:6]
-    await consumer.send(
-        pb.ConsumeRequest(
-            ack=pb.Ack(
-                ack_type=pb.ACK_TYPE_INDIVIDUAL,
-                message_ids=[d.message_id for d in acked],
-                request_id=7,
-            )
-        )
-    )
-    while (await consumer.next()).WhichOneof("kind") != "ack_receipt":
-        pass
+    await consumer.ack_with_receipt([d.message_id for d in acked], request_id=7)
     await consumer.close()
     await cluster.admin().UnloadTopic(admin.UnloadTopicRequest(topic="acks"))
 
@@ -260,18 +250,7 @@ async def test_entries_acknowledged_while_they_are_read_are_not_dispatched(
     armed.set()
     await again.flow(10)
     await asyncio.wait_for(reading.wait(), 10)
-    await again.send(
-        pb.ConsumeRequest(
-            ack=pb.Ack(
-                ack_type=pb.ACK_TYPE_INDIVIDUAL,
-                message_ids=[d.message_id for d in delivered],
-                request_id=1,
-            )
-        )
-    )
-    while (got := await again.next()).WhichOneof("kind") != "ack_receipt":
-        print("DEBUG before receipt", got.WhichOneof("kind"))
-    print("DEBUG reading", reading.is_set())
+    await again.ack_with_receipt([d.message_id for d in delivered], request_id=1)
     release.set()
     try:
         response = await again.next(timeout_s=1)
@@ -301,17 +280,7 @@ async def test_an_ack_receipt_comes_once_the_ack_is_persisted(start_cluster: Sta
     await consumer.flow(10)
     deliveries = await consumer.deliveries(4)
     for request_id, delivery in enumerate(deliveries, start=1):
-        await consumer.send(
-            pb.ConsumeRequest(
-                ack=pb.Ack(
-                    ack_type=pb.ACK_TYPE_INDIVIDUAL,
-                    message_ids=[delivery.message_id],
-                    request_id=request_id,
-                )
-            )
-        )
-        while (await consumer.next()).WhichOneof("kind") != "ack_receipt":
-            pass
+        await consumer.ack_with_receipt([delivery.message_id], request_id=request_id)
         record = await cluster.store.get(
             layout.managed_ledger_cursor("public/default/durable-acks", "sub")
         )

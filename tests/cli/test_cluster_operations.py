@@ -51,8 +51,8 @@ async def magnetar(*args: str, env: Mapping[str, str] | None = None) -> Run:
         process.kill()
         await process.wait()
         raise
-    assert process.returncode is not None
-    return Run(process.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
+    code = await process.wait()  # already ended: its exit code, as an int
+    return Run(code, out.decode(errors="replace"), err.decode(errors="replace"))
 
 
 class Background:
@@ -93,10 +93,10 @@ class Background:
             if self.process.returncode is None:
                 self.process.kill()
                 await self.process.wait()
-        assert self.process.returncode is not None
+        code = await self.process.wait()  # already ended: its exit code, as an int
         earlier = "".join(line + "\n" for line in self.err_lines)
         return Run(
-            self.process.returncode,
+            code,
             out.decode(errors="replace"),
             earlier + err.decode(errors="replace"),
         )
