@@ -27,11 +27,12 @@ from bookie.client.ledger_client import LedgerClient
 from broker.grpc.admin import AdminServicer
 from broker.grpc.servicer import BrokerServicer
 from broker.service.broker import Broker
-from broker.service.config import BrokerConfig
+from broker.service.config import BrokerConfig, is_loopback
 from broker.service.metrics import BrokerMetrics
 from magnetar import __version__
 from magnetar.common.health import READINESS_SERVICE as _READINESS
 from magnetar.common.health import ProcessHealth
+from magnetar.common.security.tls import ReloadingServerCredentials
 from magnetar.common.serving import grpc_server_options, listen, run_until_signalled
 from magnetar.common.status_http import Response, StatusServer
 from metadata import MetadataStore, open_store
@@ -63,8 +64,11 @@ class BrokerProcess:
         self._http: StatusServer
         self._admin: AdminServicer
         self.port = 0
+        self.tls_port = 0
         self.http_port = 0
         self.address = ""
+        self.tls_address = ""
+        self.tls: ReloadingServerCredentials | None = None
         self._started = False
         self._stopped = asyncio.Event()
 
@@ -89,10 +93,27 @@ class BrokerProcess:
 
     async def _start(self, config: BrokerConfig) -> None:
         self._server = grpc.aio.server(options=GRPC_OPTIONS)
-        self.port = listen(self._server, config.bind_host, config.port)
         host = config.advertised_host or socket.gethostname()
-        self.address = f"{host}:{self.port}"
-        broker_id = config.broker_id or f"{host}-{self.port}".replace(":", "-")
+        if config.port is not None:
+            self.port = listen(self._server, config.bind_host, config.port)
+        if config.tls_cert_file is not None and config.tls_key_file is not None:
+            self.tls = ReloadingServerCredentials(
+                config.tls_cert_file,
+                config.tls_key_file,
+                config.tls_trust_certs_file,
+                component="broker",
+            )
+            self.tls_port = listen(
+                self._server,
+                config.bind_host,
+                config.tls_port,
+                flag="--tls-port",
+                credentials=self.tls.credentials,
+            )
+            self.tls_address = f"{host}:{self.tls_port}"
+        self.address = f"{host}:{self.port}" if self.port else self.tls_address
+        broker_id = config.broker_id or f"{host}-{self.port or self.tls_port}".replace(":", "-")
+        _warn_if_open(config, broker_id)
         self.ledger_client = await LedgerClient.start(
             self.store, config.ledger, creator=f"broker:{broker_id}"
         )
@@ -107,7 +128,8 @@ class BrokerProcess:
             self.store,
             self.ledger_client,
             broker_id=broker_id,
-            service_url=f"magnetar://{self.address}",
+            service_url=f"magnetar://{host}:{self.port}" if self.port else "",
+            service_url_tls=f"magnetar+ssl://{self.tls_address}" if self.tls_port else "",
             http_address=f"{host}:{self.http_port}",
             version=__version__,
         )
@@ -123,7 +145,15 @@ class BrokerProcess:
         self._started = True
         self.broker.on_serving_change(self._health.changed)
         await self._health.started(self._ready)
-        log.info("broker_serving", broker=broker_id, address=self.address, http_port=self.http_port)
+        log.info(
+            "broker_serving",
+            broker=broker_id,
+            address=self.address if self.port else None,
+            tls_address=self.tls_address or None,
+            http_port=self.http_port,
+            authentication=config.authentication_enabled,
+            authorization=config.authorization_enabled,
+        )
 
     @property
     def broker_id(self) -> str:
@@ -165,14 +195,35 @@ class BrokerProcess:
         log.info("broker_process_stopped", broker=self.broker_id)
 
 
+def _warn_if_open(config: BrokerConfig, broker_id: str) -> None:
+    """One prominent line when anyone who can reach the broker may use it."""
+    if config.authentication_enabled or is_loopback(config.bind_host):
+        return
+    log.warning(
+        "authentication_disabled",
+        broker=broker_id,
+        bind_host=config.bind_host,
+        message=(
+            f"AUTHENTICATION IS OFF and the broker listens on {config.bind_host}: anyone who can"
+            " reach it may produce, consume, delete topics and reset subscriptions. Turn on"
+            " authentication_enabled (see docs/security.md) or bind to 127.0.0.1."
+        ),
+    )
+
+
+def ready_line(process: BrokerProcess) -> str:
+    """What ``magnetar broker`` prints once it serves (the test kit and scripts wait for it)."""
+    host = process.address.rsplit(":", 1)[0]
+    tls = f", TLS on {process.tls_address}" if process.tls_port else ""
+    return (
+        f"broker {process.broker_id} serving on {process.address}{tls}"
+        f" (metrics: http://{host}:{process.http_port}/metrics)"
+    )
+
+
 async def run_broker(config: BrokerConfig) -> int:
     """Run a broker until SIGTERM or SIGINT (handing its partitions over then); the body of
     ``magnetar broker``."""
     return await run_until_signalled(
-        lambda: BrokerProcess.start(config),
-        lambda p: (
-            f"broker {p.broker_id} serving on {p.address}"
-            f" (metrics: http://{p.address.rsplit(':', 1)[0]}:{p.http_port}/metrics)"
-        ),
-        lambda p: p.stop(),
+        lambda: BrokerProcess.start(config), ready_line, lambda p: p.stop()
     )

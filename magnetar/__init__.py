@@ -19,11 +19,14 @@ except _metadata.PackageNotFoundError:  # running from a source tree that was no
     __version__ = "0.0.0+unknown"
 
 if TYPE_CHECKING:
+    from magnetar.aio.auth import AuthenticationTLS, AuthenticationToken
     from magnetar.aio.message import Message
     from magnetar.aio.message_id import MessageId
     from magnetar.aio.producer import SendReceipt
     from magnetar.client import AdminClient, Client, Consumer, Producer, Reader
     from magnetar.common.errors import (
+        AuthenticationError,
+        AuthorizationError,
         ClientConnectionError,
         IncompatibleSubscriptionError,
         InvalidServiceUrlError,
@@ -32,11 +35,17 @@ if TYPE_CHECKING:
         OperationTimeoutError,
         ProducerQueueFullError,
         ReceiveTimeoutError,
+        TlsError,
         TopicLookupError,
         TopicNotFoundError,
     )
 
 _LAZY = {
+    "AuthenticationTLS": "magnetar.aio.auth",
+    "AuthenticationToken": "magnetar.aio.auth",
+    "AuthenticationError": "magnetar.common.errors",
+    "AuthorizationError": "magnetar.common.errors",
+    "TlsError": "magnetar.common.errors",
     "AdminClient": "magnetar.client",
     "Client": "magnetar.client",
     "Consumer": "magnetar.client",
@@ -59,6 +68,10 @@ _LAZY = {
 
 __all__ = [
     "AdminClient",
+    "AuthenticationError",
+    "AuthenticationTLS",
+    "AuthenticationToken",
+    "AuthorizationError",
     "Client",
     "ClientConnectionError",
     "Consumer",
@@ -74,6 +87,7 @@ __all__ = [
     "Reader",
     "ReceiveTimeoutError",
     "SendReceipt",
+    "TlsError",
     "TopicLookupError",
     "TopicNotFoundError",
     "__version__",

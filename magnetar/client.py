@@ -26,7 +26,7 @@ import asyncio
 import concurrent.futures
 import threading
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal, NamedTuple, TypeVar
 
 from magnetar.aio import admin as aio_admin
@@ -542,6 +542,44 @@ class AdminClient:
     def get_ledger(self, ledger_id: int) -> dict[str, Any]:
         return self._runner.run(self._aio.get_ledger(ledger_id))
 
+    def create_tenant(self, tenant: str, admin_roles: Iterable[str] = ()) -> None:
+        self._runner.run(self._aio.create_tenant(tenant, admin_roles))
+
+    def update_tenant(self, tenant: str, admin_roles: Iterable[str]) -> None:
+        self._runner.run(self._aio.update_tenant(tenant, admin_roles))
+
+    def delete_tenant(self, tenant: str) -> None:
+        self._runner.run(self._aio.delete_tenant(tenant))
+
+    def list_tenants(self) -> list[str]:
+        return self._runner.run(self._aio.list_tenants())
+
+    def get_tenant(self, tenant: str) -> dict[str, Any]:
+        return self._runner.run(self._aio.get_tenant(tenant))
+
+    def create_namespace(self, namespace: str) -> None:
+        self._runner.run(self._aio.create_namespace(namespace))
+
+    def delete_namespace(self, namespace: str) -> None:
+        self._runner.run(self._aio.delete_namespace(namespace))
+
+    def list_namespaces(self, tenant: str) -> list[str]:
+        return self._runner.run(self._aio.list_namespaces(tenant))
+
+    def grant_permission(
+        self, namespace: str, role: str, actions: Iterable[str] = ("produce", "consume")
+    ) -> None:
+        self._runner.run(self._aio.grant_permission(namespace, role, actions))
+
+    def revoke_permission(self, namespace: str, role: str) -> None:
+        self._runner.run(self._aio.revoke_permission(namespace, role))
+
+    def permissions(self, namespace: str) -> dict[str, list[str]]:
+        return self._runner.run(self._aio.permissions(namespace))
+
+    def whoami(self) -> dict[str, Any]:
+        return self._runner.run(self._aio.whoami())
+
     def close(self) -> None:
         """Close the connections (and the private thread, unless it is a client's)."""
         try:
@@ -647,7 +685,11 @@ class Client:
 
     def admin(self) -> AdminClient:
         """An admin client on the same service URL, sharing this client's thread."""
-        return AdminClient(self.config, _runner=self._runner)
+        return AdminClient(
+            self.config,
+            _runner=self._runner,
+            authentication=self._aio._authentication,
+        )
 
     def close(self) -> None:
         """Flush and close every producer, consumer and reader, then stop the client's thread.

@@ -13,6 +13,8 @@ Every component builds its keys here, so the layout is written down once::
     /magnetar/handover/<partition>                      HandoverHint (expires by time)
     /magnetar/leader/load-manager                       the load-shedding leader, lease-bound
     /magnetar/topics/<tenant>/<namespace>/<topic>       TopicMetadata
+    /magnetar/tenants/<tenant>                          TenantRecord
+    /magnetar/namespaces/<tenant>/<namespace>           NamespaceRecord
     /magnetar/dedup/<partition>                         DeduplicationSnapshot
     /magnetar/managed-ledgers/<partition>/info          ManagedLedgerInfo
     /magnetar/managed-ledgers/<partition>/cursors/<n>   CursorInfo
@@ -74,6 +76,24 @@ def handover(partition: str) -> str:
 def topic(name: str) -> str:
     """A topic's metadata; ``name`` is 'tenant/namespace/topic'."""
     return check_key(TOPICS + name)
+
+
+TENANTS = f"{ROOT}/tenants/"
+NAMESPACES = f"{ROOT}/namespaces/"
+
+
+def tenant(name: str) -> str:
+    return check_key(TENANTS + name)
+
+
+def namespace(name: str) -> str:
+    """A namespace's record; ``name`` is 'tenant/namespace'."""
+    return check_key(NAMESPACES + name)
+
+
+def topics_of_namespace(name: str) -> str:
+    """The prefix of the topic records of namespace ``name`` ('tenant/namespace')."""
+    return f"{TOPICS}{name}/"
 
 
 def dedup_snapshot(partition: str) -> str:

@@ -9,6 +9,12 @@ Each stream has a reader task (requests in) and the handler body (responses out)
 reader stops reading while the partition's bytes in flight are at their bound, so back-pressure
 reaches the client through gRPC flow control. Receipts that complete together travel in one
 message.
+
+Every call is authenticated once (:mod:`broker.grpc.auth` reads its credentials) and authorized
+for what it does: a lookup, producing or consuming. A refused stream's first answer is
+``closed`` with the error. A stream whose token expires is challenged in band
+(``auth_challenge``) and goes on with the client's fresh token (``auth``); see
+:mod:`broker.service.security`.
 """
 
 from __future__ import annotations
@@ -22,12 +28,16 @@ import grpc
 import grpc.aio
 import structlog
 
+from broker.grpc.auth import credentials_of
 from broker.managed_ledger import Position
+from broker.service.authorization import TopicAction
 from broker.service.broker import Broker
 from broker.service.envelope import IncomingBatch
+from broker.service.security import StreamCredentials
 from broker.service.streams import (
     AckDone,
     ActiveChange,
+    AuthChallenge,
     ClientDone,
     ConsumerEvent,
     Deliveries,
@@ -45,6 +55,8 @@ from broker.service.streams import (
 from broker.service.subscription import ConsumerSession
 from broker.service.topic import ProducerSession
 from magnetar.common.errors import (
+    AuthenticationError,
+    AuthorizationError,
     InternalError,
     InvalidArgumentError,
     MagnetarError,
@@ -112,6 +124,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         self, request: pb.LookupRequest, context: grpc.aio.ServicerContext[object, object]
     ) -> pb.LookupResponse:
         try:
+            principal = self.broker.security.authenticate(credentials_of(context))
+            name = parse_topic(request.topic)
+            await self.broker.security.authorize_topic(principal, TopicAction.LOOKUP, name)
             result = await self.broker.lookup(request.topic)
         except MagnetarError as e:
             await abort_with(context, e)
@@ -125,6 +140,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                     partition=o.partition,
                     broker_url=o.broker_url,
                     broker_id=o.broker_id,
+                    broker_url_tls=o.broker_url_tls,
                 )
                 for o in result.owners
             ],
@@ -144,8 +160,11 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         if first.WhichOneof("kind") != "open":
             yield _producer_closed(ProtocolError("the first message of a produce stream is open"))
             return
+        security = self.broker.security
         try:
+            principal = security.authenticate(credentials_of(context))
             name = parse_topic(first.open.topic)
+            await security.authorize_topic(principal, TopicAction.PRODUCE, name)
             topic = await self.broker.open_topic(name)
             producer_name = first.open.producer_name or (
                 f"{self.broker.broker_id}-{self.broker.start_time_ms}-{next(_producer_ids)}"
@@ -169,11 +188,27 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         )
         inflight: deque[tuple[int, asyncio.Future[Receipt]]] = deque()
         arrived = asyncio.Event()
+        challenges: deque[int] = deque()
+
+        def challenge(expired_at_ms: int) -> None:
+            challenges.append(expired_at_ms)
+            arrived.set()
+
+        credentials = security.stream(
+            principal,
+            context.peer(),
+            action=TopicAction.PRODUCE,
+            topic=name,
+            on_challenge=challenge,
+            on_revoked=producer.close_with,
+        )
         reader = asyncio.create_task(
-            self._read_produce(request_iterator, producer, inflight, arrived)
+            self._read_produce(request_iterator, producer, inflight, arrived, credentials)
         )
         try:
-            async for response in self._produce_responses(producer, inflight, arrived, reader):
+            async for response in self._produce_responses(
+                producer, inflight, arrived, reader, challenges
+            ):
                 yield response
             if reader.done() and not reader.cancelled() and reader.exception() is not None:
                 error = reader.exception()
@@ -184,6 +219,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                     else ProtocolError(f"the produce stream failed: {error!r}")
                 )
         finally:
+            credentials.close()
             await _reap(reader)
             topic.remove_producer(producer)
             log.info("producer_closed", topic=name.full, producer=producer_name)
@@ -194,6 +230,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         producer: ProducerSession,
         inflight: deque[tuple[int, asyncio.Future[Receipt]]],
         arrived: asyncio.Event,
+        credentials: StreamCredentials,
     ) -> None:
         topic = producer.topic
         loop = asyncio.get_running_loop()
@@ -201,6 +238,13 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             kind = request.WhichOneof("kind")
             if kind == "close":
                 return
+            if kind == "auth":
+                try:
+                    await credentials.refresh(request.auth.token)
+                except (AuthenticationError, AuthorizationError) as e:
+                    credentials.revoke(e)
+                    return
+                continue
             if kind != "send":
                 failed: asyncio.Future[Receipt] = loop.create_future()
                 failed.set_exception(ProtocolError(f"unexpected {kind} on an open producer"))
@@ -239,6 +283,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         inflight: deque[tuple[int, asyncio.Future[Receipt]]],
         arrived: asyncio.Event,
         reader: asyncio.Task[None],
+        challenges: deque[int],
     ) -> AsyncIterator[pb.ProduceResponse]:
         partition = producer.topic.name.partition
         # one event wakes this loop: a batch arriving or completing (each receipt future sets
@@ -246,6 +291,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         producer.closed.add_done_callback(lambda _: arrived.set())
         reader.add_done_callback(lambda _: arrived.set())
         while True:
+            while challenges:
+                yield pb.ProduceResponse(
+                    auth_challenge=pb.AuthChallenge(expired_at_ms=challenges.popleft())
+                )
             if not (inflight and inflight[0][1].done()):
                 if producer.is_closed:
                     # what is not receipted is resent by the client
@@ -317,8 +366,11 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             )
             return
         sub = first.subscribe
+        security = self.broker.security
         try:
+            principal = security.authenticate(credentials_of(context))
             name = parse_topic(sub.topic)
+            await security.authorize_topic(principal, TopicAction.CONSUME, name)
             if sub.subscription_type == types_pb2.SUBSCRIPTION_TYPE_UNSPECIFIED:
                 sub_type = SubscriptionType.EXCLUSIVE
             else:
@@ -355,7 +407,17 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                 max_redelivery_count=topic.max_redelivery_count,
             )
         )
-        reader = asyncio.create_task(self._read_consume(request_iterator, consumer))
+        credentials = security.stream(
+            principal,
+            context.peer(),
+            action=TopicAction.CONSUME,
+            topic=name,
+            on_challenge=lambda expired_at_ms: consumer.events.put_nowait(
+                AuthChallenge(expired_at_ms)
+            ),
+            on_revoked=consumer.close_with,
+        )
+        reader = asyncio.create_task(self._read_consume(request_iterator, consumer, credentials))
         try:
             async for response in self._consume_responses(consumer, reader):
                 yield response
@@ -368,14 +430,25 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                     else ProtocolError(f"the consume stream failed: {error!r}")
                 )
         finally:
+            credentials.close()
             await _reap(reader)
             consumer.detach()
 
     async def _read_consume(
-        self, requests: AsyncIterator[pb.ConsumeRequest], consumer: ConsumerSession
+        self,
+        requests: AsyncIterator[pb.ConsumeRequest],
+        consumer: ConsumerSession,
+        credentials: StreamCredentials,
     ) -> None:
         async for request in requests:
             kind = request.WhichOneof("kind")
+            if kind == "auth":
+                try:
+                    await credentials.refresh(request.auth.token)
+                except (AuthenticationError, AuthorizationError) as e:
+                    credentials.revoke(e)
+                    return
+                continue
             try:
                 if kind == "flow":
                     consumer.flow(request.flow.permits)
@@ -456,6 +529,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                 elif isinstance(event, ActiveChange):
                     yield pb.ConsumeResponse(
                         active_change=pb.ActiveConsumerChange(is_active=event.active)
+                    )
+                elif isinstance(event, AuthChallenge):
+                    yield pb.ConsumeResponse(
+                        auth_challenge=pb.AuthChallenge(expired_at_ms=event.expired_at_ms)
                     )
                 elif isinstance(event, StreamClosed):
                     yield _consumer_closed(event.reason, end_of_topic=event.end_of_topic)

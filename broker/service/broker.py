@@ -32,6 +32,7 @@ from broker.service.config import BrokerConfig
 from broker.service.envelope import EnvelopeCodec
 from broker.service.load import BrokerLoadInfo, choose_least_loaded
 from broker.service.load_manager import LoadManager
+from broker.service.security import BrokerSecurity
 from broker.service.topic import Topic
 from broker.service.topics import TopicManager
 from magnetar.common.clock import SYSTEM_CLOCK, Clock
@@ -65,6 +66,7 @@ class PartitionOwner:
     partition: int
     broker_url: str
     broker_id: str
+    broker_url_tls: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +83,7 @@ class Route:
     topic: Topic | None
     service_url: str = ""
     broker_id: str = ""
+    service_url_tls: str = ""
 
 
 class BrokerIdInUseError(InvalidConfigError):
@@ -98,6 +101,7 @@ class Broker:
         *,
         broker_id: str,
         service_url: str,
+        service_url_tls: str = "",
         http_address: str = "",
         version: str = "",
         clock: Clock = SYSTEM_CLOCK,
@@ -107,6 +111,10 @@ class Broker:
         self.ledger_client = ledger_client
         self.broker_id = broker_id
         self.service_url = service_url
+        self.service_url_tls = service_url_tls
+        self.security = BrokerSecurity(
+            config, store, authorization_enabled=config.authorization_enabled, clock=clock
+        )
         self.http_address = http_address
         self.version = version
         self.clock = clock
@@ -129,6 +137,7 @@ class Broker:
             config,
             broker_id=broker_id,
             service_url=service_url,
+            service_url_tls=service_url_tls,
             is_live=lambda b: b in self.live_brokers,
             clock=clock,
         )
@@ -164,12 +173,18 @@ class Broker:
                 log.exception("serving_listener_failed", broker=self.broker_id)
 
     async def start(self) -> None:
+        await self.security.start()
         await self._new_session()
         await self._refresh_live()
         self._spawn(self._live_loop())
         self._spawn(self._handover_loop())
         self.ready.set()
-        log.info("broker_started", broker=self.broker_id, url=self.service_url)
+        log.info(
+            "broker_started",
+            broker=self.broker_id,
+            url=self.service_url,
+            url_tls=self.service_url_tls,
+        )
 
     async def _new_session(self) -> None:
         session = await Session.start(
@@ -179,6 +194,7 @@ class Broker:
             format_version=1,
             broker_id=self.broker_id,
             service_url=self.service_url,
+            service_url_tls=self.service_url_tls,
             http_address=self.http_address,
             version=self.version,
             start_time_ms=self.start_time_ms,
@@ -227,7 +243,8 @@ class Broker:
                     other.ParseFromString(holder.value)
                     raise BrokerIdInUseError(
                         f"broker id {self.broker_id!r} is registered by a live broker at"
-                        f" {other.service_url}; give this broker another --broker-id",
+                        f" {other.service_url or other.service_url_tls}; give this broker"
+                        " another --broker-id",
                         context={"broker_id": self.broker_id},
                     ) from None
                 await asyncio.sleep(0.25)
@@ -377,6 +394,7 @@ class Broker:
         if self.session is not None:
             with contextlib.suppress(MagnetarError):
                 await self.session.close()
+        await self.security.close()
         log.info("broker_stopped", broker=self.broker_id)
 
     # --- lookup -----------------------------------------------------------------------------------
@@ -421,6 +439,7 @@ class Broker:
                     partition.partition,
                     owner.service_url,
                     owner.broker_id,
+                    owner.service_url_tls,
                 )
             )
         if name.is_partition:
@@ -447,7 +466,9 @@ class Broker:
                     return owner
                 raise
             return cluster_pb2.OwnershipRecord(
-                broker_id=self.broker_id, service_url=self.service_url
+                broker_id=self.broker_id,
+                service_url=self.service_url,
+                service_url_tls=self.service_url_tls,
             )
         registration = self.live_brokers.get(target)
         if registration is None:
@@ -463,7 +484,11 @@ class Broker:
                 expires_ms=self.clock.time_ms() + self.config.handover_hint_ttl_ms,
             )
             await self.store.put(layout.handover(partition.full), reservation.SerializeToString())
-        return cluster_pb2.OwnershipRecord(broker_id=target, service_url=registration.service_url)
+        return cluster_pb2.OwnershipRecord(
+            broker_id=target,
+            service_url=registration.service_url,
+            service_url_tls=registration.service_url_tls,
+        )
 
     async def open_topic(self, name: TopicName) -> Topic:
         """The partition a producer or consumer opens: served here, taken here if nobody owns
@@ -482,14 +507,16 @@ class Broker:
             return Route(topic)
         owner = await read_owner(self.store, partition.full)
         if owner is not None and owner.broker_id != self.broker_id:
-            return Route(None, owner.service_url, owner.broker_id)
+            return Route(None, owner.service_url, owner.broker_id, owner.service_url_tls)
         if not acquire:
             raise TopicNotOwnedError(f"partition {partition} is not owned by any broker")
         hint = await read_handover(self.store, partition.full, self.clock.time_ms())
         if hint is not None and hint.broker_id != self.broker_id:
             registration = self.live_brokers.get(hint.broker_id)
             if registration is not None:
-                return Route(None, registration.service_url, hint.broker_id)
+                return Route(
+                    None, registration.service_url, hint.broker_id, registration.service_url_tls
+                )
         return Route(await self.topics.get(partition, acquire=True))
 
     # --- topic administration ---------------------------------------------------------------------

@@ -2,28 +2,46 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from bookie.client.config import LedgerClientConfig
 from bookie.client.write_handle import MAX_ENTRY_BYTES
 from broker.managed_ledger import ManagedLedgerConfig
 from magnetar.common.config import config_error
+from magnetar.common.security.config import AuthenticationSettings, TlsSettings
 
 BROKER_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 ENVELOPE_ALLOWANCE_BYTES = 16 * 1024
 """Room kept in an entry for the envelope the broker wraps around a producer's batch."""
 
 
+def is_loopback(host: str) -> bool:
+    """Whether listening on ``host`` keeps a server to this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 @dataclass(frozen=True, kw_only=True)
-class BrokerConfig:
-    """One broker: how clients reach it, how it owns partitions, its limits."""
+class BrokerConfig(AuthenticationSettings, TlsSettings):
+    """One broker: how clients reach it, how it owns partitions, its limits, its security."""
 
     metadata: str
     """Metadata URL: etcd://h1:2379,h2:2379, embedded:///path, or memory://."""
 
-    port: int = 6650
-    """gRPC port of the broker and admin services (0: any free port)."""
+    port: int | None = 6650
+    """Plaintext gRPC port of the broker and admin services (0: any free port; empty: no
+    plaintext listener, TLS only)."""
+
+    tls_port: int = 6651
+    """TLS gRPC port of the same services, open when tls_cert_file and tls_key_file are set (0:
+    any free port)."""
 
     http_port: int = 8080
     """HTTP port for /metrics and /health (0: any free port)."""
@@ -121,11 +139,45 @@ class BrokerConfig:
     ledger: LedgerClientConfig = field(default_factory=LedgerClientConfig)
     """How ledgers are placed, written and read."""
 
+    authorization_enabled: bool = False
+    """Check every call against tenant admins, namespace permissions and superusers (needs
+    authentication_enabled)."""
+
+    broker_client_trust_certs_file: Path | None = None
+    """CA certificates that sign other brokers' certificates, for the admin calls a broker
+    forwards to a partition's owner over TLS (default: tls_trust_certs_file, else the system's)."""
+
+    broker_client_auth_token_file: Path | None = None
+    """Token this broker presents when it forwards admin calls to other brokers (its role must be
+    a superuser). Read again at each call, so it can be rotated in place."""
+
     def __post_init__(self) -> None:
-        for name in ("port", "http_port"):
+        for name in ("port", "http_port", "tls_port"):
             value = getattr(self, name)
-            if not 0 <= value <= 65535:
+            if value is not None and not 0 <= value <= 65535:
                 raise config_error(name, value, "must be a port number from 0 to 65535")
+        self._check_tls()
+        self._check_authentication()
+        if self.port is None and not self.tls_enabled:
+            raise config_error(
+                "port", "", "may be empty (no plaintext listener) only with TLS on (tls_cert_file)"
+            )
+        if self.authorization_enabled and not self.authentication_enabled:
+            raise config_error(
+                "authorization_enabled",
+                self.authorization_enabled,
+                "needs authentication_enabled (authorization decides by the authenticated role)",
+            )
+        if (
+            self.authentication_enabled
+            and "tls" in self.authentication_providers
+            and self.tls_trust_certs_file is None
+        ):
+            raise config_error(
+                "authentication_providers",
+                ",".join(self.authentication_providers),
+                "includes tls, which needs tls_trust_certs_file (the CA of client certificates)",
+            )
         if self.broker_id is not None and not BROKER_ID_PATTERN.fullmatch(self.broker_id):
             raise config_error(
                 "broker_id",

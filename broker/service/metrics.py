@@ -41,6 +41,23 @@ class BrokerCollector(Collector):
         )
         lost.add_metric(b, broker.sessions_lost)
         yield lost
+        security = broker.security
+        failures = CounterMetricFamily(
+            "magnetar_broker_authentication_failures",
+            "Calls and streams refused for their credentials, by reason",
+            labels=["broker", "reason"],
+        )
+        for reason, count in sorted(security.authentication.failures.items()):
+            failures.add_metric([broker.broker_id, reason], count)
+        yield failures
+        denied = CounterMetricFamily(
+            "magnetar_broker_authorization_denied",
+            "Calls and streams refused by authorization, by what they needed",
+            labels=["broker", "action"],
+        )
+        for action, count in sorted(security.authorization.denials.items()):
+            denied.add_metric([broker.broker_id, action], count)
+        yield denied
         cache = GaugeMetricFamily(
             "magnetar_broker_entry_cache_bytes", "Bytes in the entry cache", labels=labels
         )

@@ -109,12 +109,26 @@ class StreamClosed:
 
 
 @dataclass(frozen=True, slots=True)
+class AuthChallenge:
+    """The stream's credentials expired at ``expired_at_ms``: ask the client for fresh ones."""
+
+    expired_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class ClientDone:
     """The client ended its side of the stream: the stream ends without another message."""
 
 
 ConsumerEvent = (
-    Deliveries | AckDone | SeekDone | RequestFailed | ActiveChange | StreamClosed | ClientDone
+    Deliveries
+    | AckDone
+    | SeekDone
+    | RequestFailed
+    | ActiveChange
+    | StreamClosed
+    | ClientDone
+    | AuthChallenge
 )
 
 

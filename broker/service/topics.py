@@ -55,6 +55,7 @@ class TopicManager:
         *,
         broker_id: str,
         service_url: str,
+        service_url_tls: str = "",
         is_live: Callable[[str], bool],
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
@@ -64,6 +65,7 @@ class TopicManager:
         self.config = config
         self.broker_id = broker_id
         self.service_url = service_url
+        self.service_url_tls = service_url_tls
         self._is_live = is_live
         self.clock = clock
         self.topics: dict[str, Topic] = {}
@@ -132,6 +134,7 @@ class TopicManager:
         record = cluster_pb2.OwnershipRecord(
             broker_id=self.broker_id,
             service_url=self.service_url,
+            service_url_tls=self.service_url_tls,
             acquired_ms=self.clock.time_ms(),
         )
         try:

@@ -17,6 +17,7 @@ meets); each has a ``retriable`` flag. See ``docs/client.md``.
 """
 
 from magnetar.aio.admin import AdminClient
+from magnetar.aio.auth import Authentication, AuthenticationTLS, AuthenticationToken
 from magnetar.aio.client import Client
 from magnetar.aio.config import ClientConfig, ConsumerConfig, ProducerConfig
 from magnetar.aio.consumer import Consumer
@@ -25,6 +26,8 @@ from magnetar.aio.message_id import MessageId
 from magnetar.aio.producer import ManyCallback, Producer, SendCallback, SendReceipt
 from magnetar.aio.reader import Reader
 from magnetar.common.errors import (
+    AuthenticationError,
+    AuthorizationError,
     ClientClosedError,
     ClientConnectionError,
     ClientError,
@@ -40,12 +43,18 @@ from magnetar.common.errors import (
     ProducerClosedError,
     ProducerQueueFullError,
     ReceiveTimeoutError,
+    TlsError,
     TopicLookupError,
     TopicNotFoundError,
 )
 
 __all__ = [
     "AdminClient",
+    "Authentication",
+    "AuthenticationError",
+    "AuthenticationTLS",
+    "AuthenticationToken",
+    "AuthorizationError",
     "Client",
     "ClientClosedError",
     "ClientConfig",
@@ -73,6 +82,7 @@ __all__ = [
     "ReceiveTimeoutError",
     "SendCallback",
     "SendReceipt",
+    "TlsError",
     "TopicLookupError",
     "TopicNotFoundError",
 ]

@@ -17,7 +17,7 @@ for ``json.dumps``. Failures are the typed errors of :mod:`magnetar.common.error
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Literal, TypeVar
 
 import grpc
@@ -25,6 +25,7 @@ import grpc.aio
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message as ProtoMessage
 
+from magnetar.aio.auth import Authentication
 from magnetar.aio.backoff import Backoff
 from magnetar.aio.config import ClientConfig, client_config
 from magnetar.aio.connection import ConnectionPool, is_transient
@@ -46,6 +47,7 @@ __all__ = ["AdminClient", "to_plain"]
 R = TypeVar("R", bound=ProtoMessage)
 
 _POLICY_FIELDS = frozenset(pb.TopicPolicies.DESCRIPTOR.fields_by_name)
+_AUTH_ACTIONS = {"produce": pb.AUTH_ACTION_PRODUCE, "consume": pb.AUTH_ACTION_CONSUME}
 
 
 def _enum_name(field: Any, number: int) -> str:
@@ -106,17 +108,23 @@ class AdminClient:
     the fields of :class:`ClientConfig`. Creating it opens nothing.
     """
 
-    def __init__(self, service_url: str | ClientConfig, **settings: Any) -> None:
+    def __init__(
+        self,
+        service_url: str | ClientConfig,
+        *,
+        authentication: Authentication | None = None,
+        **settings: Any,
+    ) -> None:
         config = client_config(service_url, settings)
         self.config = config
-        self._pool = ConnectionPool(config)
+        self._pool = ConnectionPool(config, authentication)
         self._stubs: dict[str, admin_pb2_grpc.AdminServiceAsyncStub] = {}
         self._next = 0
 
-    def _stub(self, address: str) -> admin_pb2_grpc.AdminServiceAsyncStub:
+    async def _stub(self, address: str) -> admin_pb2_grpc.AdminServiceAsyncStub:
         stub = self._stubs.get(address)
         if stub is None:
-            stub = admin_pb2_grpc.AdminServiceStub(self._pool.channel(address))
+            stub = admin_pb2_grpc.AdminServiceStub(await self._pool.channel(address))
             self._stubs[address] = stub
         return stub
 
@@ -140,11 +148,17 @@ class AdminClient:
                 index = (self._next + attempt) % len(targets)
                 address = targets[index]
                 try:
-                    response = await call(self._stub(address), remaining)
+                    response = await call(await self._stub(address), remaining)
                 except grpc.aio.AioRpcError as e:
                     error = error_from_rpc_error(e, address)
                     if not is_transient(error):
                         raise error from None
+                    last = error
+                    continue
+                except MagnetarError as error:
+                    # a new TLS channel's check: untrusted is final, unreachable is retried
+                    if not is_transient(error):
+                        raise
                     last = error
                     continue
                 self._next = index
@@ -342,6 +356,111 @@ class AdminClient:
         request = pb.GetLedgerRequest(ledger_id=ledger_id)
         response = await self._call(
             f"reading ledger {ledger_id}", lambda s, t: s.GetLedger(request, timeout=t)
+        )
+        return to_plain(response)
+
+    # --- tenants, namespaces and permissions (pulsar-admin's names) ------------------------------
+
+    async def create_tenant(self, tenant: str, admin_roles: Iterable[str] = ()) -> None:
+        """Create ``tenant``, administered by ``admin_roles`` (superusers only)."""
+        request = pb.CreateTenantRequest(tenant=tenant, admin_roles=list(admin_roles))
+        await self._call(
+            f"creating tenant {tenant}", lambda s, t: s.CreateTenant(request, timeout=t)
+        )
+
+    async def update_tenant(self, tenant: str, admin_roles: Iterable[str]) -> None:
+        """Replace the admin roles of ``tenant`` (superusers only)."""
+        request = pb.UpdateTenantRequest(tenant=tenant, admin_roles=list(admin_roles))
+        await self._call(
+            f"updating tenant {tenant}", lambda s, t: s.UpdateTenant(request, timeout=t)
+        )
+
+    async def delete_tenant(self, tenant: str) -> None:
+        """Delete ``tenant``; refused while it has namespaces (superusers only)."""
+        request = pb.DeleteTenantRequest(tenant=tenant)
+        await self._call(
+            f"deleting tenant {tenant}", lambda s, t: s.DeleteTenant(request, timeout=t)
+        )
+
+    async def list_tenants(self) -> list[str]:
+        """The tenants this role may see: all of them for a superuser."""
+        response = await self._call(
+            "listing tenants", lambda s, t: s.ListTenants(pb.ListTenantsRequest(), timeout=t)
+        )
+        return list(response.tenants)
+
+    async def get_tenant(self, tenant: str) -> dict[str, Any]:
+        """``{"tenant": ..., "admin_roles": [...]}``."""
+        request = pb.GetTenantRequest(tenant=tenant)
+        response = await self._call(
+            f"reading tenant {tenant}", lambda s, t: s.GetTenant(request, timeout=t)
+        )
+        return to_plain(response.tenant)
+
+    async def create_namespace(self, namespace: str) -> None:
+        """Create ``tenant/namespace`` (tenant admins and superusers)."""
+        request = pb.CreateNamespaceRequest(namespace=namespace)
+        await self._call(
+            f"creating namespace {namespace}", lambda s, t: s.CreateNamespace(request, timeout=t)
+        )
+
+    async def delete_namespace(self, namespace: str) -> None:
+        """Delete ``tenant/namespace``; refused while it has topics."""
+        request = pb.DeleteNamespaceRequest(namespace=namespace)
+        await self._call(
+            f"deleting namespace {namespace}", lambda s, t: s.DeleteNamespace(request, timeout=t)
+        )
+
+    async def list_namespaces(self, tenant: str) -> list[str]:
+        """The namespaces of ``tenant`` this role may see."""
+        request = pb.ListNamespacesRequest(tenant=tenant)
+        response = await self._call(
+            f"listing the namespaces of {tenant}", lambda s, t: s.ListNamespaces(request, timeout=t)
+        )
+        return list(response.namespaces)
+
+    async def grant_permission(
+        self, namespace: str, role: str, actions: Iterable[str] = ("produce", "consume")
+    ) -> None:
+        """Let ``role`` take ``actions`` (``produce``, ``consume``) on every topic of
+        ``namespace``, replacing what it had there."""
+        wire = []
+        for action in actions:
+            number = _AUTH_ACTIONS.get(action.strip().lower())
+            if number is None:
+                raise InvalidArgumentError(
+                    f"unknown action {action!r}: the actions are produce and consume"
+                )
+            wire.append(number)
+        request = pb.GrantPermissionRequest(namespace=namespace, role=role, actions=wire)
+        await self._call(
+            f"granting {role} on {namespace}", lambda s, t: s.GrantPermission(request, timeout=t)
+        )
+
+    async def revoke_permission(self, namespace: str, role: str) -> None:
+        """Take every action on ``namespace`` from ``role``."""
+        request = pb.RevokePermissionRequest(namespace=namespace, role=role)
+        await self._call(
+            f"revoking {role} on {namespace}", lambda s, t: s.RevokePermission(request, timeout=t)
+        )
+
+    async def permissions(self, namespace: str) -> dict[str, list[str]]:
+        """``{role: ["consume", "produce"], ...}`` granted on ``namespace``."""
+        request = pb.GetPermissionsRequest(namespace=namespace)
+        response = await self._call(
+            f"reading the permissions of {namespace}",
+            lambda s, t: s.GetPermissions(request, timeout=t),
+        )
+        names = {number: name for name, number in _AUTH_ACTIONS.items()}
+        return {
+            p.role: sorted(names.get(a, str(a)) for a in p.actions) for p in response.permissions
+        }
+
+    async def whoami(self) -> dict[str, Any]:
+        """How the broker sees this client: ``role``, ``method`` (token, tls, none),
+        ``superuser``, and whether authentication and authorization are on."""
+        response = await self._call(
+            "asking who this client is", lambda s, t: s.WhoAmI(pb.WhoAmIRequest(), timeout=t)
         )
         return to_plain(response)
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from magnetar.aio.admin import AdminClient
+from magnetar.aio.auth import Authentication
 from magnetar.aio.config import (
     ClientConfig,
     ConsumerConfig,
@@ -36,13 +37,22 @@ class Client:
 
     ``Client("magnetar://h1:6650,h2:6650", operation_timeout_s=30)`` or
     ``Client(ClientConfig(...))``; keyword settings are the fields of :class:`ClientConfig`.
-    Creating a client opens nothing: connections open on first use.
+    ``authentication`` is :class:`AuthenticationToken` or :class:`AuthenticationTLS` (with a
+    ``magnetar+ssl://`` URL and ``tls_trust_certs_file_path``). Creating a client opens
+    nothing: connections open on first use.
     """
 
-    def __init__(self, service_url: str | ClientConfig, **settings: Any) -> None:
+    def __init__(
+        self,
+        service_url: str | ClientConfig,
+        *,
+        authentication: Authentication | None = None,
+        **settings: Any,
+    ) -> None:
         config = client_config(service_url, settings)
         self.config = config
-        self._pool = ConnectionPool(config)  # checks the service URL
+        self._authentication = authentication
+        self._pool = ConnectionPool(config, authentication)  # checks the service URL
         self._producers: set[Producer] = set()
         self._consumers: set[Consumer] = set()
         self._closed = False
@@ -229,7 +239,7 @@ class Client:
     def admin(self) -> AdminClient:
         """An :class:`AdminClient` on the same service URL and settings (close it yourself)."""
         self._check_open()
-        return AdminClient(self.config)
+        return AdminClient(self.config, authentication=self._authentication)
 
     async def get_topic_partitions(self, topic: str) -> list[str]:
         """The partitions of ``topic`` (the topic itself when it has none)."""

@@ -71,6 +71,14 @@ class ClientConfig:
     keepalive_timeout_ms: int = 5_000
     """A ping unanswered for this long closes the connection (its streams then reconnect)."""
 
+    tls_trust_certs_file_path: str | None = None
+    """PEM file of the CA certificates that sign the brokers' certificates, for a
+    magnetar+ssl:// service URL (None: the system's CAs)."""
+
+    tls_validate_hostname: bool = True
+    """Refuse a broker whose certificate does not name the host connected to (pulsar-client's
+    default is False; Magnetar's is the safe one)."""
+
     def __post_init__(self) -> None:
         _at_least(self, ("operation_timeout_s",), 0.001)
         _at_least(

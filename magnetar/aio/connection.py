@@ -4,27 +4,40 @@ One gRPC channel per broker address, shared by every producer and consumer strea
 to that broker (HTTP/2 multiplexes them). A lookup may go to any broker: the pool tries the
 service URL's brokers in turn, starting after the one that answered last, so a dead broker costs
 one fast refusal and not a timeout.
+
+With a ``magnetar+ssl://`` service URL every channel is TLS, checked before it opens
+(:func:`magnetar.common.security.tls.open_secure_channel`: an untrusted certificate is a
+:class:`TlsError` at once, not a retried ``UNAVAILABLE``), and lookups answer with the owners'
+TLS addresses. Credentials (:mod:`magnetar.aio.auth`) go on every call: unary calls get them
+from an interceptor on the channel, streams from :meth:`ConnectionPool.call_metadata` when they
+open.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import grpc
 import grpc.aio
 
+from magnetar.aio.auth import Authentication
 from magnetar.aio.backoff import Backoff
 from magnetar.aio.config import ClientConfig
-from magnetar.aio.names import TopicName, parse_broker_url, parse_service_url
+from magnetar.aio.names import TopicName, parse_broker_url, parse_service_url, uses_tls
 from magnetar.common.errors import (
     ClientClosedError,
+    InvalidArgumentError,
+    InvalidServiceUrlError,
     MagnetarError,
     OperationTimeoutError,
     TopicLookupError,
 )
 from magnetar.common.grpc_errors import error_from_rpc_error
 from magnetar.common.log import get_library_logger
+from magnetar.common.security.tls import ClientTls, open_secure_channel
 from proto.broker.v1 import broker_pb2, broker_pb2_grpc
 
 __all__ = ["ConnectionPool", "PartitionOwner", "TopicLookup", "is_transient"]
@@ -70,15 +83,56 @@ def is_transient(error: MagnetarError) -> bool:
 
 _GRPC_STATUS_TASK = "_handle_status_once_received"
 _GRPC_TASKS_TIMEOUT_S = 1.0
+AUTHORIZATION_HEADER = "authorization"
+
+
+class _CallCredentials(grpc.aio.UnaryUnaryClientInterceptor):
+    """Puts the client's credentials on every unary call (lookups, admin calls)."""
+
+    def __init__(self, pool: ConnectionPool) -> None:
+        self._pool = pool
+
+    async def intercept_unary_unary(
+        self, continuation: Any, client_call_details: Any, request: Any
+    ) -> Any:
+        metadata = await self._pool.call_metadata()
+        if metadata:
+            client_call_details = client_call_details._replace(
+                metadata=[*(client_call_details.metadata or ()), *metadata]
+            )
+        return await continuation(client_call_details, request)
 
 
 class ConnectionPool:
     """Channels to brokers, and lookups over the service URL's brokers."""
 
-    def __init__(self, config: ClientConfig) -> None:
+    def __init__(self, config: ClientConfig, authentication: Authentication | None = None) -> None:
         self.config = config
         self.service_targets = parse_service_url(config.service_url)
+        self.tls = uses_tls(config.service_url)
+        if authentication is not None and not isinstance(authentication, Authentication):
+            raise InvalidArgumentError(
+                "authentication is magnetar.AuthenticationToken(...) or"
+                f" magnetar.AuthenticationTLS(...), got {type(authentication).__name__}"
+            )
+        self.authentication = authentication
+        certificate = authentication.certificate if authentication is not None else None
+        if certificate is not None and not self.tls:
+            raise InvalidArgumentError(
+                "AuthenticationTLS presents a client certificate on TLS connections: use a"
+                f" magnetar+ssl:// service URL, not {config.service_url!r}"
+            )
+        self._tls = ClientTls(
+            trust_certs_file=Path(config.tls_trust_certs_file_path)
+            if config.tls_trust_certs_file_path
+            else None,
+            validate_hostname=config.tls_validate_hostname,
+            cert_file=certificate[0] if certificate else None,
+            key_file=certificate[1] if certificate else None,
+        )
+        self._interceptors = [_CallCredentials(self)] if authentication is not None else None
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._opening: dict[str, asyncio.Task[grpc.aio.Channel]] = {}
         self._stubs: dict[str, broker_pb2_grpc.BrokerServiceAsyncStub] = {}
         self._next_lookup = 0
         self._closed = False
@@ -99,21 +153,52 @@ class ConnectionPool:
     def closed(self) -> bool:
         return self._closed
 
-    def channel(self, address: str) -> grpc.aio.Channel:
-        """The channel to the broker at ``address`` (``host:port``), opened once."""
+    async def call_metadata(self) -> tuple[tuple[str, str], ...] | None:
+        """The credentials to put on a call or stream opened now (the token supplier is asked
+        each time)."""
+        if self.authentication is None:
+            return None
+        token = await self.authentication.token()
+        return None if token is None else ((AUTHORIZATION_HEADER, f"Bearer {token}"),)
+
+    async def channel(self, address: str) -> grpc.aio.Channel:
+        """The channel to the broker at ``address`` (``host:port``), opened once: over TLS
+        (checked first) with a ``magnetar+ssl://`` service URL."""
         if self._closed:
             raise ClientClosedError("the client was closed")
         channel = self._channels.get(address)
-        if channel is None:
-            channel = grpc.aio.insecure_channel(address, options=self._options)
-            self._channels[address] = channel
-        return channel
+        if channel is not None:
+            return channel
+        if not self.tls:
+            channel = grpc.aio.insecure_channel(
+                address, options=self._options, interceptors=self._interceptors
+            )
+        else:
+            opening = self._opening.get(address)
+            if opening is None:
+                opening = asyncio.create_task(
+                    open_secure_channel(
+                        address,
+                        self._tls,
+                        self._options,
+                        timeout_s=self.config.connection_timeout_ms / 1000,
+                        interceptors=self._interceptors,
+                    ),
+                    name=f"tls:{address}",
+                )
+                self._opening[address] = opening
+                opening.add_done_callback(lambda _: self._opening.pop(address, None))
+            channel = await asyncio.shield(opening)
+            if self.closed:
+                await channel.close()
+                raise ClientClosedError("the client was closed")
+        return self._channels.setdefault(address, channel)
 
-    def stub(self, address: str) -> broker_pb2_grpc.BrokerServiceAsyncStub:
+    async def stub(self, address: str) -> broker_pb2_grpc.BrokerServiceAsyncStub:
         """The broker-service stub for the broker at ``address``."""
         stub = self._stubs.get(address)
         if stub is None:
-            stub = broker_pb2_grpc.BrokerServiceStub(self.channel(address))
+            stub = broker_pb2_grpc.BrokerServiceStub(await self.channel(address))
             self._stubs[address] = stub
         return stub
 
@@ -133,7 +218,8 @@ class ConnectionPool:
             index = (self._next_lookup + attempt) % len(targets)
             address = targets[index]
             try:
-                response = await self.stub(address).Lookup(
+                stub = await self.stub(address)
+                response = await stub.Lookup(
                     broker_pb2.LookupRequest(topic=topic), timeout=per_call_s
                 )
             except grpc.aio.AioRpcError as e:
@@ -141,6 +227,13 @@ class ConnectionPool:
                 if not is_transient(error):
                     raise error from None
                 log.debug("lookup_failed", broker=address, topic=topic, error=repr(error))
+                last = error
+                continue
+            except MagnetarError as error:
+                # the TLS check of a new channel: an untrusted broker is final, an
+                # unreachable one is the next broker's turn
+                if not is_transient(error):
+                    raise
                 last = error
                 continue
             self._next_lookup = index
@@ -192,21 +285,33 @@ class ConnectionPool:
             )
         return [(o.partition_topic, o.partition) for o in lookup.owners]
 
-    @staticmethod
-    def _to_lookup(response: broker_pb2.LookupResponse) -> TopicLookup:
+    def _to_lookup(self, response: broker_pb2.LookupResponse) -> TopicLookup:
         owners = tuple(
             PartitionOwner(
                 partition_topic=o.partition_topic,
                 partition=o.partition,
-                address=parse_broker_url(o.broker_url),
+                address=self._owner_address(o),
                 broker_id=o.broker_id,
             )
             for o in response.owners
         )
         return TopicLookup(response.topic, response.partitions, owners)
 
+    def _owner_address(self, owner: broker_pb2.PartitionOwner) -> str:
+        url = owner.broker_url_tls if self.tls else owner.broker_url
+        if not url:
+            kind, other = ("TLS", "magnetar://") if self.tls else ("plaintext", "magnetar+ssl://")
+            raise InvalidServiceUrlError(
+                f"broker {owner.broker_id}, the owner of {owner.partition_topic}, has no {kind}"
+                f" listener; connect with a {other} service URL",
+                context={"broker": owner.broker_id},
+            )
+        return parse_broker_url(url)
+
     async def close(self) -> None:
         self._closed = True
+        for opening in list(self._opening.values()):
+            opening.cancel()
         channels = list(self._channels.values())
         self._channels.clear()
         self._stubs.clear()

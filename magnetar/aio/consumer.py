@@ -626,8 +626,15 @@ class _PartitionConsumer(PartitionStream):
         self.end_of_topic = closed.end_of_topic
         return super()._closed(closed, address)
 
-    def _open_call(self, stub: broker_pb2_grpc.BrokerServiceAsyncStub) -> Any:
-        return stub.Consume()
+    def _open_call(
+        self,
+        stub: broker_pb2_grpc.BrokerServiceAsyncStub,
+        metadata: tuple[tuple[str, str], ...] | None,
+    ) -> Any:
+        return stub.Consume(metadata=metadata)
+
+    def _send_control(self, token: str) -> None:
+        self._send(broker_pb2.ConsumeRequest(auth=broker_pb2.AuthResponse(token=token)))
 
     def _open_request(self) -> broker_pb2.ConsumeRequest:
         start = self._start

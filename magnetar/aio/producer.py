@@ -344,6 +344,8 @@ class _PartitionProducer(PartitionStream):
         """Sealed, not yet confirmed, in sequence order (request ids grow with it)."""
         self._unsent: deque[_PendingBatch] = deque()
         """Pending batches not yet written on the current stream."""
+        self._control: deque[broker_pb2.ProduceRequest] = deque()
+        """Answers to auth challenges, written before any batch."""
         self._wake_sender = asyncio.Event()
         self._drain_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._next_sequence_id = self._config.initial_sequence_id + 1
@@ -540,8 +542,19 @@ class _PartitionProducer(PartitionStream):
     def _reconnect_context(self) -> dict[str, object]:
         return {"pending_batches": len(self._pending)}
 
-    def _open_call(self, stub: broker_pb2_grpc.BrokerServiceAsyncStub) -> Any:
-        return stub.Produce()
+    def _open_call(
+        self,
+        stub: broker_pb2_grpc.BrokerServiceAsyncStub,
+        metadata: tuple[tuple[str, str], ...] | None,
+    ) -> Any:
+        return stub.Produce(metadata=metadata)
+
+    def _send_control(self, token: str) -> None:
+        if self.connected:
+            self._control.append(
+                broker_pb2.ProduceRequest(auth=broker_pb2.AuthResponse(token=token))
+            )
+            self._wake_sender.set()
 
     def _open_request(self) -> broker_pb2.ProduceRequest:
         return broker_pb2.ProduceRequest(
@@ -581,13 +594,17 @@ class _PartitionProducer(PartitionStream):
     def _on_disconnected(self) -> None:
         self.connected = False
         self._unsent.clear()
+        self._control.clear()
 
     async def _write(self, call: Any) -> NoReturn:
         limit = self._config.max_request_bytes
         unsent = self._unsent
+        control = self._control
         while True:
             await self._wake_sender.wait()
             self._wake_sender.clear()
+            while control:
+                await call.write(control.popleft())
             while unsent:
                 batches: list[broker_pb2.ProduceBatch] = []
                 size = 0

@@ -5,6 +5,10 @@ on the owner, serves it (a writer and a reader task) until it ends, and then bac
 reconnects, or fails for good when the error is final. What a producer and a consumer put on the
 stream and make of the answers are hooks; the loop, the open handshake and its errors are here.
 
+The stream opens with the client's credentials (:meth:`ConnectionPool.call_metadata`). When the
+broker says they expired (``auth_challenge``), the token supplier is asked again and the fresh
+token goes back in band (``auth``): the stream goes on, nothing is resent.
+
 The events it logs start with the stream's role: ``producer_reconnecting``,
 ``consumer_stream_crashed``, ``producer_failed`` and so on.
 """
@@ -83,13 +87,23 @@ class PartitionStream(ABC):
         self._closing = False
         self._call: Any = None
         self._run_task: asyncio.Task[None] | None = None
+        self._auth_tasks: set[asyncio.Task[None]] = set()
         self._log = log
 
     # --- hooks -----------------------------------------------------------------------------
 
     @abstractmethod
-    def _open_call(self, stub: broker_pb2_grpc.BrokerServiceAsyncStub) -> Any:
-        """Start the bidirectional call on the owner."""
+    def _open_call(
+        self,
+        stub: broker_pb2_grpc.BrokerServiceAsyncStub,
+        metadata: tuple[tuple[str, str], ...] | None,
+    ) -> Any:
+        """Start the bidirectional call on the owner, with ``metadata`` (the credentials)."""
+
+    @abstractmethod
+    def _send_control(self, token: str) -> None:
+        """Queue the answer to an auth challenge (a request holding ``token``) ahead of the
+        stream's other requests."""
 
     @abstractmethod
     def _open_request(self) -> Any:
@@ -216,7 +230,8 @@ class PartitionStream(ABC):
                 f"the lookup of {topic!r} names no owner for it", context={"topic": topic}
             )
         address = owner.address
-        call: Any = self._open_call(self._pool.stub(address))
+        stub = await self._pool.stub(address)
+        call: Any = self._open_call(stub, await self._pool.call_metadata())
         self._call = call
         try:
             timeout_ms = self._client_config.connection_timeout_ms
@@ -273,11 +288,39 @@ class PartitionStream(ABC):
                 response = await call.read()
                 error = self._end_reason(response, address, f"of {self.partition_topic}")
                 if error is None:
-                    error = self._on_response(response.WhichOneof("kind"), response)
+                    kind = response.WhichOneof("kind")
+                    if kind == "auth_challenge":
+                        self._answer_challenge()
+                        continue
+                    error = self._on_response(kind, response)
                 if error is not None:
                     return error
         except grpc.aio.AioRpcError as e:
             return error_from_rpc_error(e, address)
+
+    def _answer_challenge(self) -> None:
+        """Ask the token supplier for a fresh token (in a task: it may be a coroutine) and send
+        it. If it fails, the broker closes the stream after its grace period, retriably, and the
+        stream reconnects with whatever the supplier gives then."""
+
+        async def answer() -> None:
+            try:
+                metadata = await self._pool.call_metadata()
+            except MagnetarError as e:
+                self._log.warning(f"{self._role}_auth_refresh_failed", error=str(e))
+                return
+            if metadata is None:
+                self._log.warning(
+                    f"{self._role}_auth_refresh_failed",
+                    error="the broker asked for fresh credentials and the client has no token",
+                )
+                return
+            self._send_control(metadata[0][1].removeprefix("Bearer "))
+            self._log.info(f"{self._role}_auth_refreshed")
+
+        task = asyncio.create_task(answer(), name=f"{self._role}-auth:{self.partition_topic}")
+        self._auth_tasks.add(task)
+        task.add_done_callback(self._auth_tasks.discard)
 
     def _end_reason(self, response: Any, address: str, where: str) -> MagnetarError | None:
         """Why the stream ended, when ``response`` is its end (EOF or ``closed``); else None."""

@@ -507,7 +507,11 @@ def _build_section(
             "define config classes at module level"
         ) from exc
     docs = _field_docs(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    # A config's own settings first, then those of the shared groups it inherits (the security
+    # settings of magnetar.common.security.config), so flags and references read in that order.
+    own = set(getattr(cls, "__annotations__", {}))
+    ordered = sorted(dataclasses.fields(cls), key=lambda f: f.name not in own)
+    fields = {f.name: f for f in ordered if f.init}
     children: dict[str, _Leaf | _Section] = {}
     for name, field in fields.items():
         child_path = (*path, name)

@@ -15,6 +15,9 @@ with :func:`error_from_code`. Codes are grouped by layer in blocks of 100.
     ├── OperationTimeoutError             a deadline passed (3, retriable)
     ├── ServiceUnavailableError           a peer cannot be reached now (4, retriable)
     ├── ShuttingDownError                 the component is stopping (10, retriable)
+    ├── AuthenticationError               no, bad or expired credentials (20)
+    │   └── AuthenticationExpiredError    a stream's credentials expired unrefreshed (21, retriable)
+    ├── AuthorizationError                the role may not do that (22)
     ├── MetadataError                     the metadata store (100)
     │   ├── BadVersionError               compare-and-swap lost: the key changed (101)
     │   ├── KeyExistsError                create-only put on an existing key (102)
@@ -73,7 +76,12 @@ with :func:`error_from_code`. Codes are grouped by layer in blocks of 100.
     │   ├── TopicTerminatedError          (512)
     │   ├── SubscriptionBusyError         the subscription has active consumers (513)
     │   ├── IncompatibleSubscriptionError the subscription exists with another type (515)
-    │   └── TopicBusyError                the topic has producers or consumers (516)
+    │   ├── TopicBusyError                the topic has producers or consumers (516)
+    │   ├── TenantNotFoundError           (517)
+    │   ├── TenantAlreadyExistsError      (518)
+    │   ├── NamespaceNotFoundError        (519)
+    │   ├── NamespaceAlreadyExistsError   (520)
+    │   └── NotEmptyError                 a tenant or namespace still holds something (521)
     └── ClientError                       the client library (600)
         ├── ClientConnectionError         a broker connection failed (601, retriable)
         ├── TopicLookupError              no broker could say who owns a topic (602, retriable)
@@ -81,7 +89,8 @@ with :func:`error_from_code`. Codes are grouped by layer in blocks of 100.
         ├── ReceiveTimeoutError           receive() waited its timeout with no message (604)
         ├── ProducerClosedError           (605)
         ├── ConsumerClosedError           (606)
-        └── InvalidServiceUrlError        (607)
+        ├── InvalidServiceUrlError        (607)
+        └── TlsError                      a broker's certificate was not trusted (608)
 
 A code marked ``*`` is its parent's: errors of operator commands that never cross the wire
 subclass the error they refine without a code of their own, and travel (if ever) as their parent.
@@ -111,6 +120,9 @@ class ErrorCode(enum.IntEnum):
     UNAVAILABLE = 4
     INVALID_CONFIG = 9
     SHUTTING_DOWN = 10
+    AUTHENTICATION_FAILED = 20
+    AUTHENTICATION_EXPIRED = 21
+    AUTHORIZATION_FAILED = 22
 
     METADATA_ERROR = 100
     METADATA_BAD_VERSION = 101
@@ -173,6 +185,11 @@ class ErrorCode(enum.IntEnum):
     SUBSCRIPTION_BUSY = 513
     INCOMPATIBLE_SUBSCRIPTION = 515
     TOPIC_BUSY = 516
+    TENANT_NOT_FOUND = 517
+    TENANT_ALREADY_EXISTS = 518
+    NAMESPACE_NOT_FOUND = 519
+    NAMESPACE_ALREADY_EXISTS = 520
+    NOT_EMPTY = 521
 
     CLIENT_ERROR = 600
     CONNECTION_FAILED = 601
@@ -182,6 +199,7 @@ class ErrorCode(enum.IntEnum):
     PRODUCER_CLOSED = 605
     CONSUMER_CLOSED = 606
     INVALID_SERVICE_URL = 607
+    TLS_FAILED = 608
 
 
 _BY_CODE: dict[int, type[MagnetarError]] = {}
@@ -285,6 +303,31 @@ class ShuttingDownError(MagnetarError):
     code = ErrorCode.SHUTTING_DOWN
     retriable = True
     grpc_status = "UNAVAILABLE"
+
+
+class AuthenticationError(MagnetarError):
+    """Credentials were missing, malformed, badly signed, expired, or of no known role.
+
+    The message says which; it never holds the token or key itself."""
+
+    code = ErrorCode.AUTHENTICATION_FAILED
+    grpc_status = "UNAUTHENTICATED"
+
+
+class AuthenticationExpiredError(AuthenticationError):
+    """A long-lived stream's credentials expired and were not refreshed in time: reconnect with
+    fresh credentials (the client does, asking its token supplier again)."""
+
+    code = ErrorCode.AUTHENTICATION_EXPIRED
+    retriable = True
+
+
+class AuthorizationError(MagnetarError):
+    """The authenticated role may not do what it asked; the message names the role, the action
+    and the resource."""
+
+    code = ErrorCode.AUTHORIZATION_FAILED
+    grpc_status = "PERMISSION_DENIED"
 
 
 # --- metadata -------------------------------------------------------------------------------
@@ -715,6 +758,41 @@ class TopicBusyError(BrokerError):
     grpc_status = "FAILED_PRECONDITION"
 
 
+class TenantNotFoundError(BrokerError):
+    """No such tenant."""
+
+    code = ErrorCode.TENANT_NOT_FOUND
+    grpc_status = "NOT_FOUND"
+
+
+class TenantAlreadyExistsError(BrokerError):
+    """A tenant of that name exists."""
+
+    code = ErrorCode.TENANT_ALREADY_EXISTS
+    grpc_status = "ALREADY_EXISTS"
+
+
+class NamespaceNotFoundError(BrokerError):
+    """No such namespace."""
+
+    code = ErrorCode.NAMESPACE_NOT_FOUND
+    grpc_status = "NOT_FOUND"
+
+
+class NamespaceAlreadyExistsError(BrokerError):
+    """A namespace of that name exists."""
+
+    code = ErrorCode.NAMESPACE_ALREADY_EXISTS
+    grpc_status = "ALREADY_EXISTS"
+
+
+class NotEmptyError(BrokerError):
+    """A tenant still has namespaces, or a namespace still has topics: delete those first."""
+
+    code = ErrorCode.NOT_EMPTY
+    grpc_status = "FAILED_PRECONDITION"
+
+
 # --- client ---------------------------------------------------------------------------------
 
 
@@ -769,3 +847,12 @@ class InvalidServiceUrlError(ClientError):
 
     code = ErrorCode.INVALID_SERVICE_URL
     grpc_status = "INVALID_ARGUMENT"
+
+
+class TlsError(ClientError):
+    """A TLS connection could not be made: the broker's certificate is not trusted (no or the
+    wrong ``tls_trust_certs_file_path``), does not name the host (``tls_validate_hostname``), or
+    the client's own certificate or key cannot be used."""
+
+    code = ErrorCode.TLS_FAILED
+    grpc_status = "UNAVAILABLE"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from magnetar.common.errors import InvalidTopicNameError
+from magnetar.common.errors import InvalidArgumentError, InvalidTopicNameError
 
 DEFAULT_TENANT = "public"
 DEFAULT_NAMESPACE = "default"
@@ -105,3 +105,29 @@ def parse_base_topic(name: object) -> TopicName:
             f" {topic.topic!r}",
         )
     return topic
+
+
+def check_tenant(name: object) -> str:
+    """A tenant name; :class:`InvalidArgumentError` naming the rule when it is not one."""
+    if not isinstance(name, str) or not _SEGMENT.fullmatch(name) or len(name) > MAX_NAME_CHARS:
+        raise InvalidArgumentError(
+            f"invalid tenant name {name!r}: it may only hold letters, digits, '_', '-', '=' and"
+            f" '.' (not first), up to {MAX_NAME_CHARS} characters",
+            context={"tenant": repr(name)},
+        )
+    return name
+
+
+def parse_namespace(name: object) -> tuple[str, str]:
+    """``"tenant/namespace"`` as ``(tenant, namespace)``; :class:`InvalidArgumentError` naming
+    the rule when it is not one."""
+    text = name.strip("/") if isinstance(name, str) else name
+    parts = text.split("/") if isinstance(text, str) else []
+    if len(parts) != 2 or not all(_SEGMENT.fullmatch(p) for p in parts):
+        raise InvalidArgumentError(
+            f"invalid namespace {name!r}: a namespace is 'tenant/namespace', each part letters,"
+            " digits, '_', '-', '=' and '.' (not first)",
+            context={"namespace": repr(name)},
+        )
+    check_tenant(parts[0])
+    return parts[0], parts[1]

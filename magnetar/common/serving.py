@@ -49,11 +49,22 @@ async def run_until_signalled(
     return 0
 
 
-def listen(server: grpc.aio.Server, host: str, port: int, *, flag: str = "--port") -> int:
-    """Bind ``server`` to ``host:port`` (0: any free port); the port it got. A port that is taken
-    raises :class:`InvalidConfigError` saying so, instead of gRPC's bare RuntimeError."""
+def listen(
+    server: grpc.aio.Server,
+    host: str,
+    port: int,
+    *,
+    flag: str = "--port",
+    credentials: grpc.ServerCredentials | None = None,
+) -> int:
+    """Bind ``server`` to ``host:port`` (0: any free port), over TLS when ``credentials`` are
+    given; the port it got. A port that is taken raises :class:`InvalidConfigError` saying so,
+    instead of gRPC's bare RuntimeError."""
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        if credentials is None:
+            bound = server.add_insecure_port(f"{host}:{port}")
+        else:
+            bound = server.add_secure_port(f"{host}:{port}", credentials)
     except RuntimeError:
         bound = 0
     if bound == 0:

@@ -94,8 +94,8 @@ _RegistryReader = Callable[[MetadataStore], Awaitable[dict[str, str]]]
 def _ready_line_pattern(kind: str) -> re.Pattern[str]:
     """What ``magnetar <kind>`` prints to stdout, once, when it serves and is registered."""
     return re.compile(
-        rf"^{kind} (?P<node_id>\S+) serving on (?P<address>\S+) "
-        r"\(metrics: http://(?P<http_host>\S+):(?P<http_port>\d+)/metrics\)$"
+        rf"^{kind} (?P<node_id>\S+) serving on (?P<address>\S+?)"
+        r"(?:, TLS on (?P<tls_address>\S+))? \(metrics: http://(?P<http_host>\S+):(?P<http_port>\d+)/metrics\)$"
     )
 
 
@@ -203,6 +203,8 @@ class ServerNode(abc.ABC):
         self._reaper: weakref.finalize[..., ServerNode] | None = None
         self._paused = False
         self._address: str | None = None
+        self.tls_address: str | None = None
+        """host:port of the TLS listener, when the server has one besides its plaintext one."""
         self._http_host: str | None = None
         self._http_port: int | None = None
         self._exit_code: int | None = None
@@ -295,6 +297,7 @@ class ServerNode(abc.ABC):
         """Keep what the ready line says about this incarnation."""
         self._node_id = ready["node_id"]
         self._address = ready["address"]
+        self.tls_address = ready.groupdict().get("tls_address")
         self._http_host = ready["http_host"]
         self._http_port = int(ready["http_port"])
 
@@ -832,6 +835,13 @@ class BrokerNode(ServerNode):
         """``"magnetar://HOST:PORT"`` of the current (or last) incarnation."""
         return f"magnetar://{self.address}"
 
+    @property
+    def tls_service_url(self) -> str:
+        """``magnetar+ssl://host:port`` of the broker's TLS listener."""
+        if self.tls_address is None:
+            raise RuntimeError(f"{self!r} has no TLS listener (start it with --tls-cert-file)")
+        return f"magnetar+ssl://{self.tls_address}"
+
     def _kind_args(self) -> list[str]:
         if self._configured_id is None:
             return []
@@ -1073,6 +1083,19 @@ class LocalCluster:
         if not addresses:
             raise RuntimeError(f"{self!r} has no running broker, so no service URL")
         return "magnetar://" + ",".join(addresses)
+
+    @property
+    def tls_service_url(self) -> str:
+        """``"magnetar+ssl://h1:p1,h2:p2"``: the TLS listeners of the brokers running now (the
+        brokers run with ``--tls-cert-file``)."""
+        addresses = [
+            node.tls_address
+            for node in self._brokers
+            if node.is_running and not node.is_paused and node.tls_address
+        ]
+        if not addresses:
+            raise RuntimeError(f"{self!r} has no running broker with a TLS listener")
+        return "magnetar+ssl://" + ",".join(addresses)
 
     @property
     def etcd(self) -> EtcdServer | EtcdCluster | None:

@@ -114,6 +114,66 @@ class AdminServiceStub:
                 request_serializer=proto_dot_admin_dot_v1_dot_admin__pb2.UnloadTopicRequest.SerializeToString,
                 response_deserializer=proto_dot_admin_dot_v1_dot_admin__pb2.UnloadTopicResponse.FromString,
                 _registered_method=True)
+        self.CreateTenant = channel.unary_unary(
+                '/magnetar.admin.v1.AdminService/CreateTenant',
+                request_serializer=proto_dot_admin_dot_v1_dot_admin__pb2.CreateTenantRequest.SerializeToString,
+                response_deserializer=proto_dot_admin_dot_v1_dot_admin__pb2.CreateTenantResponse.FromString,
+                _registered_method=True)
+        self.UpdateTenant = channel.unary_unary(
+                '/magnetar.admin.v1.AdminService/UpdateTenant',
+                request_serializer=proto_dot_admin_dot_v1_dot_admin__pb2.UpdateTenantRequest.SerializeToString,
+                response_deserializer=proto_dot_admin_dot_v1_dot_admin__pb2.UpdateTenantResponse.FromString,
+                _registered_method=True)
+        self.DeleteTenant = channel.unary_unary(
+                '/magnetar.admin.v1.AdminService/DeleteTenant',
+                request_serializer=proto_dot_admin_dot_v1_dot_admin__pb2.DeleteTenantRequest.SerializeToString,
+                response_deserializer=proto_dot_admin_dot_v1_dot_admin__pb2.DeleteTenantResponse.FromString,
+                _registered_method=True)
+        self.ListTenants = channel.unary_unary(
+                '/magnetar.admin.v1.AdminService/ListTenants',
+                request_serializer=proto_dot_admin_dot_v1_dot_admin__pb2.ListTenantsRequest.SerializeToString,
+                response_deserializer=proto_dot_admin_dot_v1_dot_admin__pb2.ListTenantsResponse.FromString,
+                _registered_method=True)
+        self.GetTenant = channel.unary_unary(
+                '/magnetar.admin.v1.AdminService/GetTenant',
+                request_serializer=proto_dot_admin_dot_v1_dot_admin__pb2.GetTenantRequest.SerializeToString,
+                response_deserializer=proto_dot_admin_dot_v1_dot_admin__pb2.GetTenantResponse.FromString,
+                _registered_method=True)
+        self.CreateNamespace = channel.unary_unary(
+                '/magnetar.admin.v1.AdminService/CreateNamespace',
+                request_serializer=proto_dot_admin_dot_v1_dot_admin__pb2.CreateNamespaceRequest.SerializeToString,
+                response_deserializer=proto_dot_admin_dot_v1_dot_admin__pb2.CreateNamespaceResponse.FromString,
+                _registered_method=True)
+        self.DeleteNamespace = channel.unary_unary(
+                '/magnetar.admin.v1.AdminService/DeleteNamespace',
+                request_serializer=proto_dot_admin_dot_v1_dot_admin__pb2.DeleteNamespaceRequest.SerializeToString,
+                response_deserializer=proto_dot_admin_dot_v1_dot_admin__pb2.DeleteNamespaceResponse.FromString,
+                _registered_method=True)
+        self.ListNamespaces = channel.unary_unary(
+                '/magnetar.admin.v1.AdminService/ListNamespaces',
+                request_serializer=proto_dot_admin_dot_v1_dot_admin__pb2.ListNamespacesRequest.SerializeToString,
+                response_deserializer=proto_dot_admin_dot_v1_dot_admin__pb2.ListNamespacesResponse.FromString,
+                _registered_method=True)
+        self.GrantPermission = channel.unary_unary(
+                '/magnetar.admin.v1.AdminService/GrantPermission',
+                request_serializer=proto_dot_admin_dot_v1_dot_admin__pb2.GrantPermissionRequest.SerializeToString,
+                response_deserializer=proto_dot_admin_dot_v1_dot_admin__pb2.GrantPermissionResponse.FromString,
+                _registered_method=True)
+        self.RevokePermission = channel.unary_unary(
+                '/magnetar.admin.v1.AdminService/RevokePermission',
+                request_serializer=proto_dot_admin_dot_v1_dot_admin__pb2.RevokePermissionRequest.SerializeToString,
+                response_deserializer=proto_dot_admin_dot_v1_dot_admin__pb2.RevokePermissionResponse.FromString,
+                _registered_method=True)
+        self.GetPermissions = channel.unary_unary(
+                '/magnetar.admin.v1.AdminService/GetPermissions',
+                request_serializer=proto_dot_admin_dot_v1_dot_admin__pb2.GetPermissionsRequest.SerializeToString,
+                response_deserializer=proto_dot_admin_dot_v1_dot_admin__pb2.GetPermissionsResponse.FromString,
+                _registered_method=True)
+        self.WhoAmI = channel.unary_unary(
+                '/magnetar.admin.v1.AdminService/WhoAmI',
+                request_serializer=proto_dot_admin_dot_v1_dot_admin__pb2.WhoAmIRequest.SerializeToString,
+                response_deserializer=proto_dot_admin_dot_v1_dot_admin__pb2.WhoAmIResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -221,6 +281,87 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateTenant(self, request, context):
+        """--- tenants and namespaces (pulsar-admin's names); authorization reads their permissions ---
+        Superusers only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateTenant(self, request, context):
+        """Superusers only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteTenant(self, request, context):
+        """Superusers only; refused while the tenant has namespaces.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTenants(self, request, context):
+        """Superusers see every tenant; other roles the tenants they administer or may use.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTenant(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateNamespace(self, request, context):
+        """Tenant admins and superusers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteNamespace(self, request, context):
+        """Tenant admins and superusers; refused while the namespace has topics.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListNamespaces(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GrantPermission(self, request, context):
+        """Tenant admins and superusers: grant a role actions on a namespace (replacing its actions).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokePermission(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetPermissions(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WhoAmI(self, request, context):
+        """Who the caller is, as the broker authenticated it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -303,6 +444,66 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.UnloadTopic,
                     request_deserializer=proto_dot_admin_dot_v1_dot_admin__pb2.UnloadTopicRequest.FromString,
                     response_serializer=proto_dot_admin_dot_v1_dot_admin__pb2.UnloadTopicResponse.SerializeToString,
+            ),
+            'CreateTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateTenant,
+                    request_deserializer=proto_dot_admin_dot_v1_dot_admin__pb2.CreateTenantRequest.FromString,
+                    response_serializer=proto_dot_admin_dot_v1_dot_admin__pb2.CreateTenantResponse.SerializeToString,
+            ),
+            'UpdateTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateTenant,
+                    request_deserializer=proto_dot_admin_dot_v1_dot_admin__pb2.UpdateTenantRequest.FromString,
+                    response_serializer=proto_dot_admin_dot_v1_dot_admin__pb2.UpdateTenantResponse.SerializeToString,
+            ),
+            'DeleteTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteTenant,
+                    request_deserializer=proto_dot_admin_dot_v1_dot_admin__pb2.DeleteTenantRequest.FromString,
+                    response_serializer=proto_dot_admin_dot_v1_dot_admin__pb2.DeleteTenantResponse.SerializeToString,
+            ),
+            'ListTenants': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTenants,
+                    request_deserializer=proto_dot_admin_dot_v1_dot_admin__pb2.ListTenantsRequest.FromString,
+                    response_serializer=proto_dot_admin_dot_v1_dot_admin__pb2.ListTenantsResponse.SerializeToString,
+            ),
+            'GetTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTenant,
+                    request_deserializer=proto_dot_admin_dot_v1_dot_admin__pb2.GetTenantRequest.FromString,
+                    response_serializer=proto_dot_admin_dot_v1_dot_admin__pb2.GetTenantResponse.SerializeToString,
+            ),
+            'CreateNamespace': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateNamespace,
+                    request_deserializer=proto_dot_admin_dot_v1_dot_admin__pb2.CreateNamespaceRequest.FromString,
+                    response_serializer=proto_dot_admin_dot_v1_dot_admin__pb2.CreateNamespaceResponse.SerializeToString,
+            ),
+            'DeleteNamespace': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteNamespace,
+                    request_deserializer=proto_dot_admin_dot_v1_dot_admin__pb2.DeleteNamespaceRequest.FromString,
+                    response_serializer=proto_dot_admin_dot_v1_dot_admin__pb2.DeleteNamespaceResponse.SerializeToString,
+            ),
+            'ListNamespaces': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListNamespaces,
+                    request_deserializer=proto_dot_admin_dot_v1_dot_admin__pb2.ListNamespacesRequest.FromString,
+                    response_serializer=proto_dot_admin_dot_v1_dot_admin__pb2.ListNamespacesResponse.SerializeToString,
+            ),
+            'GrantPermission': grpc.unary_unary_rpc_method_handler(
+                    servicer.GrantPermission,
+                    request_deserializer=proto_dot_admin_dot_v1_dot_admin__pb2.GrantPermissionRequest.FromString,
+                    response_serializer=proto_dot_admin_dot_v1_dot_admin__pb2.GrantPermissionResponse.SerializeToString,
+            ),
+            'RevokePermission': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokePermission,
+                    request_deserializer=proto_dot_admin_dot_v1_dot_admin__pb2.RevokePermissionRequest.FromString,
+                    response_serializer=proto_dot_admin_dot_v1_dot_admin__pb2.RevokePermissionResponse.SerializeToString,
+            ),
+            'GetPermissions': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPermissions,
+                    request_deserializer=proto_dot_admin_dot_v1_dot_admin__pb2.GetPermissionsRequest.FromString,
+                    response_serializer=proto_dot_admin_dot_v1_dot_admin__pb2.GetPermissionsResponse.SerializeToString,
+            ),
+            'WhoAmI': grpc.unary_unary_rpc_method_handler(
+                    servicer.WhoAmI,
+                    request_deserializer=proto_dot_admin_dot_v1_dot_admin__pb2.WhoAmIRequest.FromString,
+                    response_serializer=proto_dot_admin_dot_v1_dot_admin__pb2.WhoAmIResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -737,6 +938,330 @@ class AdminService:
             '/magnetar.admin.v1.AdminService/UnloadTopic',
             proto_dot_admin_dot_v1_dot_admin__pb2.UnloadTopicRequest.SerializeToString,
             proto_dot_admin_dot_v1_dot_admin__pb2.UnloadTopicResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/magnetar.admin.v1.AdminService/CreateTenant',
+            proto_dot_admin_dot_v1_dot_admin__pb2.CreateTenantRequest.SerializeToString,
+            proto_dot_admin_dot_v1_dot_admin__pb2.CreateTenantResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/magnetar.admin.v1.AdminService/UpdateTenant',
+            proto_dot_admin_dot_v1_dot_admin__pb2.UpdateTenantRequest.SerializeToString,
+            proto_dot_admin_dot_v1_dot_admin__pb2.UpdateTenantResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/magnetar.admin.v1.AdminService/DeleteTenant',
+            proto_dot_admin_dot_v1_dot_admin__pb2.DeleteTenantRequest.SerializeToString,
+            proto_dot_admin_dot_v1_dot_admin__pb2.DeleteTenantResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTenants(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/magnetar.admin.v1.AdminService/ListTenants',
+            proto_dot_admin_dot_v1_dot_admin__pb2.ListTenantsRequest.SerializeToString,
+            proto_dot_admin_dot_v1_dot_admin__pb2.ListTenantsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/magnetar.admin.v1.AdminService/GetTenant',
+            proto_dot_admin_dot_v1_dot_admin__pb2.GetTenantRequest.SerializeToString,
+            proto_dot_admin_dot_v1_dot_admin__pb2.GetTenantResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateNamespace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/magnetar.admin.v1.AdminService/CreateNamespace',
+            proto_dot_admin_dot_v1_dot_admin__pb2.CreateNamespaceRequest.SerializeToString,
+            proto_dot_admin_dot_v1_dot_admin__pb2.CreateNamespaceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteNamespace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/magnetar.admin.v1.AdminService/DeleteNamespace',
+            proto_dot_admin_dot_v1_dot_admin__pb2.DeleteNamespaceRequest.SerializeToString,
+            proto_dot_admin_dot_v1_dot_admin__pb2.DeleteNamespaceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListNamespaces(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/magnetar.admin.v1.AdminService/ListNamespaces',
+            proto_dot_admin_dot_v1_dot_admin__pb2.ListNamespacesRequest.SerializeToString,
+            proto_dot_admin_dot_v1_dot_admin__pb2.ListNamespacesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GrantPermission(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/magnetar.admin.v1.AdminService/GrantPermission',
+            proto_dot_admin_dot_v1_dot_admin__pb2.GrantPermissionRequest.SerializeToString,
+            proto_dot_admin_dot_v1_dot_admin__pb2.GrantPermissionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokePermission(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/magnetar.admin.v1.AdminService/RevokePermission',
+            proto_dot_admin_dot_v1_dot_admin__pb2.RevokePermissionRequest.SerializeToString,
+            proto_dot_admin_dot_v1_dot_admin__pb2.RevokePermissionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPermissions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/magnetar.admin.v1.AdminService/GetPermissions',
+            proto_dot_admin_dot_v1_dot_admin__pb2.GetPermissionsRequest.SerializeToString,
+            proto_dot_admin_dot_v1_dot_admin__pb2.GetPermissionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WhoAmI(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/magnetar.admin.v1.AdminService/WhoAmI',
+            proto_dot_admin_dot_v1_dot_admin__pb2.WhoAmIRequest.SerializeToString,
+            proto_dot_admin_dot_v1_dot_admin__pb2.WhoAmIResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -55,6 +55,28 @@ class AdminServiceStub:
     GetLedger: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetLedgerRequest, _admin_pb2.GetLedgerResponse]
     UnloadTopic: _grpc.UnaryUnaryMultiCallable[_admin_pb2.UnloadTopicRequest, _admin_pb2.UnloadTopicResponse]
     """Hands every partition this broker owns to other brokers (graceful drain)."""
+    CreateTenant: _grpc.UnaryUnaryMultiCallable[_admin_pb2.CreateTenantRequest, _admin_pb2.CreateTenantResponse]
+    """--- tenants and namespaces (pulsar-admin's names); authorization reads their permissions ---
+    Superusers only.
+    """
+    UpdateTenant: _grpc.UnaryUnaryMultiCallable[_admin_pb2.UpdateTenantRequest, _admin_pb2.UpdateTenantResponse]
+    """Superusers only."""
+    DeleteTenant: _grpc.UnaryUnaryMultiCallable[_admin_pb2.DeleteTenantRequest, _admin_pb2.DeleteTenantResponse]
+    """Superusers only; refused while the tenant has namespaces."""
+    ListTenants: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListTenantsRequest, _admin_pb2.ListTenantsResponse]
+    """Superusers see every tenant; other roles the tenants they administer or may use."""
+    GetTenant: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetTenantRequest, _admin_pb2.GetTenantResponse]
+    CreateNamespace: _grpc.UnaryUnaryMultiCallable[_admin_pb2.CreateNamespaceRequest, _admin_pb2.CreateNamespaceResponse]
+    """Tenant admins and superusers."""
+    DeleteNamespace: _grpc.UnaryUnaryMultiCallable[_admin_pb2.DeleteNamespaceRequest, _admin_pb2.DeleteNamespaceResponse]
+    """Tenant admins and superusers; refused while the namespace has topics."""
+    ListNamespaces: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListNamespacesRequest, _admin_pb2.ListNamespacesResponse]
+    GrantPermission: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GrantPermissionRequest, _admin_pb2.GrantPermissionResponse]
+    """Tenant admins and superusers: grant a role actions on a namespace (replacing its actions)."""
+    RevokePermission: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RevokePermissionRequest, _admin_pb2.RevokePermissionResponse]
+    GetPermissions: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetPermissionsRequest, _admin_pb2.GetPermissionsResponse]
+    WhoAmI: _grpc.UnaryUnaryMultiCallable[_admin_pb2.WhoAmIRequest, _admin_pb2.WhoAmIResponse]
+    """Who the caller is, as the broker authenticated it."""
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
@@ -81,6 +103,28 @@ class AdminServiceAsyncStub(AdminServiceStub):
     GetLedger: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetLedgerRequest, _admin_pb2.GetLedgerResponse]  # type: ignore[assignment]
     UnloadTopic: _aio.UnaryUnaryMultiCallable[_admin_pb2.UnloadTopicRequest, _admin_pb2.UnloadTopicResponse]  # type: ignore[assignment]
     """Hands every partition this broker owns to other brokers (graceful drain)."""
+    CreateTenant: _aio.UnaryUnaryMultiCallable[_admin_pb2.CreateTenantRequest, _admin_pb2.CreateTenantResponse]  # type: ignore[assignment]
+    """--- tenants and namespaces (pulsar-admin's names); authorization reads their permissions ---
+    Superusers only.
+    """
+    UpdateTenant: _aio.UnaryUnaryMultiCallable[_admin_pb2.UpdateTenantRequest, _admin_pb2.UpdateTenantResponse]  # type: ignore[assignment]
+    """Superusers only."""
+    DeleteTenant: _aio.UnaryUnaryMultiCallable[_admin_pb2.DeleteTenantRequest, _admin_pb2.DeleteTenantResponse]  # type: ignore[assignment]
+    """Superusers only; refused while the tenant has namespaces."""
+    ListTenants: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListTenantsRequest, _admin_pb2.ListTenantsResponse]  # type: ignore[assignment]
+    """Superusers see every tenant; other roles the tenants they administer or may use."""
+    GetTenant: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetTenantRequest, _admin_pb2.GetTenantResponse]  # type: ignore[assignment]
+    CreateNamespace: _aio.UnaryUnaryMultiCallable[_admin_pb2.CreateNamespaceRequest, _admin_pb2.CreateNamespaceResponse]  # type: ignore[assignment]
+    """Tenant admins and superusers."""
+    DeleteNamespace: _aio.UnaryUnaryMultiCallable[_admin_pb2.DeleteNamespaceRequest, _admin_pb2.DeleteNamespaceResponse]  # type: ignore[assignment]
+    """Tenant admins and superusers; refused while the namespace has topics."""
+    ListNamespaces: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListNamespacesRequest, _admin_pb2.ListNamespacesResponse]  # type: ignore[assignment]
+    GrantPermission: _aio.UnaryUnaryMultiCallable[_admin_pb2.GrantPermissionRequest, _admin_pb2.GrantPermissionResponse]  # type: ignore[assignment]
+    """Tenant admins and superusers: grant a role actions on a namespace (replacing its actions)."""
+    RevokePermission: _aio.UnaryUnaryMultiCallable[_admin_pb2.RevokePermissionRequest, _admin_pb2.RevokePermissionResponse]  # type: ignore[assignment]
+    GetPermissions: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetPermissionsRequest, _admin_pb2.GetPermissionsResponse]  # type: ignore[assignment]
+    WhoAmI: _aio.UnaryUnaryMultiCallable[_admin_pb2.WhoAmIRequest, _admin_pb2.WhoAmIResponse]  # type: ignore[assignment]
+    """Who the caller is, as the broker authenticated it."""
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -200,5 +244,99 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.UnloadTopicResponse, _abc.Awaitable[_admin_pb2.UnloadTopicResponse]]:
         """Hands every partition this broker owns to other brokers (graceful drain)."""
+
+    @_abc_1.abstractmethod
+    def CreateTenant(
+        self,
+        request: _admin_pb2.CreateTenantRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.CreateTenantResponse, _abc.Awaitable[_admin_pb2.CreateTenantResponse]]:
+        """--- tenants and namespaces (pulsar-admin's names); authorization reads their permissions ---
+        Superusers only.
+        """
+
+    @_abc_1.abstractmethod
+    def UpdateTenant(
+        self,
+        request: _admin_pb2.UpdateTenantRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.UpdateTenantResponse, _abc.Awaitable[_admin_pb2.UpdateTenantResponse]]:
+        """Superusers only."""
+
+    @_abc_1.abstractmethod
+    def DeleteTenant(
+        self,
+        request: _admin_pb2.DeleteTenantRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.DeleteTenantResponse, _abc.Awaitable[_admin_pb2.DeleteTenantResponse]]:
+        """Superusers only; refused while the tenant has namespaces."""
+
+    @_abc_1.abstractmethod
+    def ListTenants(
+        self,
+        request: _admin_pb2.ListTenantsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListTenantsResponse, _abc.Awaitable[_admin_pb2.ListTenantsResponse]]:
+        """Superusers see every tenant; other roles the tenants they administer or may use."""
+
+    @_abc_1.abstractmethod
+    def GetTenant(
+        self,
+        request: _admin_pb2.GetTenantRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.GetTenantResponse, _abc.Awaitable[_admin_pb2.GetTenantResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def CreateNamespace(
+        self,
+        request: _admin_pb2.CreateNamespaceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.CreateNamespaceResponse, _abc.Awaitable[_admin_pb2.CreateNamespaceResponse]]:
+        """Tenant admins and superusers."""
+
+    @_abc_1.abstractmethod
+    def DeleteNamespace(
+        self,
+        request: _admin_pb2.DeleteNamespaceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.DeleteNamespaceResponse, _abc.Awaitable[_admin_pb2.DeleteNamespaceResponse]]:
+        """Tenant admins and superusers; refused while the namespace has topics."""
+
+    @_abc_1.abstractmethod
+    def ListNamespaces(
+        self,
+        request: _admin_pb2.ListNamespacesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListNamespacesResponse, _abc.Awaitable[_admin_pb2.ListNamespacesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GrantPermission(
+        self,
+        request: _admin_pb2.GrantPermissionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.GrantPermissionResponse, _abc.Awaitable[_admin_pb2.GrantPermissionResponse]]:
+        """Tenant admins and superusers: grant a role actions on a namespace (replacing its actions)."""
+
+    @_abc_1.abstractmethod
+    def RevokePermission(
+        self,
+        request: _admin_pb2.RevokePermissionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.RevokePermissionResponse, _abc.Awaitable[_admin_pb2.RevokePermissionResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetPermissions(
+        self,
+        request: _admin_pb2.GetPermissionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.GetPermissionsResponse, _abc.Awaitable[_admin_pb2.GetPermissionsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def WhoAmI(
+        self,
+        request: _admin_pb2.WhoAmIRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.WhoAmIResponse, _abc.Awaitable[_admin_pb2.WhoAmIResponse]]:
+        """Who the caller is, as the broker authenticated it."""
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -8,6 +8,11 @@ consumer stream per (partition, subscription) on the partition's owner. The stre
 long-lived: a failed request is answered in band (ProduceError, ConsumeError) and the stream
 goes on; the broker ends a stream with a "closed" message that says why (the partition moved,
 the broker is stopping) and the client looks the topic up again.
+
+Credentials travel once per call or stream, never per message: a JWT token in the call's
+metadata ("authorization: Bearer <token>"), or the client certificate of a TLS connection.
+When a stream's token expires the broker sends an AuthChallenge in band; the client answers
+with an AuthResponse holding a fresh token for the same role, and the stream goes on.
 """
 
 from collections import abc as _abc
@@ -75,13 +80,18 @@ class PartitionOwner(_message.Message):
     PARTITION_FIELD_NUMBER: _builtins.int
     BROKER_URL_FIELD_NUMBER: _builtins.int
     BROKER_ID_FIELD_NUMBER: _builtins.int
+    BROKER_URL_TLS_FIELD_NUMBER: _builtins.int
     partition_topic: _builtins.str
     """Full name of the partition ("tenant/namespace/topic-partition-3"), or of the topic itself."""
     partition: _builtins.int
     """Partition index, -1 for a non-partitioned topic."""
     broker_url: _builtins.str
-    """Where to open producer and consumer streams: "magnetar://host:port"."""
+    """Where to open producer and consumer streams: "magnetar://host:port" (empty when the broker
+    has no plaintext listener).
+    """
     broker_id: _builtins.str
+    broker_url_tls: _builtins.str
+    """The same over TLS: "magnetar+ssl://host:port" (empty when the broker has no TLS listener)."""
     def __init__(
         self,
         *,
@@ -89,10 +99,11 @@ class PartitionOwner(_message.Message):
         partition: _builtins.int = ...,
         broker_url: _builtins.str = ...,
         broker_id: _builtins.str = ...,
+        broker_url_tls: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "broker_url", b"broker_url", "partition", b"partition", "partition_topic", b"partition_topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "broker_url", b"broker_url", "broker_url_tls", b"broker_url_tls", "partition", b"partition", "partition_topic", b"partition_topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -137,6 +148,7 @@ class ProduceRequest(_message.Message):
     OPEN_FIELD_NUMBER: _builtins.int
     SEND_FIELD_NUMBER: _builtins.int
     CLOSE_FIELD_NUMBER: _builtins.int
+    AUTH_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def open(self) -> Global___ProducerOpen:
         """Must be the first message on the stream."""
@@ -145,18 +157,23 @@ class ProduceRequest(_message.Message):
     def send(self) -> Global___ProduceSend: ...
     @_builtins.property
     def close(self) -> Global___ProducerClose: ...
+    @_builtins.property
+    def auth(self) -> Global___AuthResponse:
+        """Fresh credentials, in answer to an AuthChallenge."""
+
     def __init__(
         self,
         *,
         open: Global___ProducerOpen | None = ...,
         send: Global___ProduceSend | None = ...,
         close: Global___ProducerClose | None = ...,
+        auth: Global___AuthResponse | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["close", b"close", "kind", b"kind", "open", b"open", "send", b"send"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["auth", b"auth", "close", b"close", "kind", b"kind", "open", b"open", "send", b"send"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["close", b"close", "kind", b"kind", "open", b"open", "send", b"send"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["auth", b"auth", "close", b"close", "kind", b"kind", "open", b"open", "send", b"send"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["open", "send", "close"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["open", "send", "close", "auth"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -310,6 +327,7 @@ class ProduceResponse(_message.Message):
     RECEIPTS_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     CLOSED_FIELD_NUMBER: _builtins.int
+    AUTH_CHALLENGE_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def opened(self) -> Global___ProducerOpened: ...
     @_builtins.property
@@ -320,6 +338,10 @@ class ProduceResponse(_message.Message):
     def closed(self) -> Global___ProducerClosed:
         """The broker closed the producer; look the topic up again and reopen."""
 
+    @_builtins.property
+    def auth_challenge(self) -> Global___AuthChallenge:
+        """The stream's credentials expired: answer with an AuthResponse."""
+
     def __init__(
         self,
         *,
@@ -327,12 +349,13 @@ class ProduceResponse(_message.Message):
         receipts: Global___ProduceReceipts | None = ...,
         error: Global___ProduceError | None = ...,
         closed: Global___ProducerClosed | None = ...,
+        auth_challenge: Global___AuthChallenge | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["closed", b"closed", "error", b"error", "kind", b"kind", "opened", b"opened", "receipts", b"receipts"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["auth_challenge", b"auth_challenge", "closed", b"closed", "error", b"error", "kind", b"kind", "opened", b"opened", "receipts", b"receipts"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["closed", b"closed", "error", b"error", "kind", b"kind", "opened", b"opened", "receipts", b"receipts"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["auth_challenge", b"auth_challenge", "closed", b"closed", "error", b"error", "kind", b"kind", "opened", b"opened", "receipts", b"receipts"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["opened", "receipts", "error", "closed"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["opened", "receipts", "error", "closed", "auth_challenge"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -492,6 +515,7 @@ class ConsumeRequest(_message.Message):
     SEEK_FIELD_NUMBER: _builtins.int
     REDELIVER_FIELD_NUMBER: _builtins.int
     CLOSE_FIELD_NUMBER: _builtins.int
+    AUTH_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def subscribe(self) -> Global___Subscribe:
         """Must be the first message on the stream."""
@@ -508,6 +532,10 @@ class ConsumeRequest(_message.Message):
     def redeliver(self) -> Global___RedeliverUnacknowledged: ...
     @_builtins.property
     def close(self) -> Global___ConsumerClose: ...
+    @_builtins.property
+    def auth(self) -> Global___AuthResponse:
+        """Fresh credentials, in answer to an AuthChallenge."""
+
     def __init__(
         self,
         *,
@@ -518,12 +546,13 @@ class ConsumeRequest(_message.Message):
         seek: Global___Seek | None = ...,
         redeliver: Global___RedeliverUnacknowledged | None = ...,
         close: Global___ConsumerClose | None = ...,
+        auth: Global___AuthResponse | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "close", b"close", "flow", b"flow", "kind", b"kind", "nack", b"nack", "redeliver", b"redeliver", "seek", b"seek", "subscribe", b"subscribe"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "auth", b"auth", "close", b"close", "flow", b"flow", "kind", b"kind", "nack", b"nack", "redeliver", b"redeliver", "seek", b"seek", "subscribe", b"subscribe"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "close", b"close", "flow", b"flow", "kind", b"kind", "nack", b"nack", "redeliver", b"redeliver", "seek", b"seek", "subscribe", b"subscribe"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "auth", b"auth", "close", b"close", "flow", b"flow", "kind", b"kind", "nack", b"nack", "redeliver", b"redeliver", "seek", b"seek", "subscribe", b"subscribe"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["subscribe", "flow", "ack", "nack", "seek", "redeliver", "close"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["subscribe", "flow", "ack", "nack", "seek", "redeliver", "close", "auth"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -791,6 +820,7 @@ class ConsumeResponse(_message.Message):
     SEEK_COMPLETE_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     CLOSED_FIELD_NUMBER: _builtins.int
+    AUTH_CHALLENGE_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def subscribed(self) -> Global___Subscribed: ...
     @_builtins.property
@@ -807,6 +837,10 @@ class ConsumeResponse(_message.Message):
     def closed(self) -> Global___ConsumerClosed:
         """The broker closed the consumer; look the topic up again and resubscribe."""
 
+    @_builtins.property
+    def auth_challenge(self) -> Global___AuthChallenge:
+        """The stream's credentials expired: answer with an AuthResponse."""
+
     def __init__(
         self,
         *,
@@ -817,12 +851,13 @@ class ConsumeResponse(_message.Message):
         seek_complete: Global___SeekComplete | None = ...,
         error: Global___ConsumeError | None = ...,
         closed: Global___ConsumerClosed | None = ...,
+        auth_challenge: Global___AuthChallenge | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["ack_receipt", b"ack_receipt", "active_change", b"active_change", "closed", b"closed", "deliveries", b"deliveries", "error", b"error", "kind", b"kind", "seek_complete", b"seek_complete", "subscribed", b"subscribed"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ack_receipt", b"ack_receipt", "active_change", b"active_change", "auth_challenge", b"auth_challenge", "closed", b"closed", "deliveries", b"deliveries", "error", b"error", "kind", b"kind", "seek_complete", b"seek_complete", "subscribed", b"subscribed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_receipt", b"ack_receipt", "active_change", b"active_change", "closed", b"closed", "deliveries", b"deliveries", "error", b"error", "kind", b"kind", "seek_complete", b"seek_complete", "subscribed", b"subscribed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_receipt", b"ack_receipt", "active_change", b"active_change", "auth_challenge", b"auth_challenge", "closed", b"closed", "deliveries", b"deliveries", "error", b"error", "kind", b"kind", "seek_complete", b"seek_complete", "subscribed", b"subscribed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["subscribed", "deliveries", "active_change", "ack_receipt", "seek_complete", "error", "closed"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["subscribed", "deliveries", "active_change", "ack_receipt", "seek_complete", "error", "closed", "auth_challenge"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -1025,3 +1060,52 @@ class ConsumerClosed(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ConsumerClosed: _TypeAlias = ConsumerClosed  # noqa: Y015
+
+@_typing.final
+class AuthChallenge(_message.Message):
+    """--- credentials -----------------------------------------------------------------------------
+
+    The broker asks for fresh credentials: the stream's token expired. Answer within the broker's
+    authentication_refresh_grace_ms with an AuthResponse, or the stream is closed with
+    ERROR_CODE_AUTHENTICATION_EXPIRED (retriable: reconnect with fresh credentials).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXPIRED_AT_MS_FIELD_NUMBER: _builtins.int
+    expired_at_ms: _builtins.int
+    """When the stream's current credentials expired (ms since the epoch)."""
+    def __init__(
+        self,
+        *,
+        expired_at_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expired_at_ms", b"expired_at_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthChallenge: _TypeAlias = AuthChallenge  # noqa: Y015
+
+@_typing.final
+class AuthResponse(_message.Message):
+    """Fresh credentials for the stream's role; another role's are refused and end the stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_FIELD_NUMBER: _builtins.int
+    token: _builtins.str
+    """A JWT token, as in the "authorization: Bearer <token>" metadata."""
+    def __init__(
+        self,
+        *,
+        token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["token", b"token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthResponse: _TypeAlias = AuthResponse  # noqa: Y015

@@ -8,6 +8,11 @@ consumer stream per (partition, subscription) on the partition's owner. The stre
 long-lived: a failed request is answered in band (ProduceError, ConsumeError) and the stream
 goes on; the broker ends a stream with a "closed" message that says why (the partition moved,
 the broker is stopping) and the client looks the topic up again.
+
+Credentials travel once per call or stream, never per message: a JWT token in the call's
+metadata ("authorization: Bearer <token>"), or the client certificate of a TLS connection.
+When a stream's token expires the broker sends an AuthChallenge in band; the client answers
+with an AuthResponse holding a fresh token for the same role, and the stream goes on.
 """
 
 from collections import abc as _abc

@@ -45,6 +45,12 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     """A configuration value broke its rule."""
     ERROR_CODE_SHUTTING_DOWN: _ErrorCode.ValueType  # 10
     """The component is stopping and takes no new work."""
+    ERROR_CODE_AUTHENTICATION_FAILED: _ErrorCode.ValueType  # 20
+    """Credentials were missing, malformed, badly signed, expired, or of no known role."""
+    ERROR_CODE_AUTHENTICATION_EXPIRED: _ErrorCode.ValueType  # 21
+    """A long-lived stream's credentials expired and were not refreshed: reconnect with fresh ones."""
+    ERROR_CODE_AUTHORIZATION_FAILED: _ErrorCode.ValueType  # 22
+    """The authenticated role may not do what it asked."""
     ERROR_CODE_METADATA_ERROR: _ErrorCode.ValueType  # 100
     """An error of the metadata store or its coordination helpers."""
     ERROR_CODE_METADATA_BAD_VERSION: _ErrorCode.ValueType  # 101
@@ -159,6 +165,16 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     """The subscription exists with another subscription type."""
     ERROR_CODE_TOPIC_BUSY: _ErrorCode.ValueType  # 516
     """The topic has producers or consumers attached."""
+    ERROR_CODE_TENANT_NOT_FOUND: _ErrorCode.ValueType  # 517
+    """No such tenant."""
+    ERROR_CODE_TENANT_ALREADY_EXISTS: _ErrorCode.ValueType  # 518
+    """A tenant of that name exists."""
+    ERROR_CODE_NAMESPACE_NOT_FOUND: _ErrorCode.ValueType  # 519
+    """No such namespace."""
+    ERROR_CODE_NAMESPACE_ALREADY_EXISTS: _ErrorCode.ValueType  # 520
+    """A namespace of that name exists."""
+    ERROR_CODE_NOT_EMPTY: _ErrorCode.ValueType  # 521
+    """A tenant still has namespaces, or a namespace still has topics."""
     ERROR_CODE_CLIENT_ERROR: _ErrorCode.ValueType  # 600
     """An error of the client library."""
     ERROR_CODE_CONNECTION_FAILED: _ErrorCode.ValueType  # 601
@@ -175,6 +191,8 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     """The consumer was closed."""
     ERROR_CODE_INVALID_SERVICE_URL: _ErrorCode.ValueType  # 607
     """A service URL could not be understood."""
+    ERROR_CODE_TLS_FAILED: _ErrorCode.ValueType  # 608
+    """A TLS connection could not be made (untrusted certificate, wrong host name, unusable key)."""
 
 class ErrorCode(_ErrorCode, metaclass=_ErrorCodeEnumTypeWrapper): ...
 
@@ -192,6 +210,12 @@ ERROR_CODE_INVALID_CONFIG: ErrorCode.ValueType  # 9
 """A configuration value broke its rule."""
 ERROR_CODE_SHUTTING_DOWN: ErrorCode.ValueType  # 10
 """The component is stopping and takes no new work."""
+ERROR_CODE_AUTHENTICATION_FAILED: ErrorCode.ValueType  # 20
+"""Credentials were missing, malformed, badly signed, expired, or of no known role."""
+ERROR_CODE_AUTHENTICATION_EXPIRED: ErrorCode.ValueType  # 21
+"""A long-lived stream's credentials expired and were not refreshed: reconnect with fresh ones."""
+ERROR_CODE_AUTHORIZATION_FAILED: ErrorCode.ValueType  # 22
+"""The authenticated role may not do what it asked."""
 ERROR_CODE_METADATA_ERROR: ErrorCode.ValueType  # 100
 """An error of the metadata store or its coordination helpers."""
 ERROR_CODE_METADATA_BAD_VERSION: ErrorCode.ValueType  # 101
@@ -306,6 +330,16 @@ ERROR_CODE_INCOMPATIBLE_SUBSCRIPTION: ErrorCode.ValueType  # 515
 """The subscription exists with another subscription type."""
 ERROR_CODE_TOPIC_BUSY: ErrorCode.ValueType  # 516
 """The topic has producers or consumers attached."""
+ERROR_CODE_TENANT_NOT_FOUND: ErrorCode.ValueType  # 517
+"""No such tenant."""
+ERROR_CODE_TENANT_ALREADY_EXISTS: ErrorCode.ValueType  # 518
+"""A tenant of that name exists."""
+ERROR_CODE_NAMESPACE_NOT_FOUND: ErrorCode.ValueType  # 519
+"""No such namespace."""
+ERROR_CODE_NAMESPACE_ALREADY_EXISTS: ErrorCode.ValueType  # 520
+"""A namespace of that name exists."""
+ERROR_CODE_NOT_EMPTY: ErrorCode.ValueType  # 521
+"""A tenant still has namespaces, or a namespace still has topics."""
 ERROR_CODE_CLIENT_ERROR: ErrorCode.ValueType  # 600
 """An error of the client library."""
 ERROR_CODE_CONNECTION_FAILED: ErrorCode.ValueType  # 601
@@ -322,6 +356,8 @@ ERROR_CODE_CONSUMER_CLOSED: ErrorCode.ValueType  # 606
 """The consumer was closed."""
 ERROR_CODE_INVALID_SERVICE_URL: ErrorCode.ValueType  # 607
 """A service URL could not be understood."""
+ERROR_CODE_TLS_FAILED: ErrorCode.ValueType  # 608
+"""A TLS connection could not be made (untrusted certificate, wrong host name, unusable key)."""
 Global___ErrorCode: _TypeAlias = ErrorCode  # noqa: Y015
 
 @_typing.final

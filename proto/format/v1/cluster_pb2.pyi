@@ -143,6 +143,7 @@ class BrokerRegistration(_message.Message):
     HTTP_ADDRESS_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
     START_TIME_MS_FIELD_NUMBER: _builtins.int
+    SERVICE_URL_TLS_FIELD_NUMBER: _builtins.int
     format_version: _builtins.int
     broker_id: _builtins.str
     service_url: _builtins.str
@@ -150,6 +151,10 @@ class BrokerRegistration(_message.Message):
     http_address: _builtins.str
     version: _builtins.str
     start_time_ms: _builtins.int
+    service_url_tls: _builtins.str
+    """"magnetar+ssl://host:port" when the broker has a TLS listener; service_url is then empty
+    when its plaintext listener is off.
+    """
     def __init__(
         self,
         *,
@@ -159,10 +164,11 @@ class BrokerRegistration(_message.Message):
         http_address: _builtins.str = ...,
         version: _builtins.str = ...,
         start_time_ms: _builtins.int = ...,
+        service_url_tls: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "format_version", b"format_version", "http_address", b"http_address", "service_url", b"service_url", "start_time_ms", b"start_time_ms", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "format_version", b"format_version", "http_address", b"http_address", "service_url", b"service_url", "service_url_tls", b"service_url_tls", "start_time_ms", b"start_time_ms", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -264,19 +270,22 @@ class OwnershipRecord(_message.Message):
     BROKER_ID_FIELD_NUMBER: _builtins.int
     SERVICE_URL_FIELD_NUMBER: _builtins.int
     ACQUIRED_MS_FIELD_NUMBER: _builtins.int
+    SERVICE_URL_TLS_FIELD_NUMBER: _builtins.int
     broker_id: _builtins.str
     service_url: _builtins.str
     acquired_ms: _builtins.int
+    service_url_tls: _builtins.str
     def __init__(
         self,
         *,
         broker_id: _builtins.str = ...,
         service_url: _builtins.str = ...,
         acquired_ms: _builtins.int = ...,
+        service_url_tls: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acquired_ms", b"acquired_ms", "broker_id", b"broker_id", "service_url", b"service_url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acquired_ms", b"acquired_ms", "broker_id", b"broker_id", "service_url", b"service_url", "service_url_tls", b"service_url_tls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

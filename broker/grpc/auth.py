@@ -1,0 +1,35 @@
+"""What a gRPC call presents as credentials, and refusing it when they do not do.
+
+A token travels in the call's metadata as ``authorization: Bearer <token>`` (gRPC's usual
+header); a client certificate is what the TLS handshake verified, read from the call's auth
+context. Unary calls that are refused fail with UNAUTHENTICATED or PERMISSION_DENIED and the
+error's detail; streams refuse in band (their first answer is ``closed``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc.aio
+
+from magnetar.common.security.authentication import Credentials
+
+__all__ = ["AUTHORIZATION_HEADER", "credentials_of"]
+
+AUTHORIZATION_HEADER = "authorization"
+_BEARER = "bearer "
+
+
+def credentials_of(context: grpc.aio.ServicerContext[Any, Any]) -> Credentials:
+    """The credentials a call presented (none, a token, a verified certificate, or both)."""
+    token: str | None = None
+    for key, value in context.invocation_metadata() or ():
+        if key == AUTHORIZATION_HEADER and isinstance(value, str):
+            # anything but "Bearer <token>" is kept as a token that fails as malformed
+            token = value[len(_BEARER) :].strip() if value.lower().startswith(_BEARER) else value
+            break
+    common_name: str | None = None
+    names = list(context.auth_context().get("x509_common_name") or ())
+    if names:
+        common_name = names[0].decode("utf-8", errors="replace")
+    return Credentials(context.peer(), token, common_name)

@@ -1,0 +1,127 @@
+"""The security settings servers share, Pulsar's names in snake case.
+
+Each group is a frozen, keyword-only dataclass that a server's config inherits, so that the
+settings keep their flat names (``--tls-cert-file``, ``MAGNETAR_TLS_CERT_FILE``, ``tls_cert_file``
+in TOML), as the issue and Pulsar's ``broker.conf`` spell them, in every process that has them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from magnetar.common.config import config_error
+
+__all__ = ["AUTHENTICATION_PROVIDERS", "AuthenticationSettings", "TlsSettings"]
+
+AUTHENTICATION_PROVIDERS = ("token", "tls")
+"""``token``: a JWT in the call's metadata; ``tls``: the common name of a verified client
+certificate."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TlsSettings:
+    """TLS on a server's listener: its certificate and key, and whom it trusts."""
+
+    tls_cert_file: Path | None = None
+    """PEM certificate (chain) of the TLS listener; with tls_key_file, turns TLS on. Reloaded when
+    the file changes."""
+
+    tls_key_file: Path | None = None
+    """PEM private key of tls_cert_file. Reloaded when the file changes."""
+
+    tls_trust_certs_file: Path | None = None
+    """PEM CA certificates. When set, every TLS client must present a certificate signed by one
+    of them (mutual TLS; the 'tls' provider takes its common name as the role)."""
+
+    @property
+    def tls_enabled(self) -> bool:
+        return self.tls_cert_file is not None
+
+    def _check_tls(self) -> None:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            given, missing = (
+                ("tls_cert_file", "tls_key_file")
+                if self.tls_cert_file is not None
+                else ("tls_key_file", "tls_cert_file")
+            )
+            raise config_error(missing, None, f"must be set together with {given}")
+        if self.tls_trust_certs_file is not None and self.tls_cert_file is None:
+            raise config_error(
+                "tls_trust_certs_file",
+                str(self.tls_trust_certs_file),
+                "needs tls_cert_file and tls_key_file (it verifies clients of the TLS listener)",
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuthenticationSettings:
+    """Who may connect: authentication providers, token keys and superusers."""
+
+    authentication_enabled: bool = False
+    """Refuse every call and stream that does not present valid credentials."""
+
+    authentication_providers: tuple[str, ...] = ("token",)
+    """How clients prove who they are: token (a JWT), tls (a client certificate's common name),
+    or both."""
+
+    token_secret_key_file: Path | None = None
+    """File whose bytes are the secret key that signs tokens (HS256/384/512). Reloaded when it
+    changes."""
+
+    token_public_key_file: Path | None = None
+    """PEM or DER public key(s) that verify tokens (RS256/384/512, ES256/384/512); a PEM file may
+    hold several, for key rotation. Reloaded when it changes."""
+
+    token_auth_claim: str = "sub"  # noqa: S105 - a claim name, not a secret
+    """The token claim that holds the role."""
+
+    token_audience: str | None = None
+    """When set, a token's aud claim must name this audience."""
+
+    superuser_roles: tuple[str, ...] = ()
+    """Roles that may do anything: every topic, tenant and cluster operation."""
+
+    authentication_refresh_grace_ms: int = 10_000
+    """A stream whose token expired is asked for a fresh one and closed (retriably) if none comes
+    within this time."""
+
+    def _check_authentication(self) -> None:
+        unknown = [p for p in self.authentication_providers if p not in AUTHENTICATION_PROVIDERS]
+        if unknown:
+            raise config_error(
+                "authentication_providers",
+                ",".join(self.authentication_providers),
+                f"each must be one of {', '.join(AUTHENTICATION_PROVIDERS)}",
+            )
+        if self.authentication_enabled and not self.authentication_providers:
+            raise config_error(
+                "authentication_providers", "", "must name at least one provider when enabled"
+            )
+        if (
+            self.authentication_enabled
+            and "token" in self.authentication_providers
+            and self.token_secret_key_file is None
+            and self.token_public_key_file is None
+        ):
+            raise config_error(
+                "token_secret_key_file",
+                None,
+                "or token_public_key_file must be set for the token provider",
+            )
+        if self.token_secret_key_file is not None and self.token_public_key_file is not None:
+            raise config_error(
+                "token_public_key_file",
+                str(self.token_public_key_file),
+                "cannot be set together with token_secret_key_file (tokens are signed one way)",
+            )
+        if not self.token_auth_claim:
+            raise config_error("token_auth_claim", self.token_auth_claim, "must not be empty")
+        if self.authentication_refresh_grace_ms < 0:
+            raise config_error(
+                "authentication_refresh_grace_ms",
+                self.authentication_refresh_grace_ms,
+                "must be >= 0",
+            )
+        if any(not role for role in self.superuser_roles):
+            raise config_error("superuser_roles", self.superuser_roles, "must not hold empty roles")
