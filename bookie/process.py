@@ -35,6 +35,7 @@ from bookie.storage.engine import StorageEngine
 from magnetar.common.errors import InvalidConfigError
 from magnetar.common.health import READINESS_SERVICE as _READINESS
 from magnetar.common.health import ProcessHealth
+from magnetar.common.security.config import is_loopback
 from magnetar.common.serving import grpc_server_options, listen, run_until_signalled
 from magnetar.common.status_http import Response, StatusServer
 from metadata import MetadataStore, open_store
@@ -120,6 +121,18 @@ class BookieProcess:
         host = config.advertised_host or socket.gethostname()
         self.address = f"{host}:{self.port}"
         self.bookie.address = self.address
+        if not is_loopback(config.bind_host):
+            log.warning(
+                "authentication_disabled",
+                bookie=identity.bookie_id,
+                bind_host=config.bind_host,
+                message=(
+                    f"AUTHENTICATION IS OFF and the bookie listens on {config.bind_host}: anyone"
+                    " who can reach its port may add to, read and fence any ledger. Keep bookie"
+                    " ports on a network only brokers and autorecovery reach (the Helm chart's"
+                    " NetworkPolicies do), or bind to 127.0.0.1."
+                ),
+            )
         self._http = StatusServer(
             config.bind_host,
             config.http_port,

@@ -27,11 +27,12 @@ from bookie.client.ledger_client import LedgerClient
 from broker.grpc.admin import AdminServicer
 from broker.grpc.servicer import BrokerServicer
 from broker.service.broker import Broker
-from broker.service.config import BrokerConfig, is_loopback
+from broker.service.config import BrokerConfig
 from broker.service.metrics import BrokerMetrics
 from magnetar import __version__
 from magnetar.common.health import READINESS_SERVICE as _READINESS
 from magnetar.common.health import ProcessHealth
+from magnetar.common.security.config import is_loopback
 from magnetar.common.security.tls import ReloadingServerCredentials
 from magnetar.common.serving import grpc_server_options, listen, run_until_signalled
 from magnetar.common.status_http import Response, StatusServer

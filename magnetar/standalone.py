@@ -8,6 +8,7 @@ loopback; only the process boundary is gone.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from bookie.client.config import LedgerClientConfig
 from bookie.service.config import BookieConfig
 from broker.service.config import BrokerConfig
 from magnetar.common.config import config_error
+from magnetar.common.security.config import AuthenticationSettings, TlsSettings
 
 if TYPE_CHECKING:
     from bookie.process import BookieProcess
@@ -33,14 +35,19 @@ log = structlog.get_logger("magnetar.standalone")
 
 
 @dataclass(frozen=True, kw_only=True)
-class StandaloneConfig:
+class StandaloneConfig(AuthenticationSettings, TlsSettings):
     """Everything in one process: embedded metadata, bookies and one broker."""
 
     data_dir: Path = Path("magnetar-data")
     """Directory of all data: metadata, and one sub-directory per bookie; kept across restarts."""
 
-    port: int = 6650
-    """gRPC port of the broker: the service URL is magnetar://<advertised host>:<port>."""
+    port: int | None = 6650
+    """gRPC port of the broker: the service URL is magnetar://<advertised host>:<port> (empty:
+    no plaintext listener, TLS only)."""
+
+    tls_port: int = 6651
+    """TLS gRPC port of the broker (magnetar+ssl://), open when tls_cert_file and tls_key_file
+    are set."""
 
     http_port: int = 8080
     """HTTP port of the broker's /metrics and /health (0: any free port)."""
@@ -54,13 +61,41 @@ class StandaloneConfig:
     advertised_host: str = "127.0.0.1"
     """Host name clients use to reach the broker."""
 
+    authorization_enabled: bool = False
+    """Check every call against tenant admins, namespace permissions and superusers (needs
+    authentication_enabled)."""
+
     def __post_init__(self) -> None:
         if not 1 <= self.bookies <= 9:
             raise config_error("bookies", self.bookies, "must be from 1 to 9")
-        for name in ("port", "http_port"):
+        for name in ("port", "http_port", "tls_port"):
             value = getattr(self, name)
-            if not 0 <= value <= 65535:
+            if value is not None and not 0 <= value <= 65535:
                 raise config_error(name, value, "must be a port number from 0 to 65535")
+        # the broker's own rules (a listener at least, authorization with authentication...)
+        self.broker_config(ledger=LedgerClientConfig())
+
+    def security_settings(self) -> dict[str, object]:
+        """The security settings the broker takes from this config."""
+        names = [
+            f.name
+            for group in (AuthenticationSettings, TlsSettings)
+            for f in dataclasses.fields(group)
+        ]
+        return {name: getattr(self, name) for name in (*names, "authorization_enabled")}
+
+    def broker_config(self, *, ledger: LedgerClientConfig) -> BrokerConfig:
+        return BrokerConfig(
+            metadata="memory://",  # unused: the shared store is passed in
+            port=self.port,
+            tls_port=self.tls_port,
+            http_port=self.http_port,
+            bind_host=self.bind_host,
+            advertised_host=self.advertised_host,
+            broker_id="standalone",
+            ledger=ledger,
+            **self.security_settings(),  # type: ignore[arg-type]
+        )
 
     def quorums(self) -> tuple[int, int, int]:
         if self.bookies >= 3:
@@ -105,14 +140,8 @@ class Standalone:
                 self.bookies.append(await BookieProcess.start(bookie, store=store))
             e, qw, qa = config.quorums()
             self.broker = await BrokerProcess.start(
-                BrokerConfig(
-                    metadata="memory://",  # unused: the shared store is passed in
-                    port=config.port,
-                    http_port=config.http_port,
-                    bind_host=config.bind_host,
-                    advertised_host=config.advertised_host,
-                    broker_id="standalone",
-                    ledger=LedgerClientConfig(ensemble_size=e, write_quorum=qw, ack_quorum=qa),
+                config.broker_config(
+                    ledger=LedgerClientConfig(ensemble_size=e, write_quorum=qw, ack_quorum=qa)
                 ),
                 store=store,
             )
@@ -125,14 +154,26 @@ class Standalone:
 
     @property
     def service_url(self) -> str:
+        """``magnetar://host:port``, or ``magnetar+ssl://`` when there is no plaintext port."""
         assert self.broker is not None
+        if not self.broker.port:
+            return self.tls_service_url
         return f"magnetar://{self.broker.address}"
+
+    @property
+    def tls_service_url(self) -> str:
+        """``magnetar+ssl://host:port`` ("" without TLS)."""
+        assert self.broker is not None
+        return f"magnetar+ssl://{self.broker.tls_address}" if self.broker.tls_port else ""
 
     def ready_line(self) -> str:
         assert self.broker is not None
         host = self.broker.address.rsplit(":", 1)[0]
+        urls = self.service_url
+        if self.broker.port and self.broker.tls_port:
+            urls += f", {self.tls_service_url}"
         return (
-            f"magnetar standalone ready in {self.ready_s:.2f} s: service URL {self.service_url}"
+            f"magnetar standalone ready in {self.ready_s:.2f} s: service URL {urls}"
             f" ({len(self.bookies)} bookies; metrics: http://{host}:{self.broker.http_port}"
             f"/metrics; data: {self.config.data_dir.resolve()})"
         )

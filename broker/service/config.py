@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,16 +15,6 @@ from magnetar.common.security.config import AuthenticationSettings, TlsSettings
 BROKER_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 ENVELOPE_ALLOWANCE_BYTES = 16 * 1024
 """Room kept in an entry for the envelope the broker wraps around a producer's batch."""
-
-
-def is_loopback(host: str) -> bool:
-    """Whether listening on ``host`` keeps a server to this machine."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 @dataclass(frozen=True, kw_only=True)

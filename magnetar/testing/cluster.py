@@ -843,9 +843,9 @@ class BrokerNode(ServerNode):
         return f"magnetar+ssl://{self.tls_address}"
 
     def _kind_args(self) -> list[str]:
-        if self._configured_id is None:
-            return []
-        return ["--broker-id", self._configured_id]
+        # the TLS port is used only when TLS is on (--tls-cert-file in extra_args)
+        named = [] if self._configured_id is None else ["--broker-id", self._configured_id]
+        return ["--tls-port", "0", *named]
 
     def _unnamed(self) -> str:
         return f"broker logging to {self._log_path}"
@@ -864,7 +864,8 @@ class StandaloneNode(ServerNode):
     _kind = "standalone"
     _ready_line = re.compile(
         r"^magnetar standalone ready in (?P<ready_s>[0-9.]+) s: service URL"
-        r" magnetar://(?P<address>\S+) \((?P<bookies>\d+) bookies; metrics:"
+        r" (?:magnetar://(?P<address>[^\s,]+))?(?:, )?(?:magnetar\+ssl://(?P<tls_address>\S+))?"
+        r" \((?P<bookies>\d+) bookies; metrics:"
         r" http://(?P<http_host>[^:/]+):(?P<http_port>\d+)/metrics; data: (?P<data>.+)\)$"
     )
     _stop_timeout_s = 75.0
@@ -904,8 +905,16 @@ class StandaloneNode(ServerNode):
         """``"magnetar://127.0.0.1:PORT"`` of the current (or last) incarnation."""
         return f"magnetar://{self.address}"
 
+    @property
+    def tls_service_url(self) -> str:
+        """``"magnetar+ssl://127.0.0.1:PORT"`` (started with ``--tls-cert-file``)."""
+        if self.tls_address is None:
+            raise RuntimeError(f"{self!r} has no TLS listener (start it with --tls-cert-file)")
+        return f"magnetar+ssl://{self.tls_address}"
+
     def _on_ready(self, ready: re.Match[str]) -> None:
-        self._address = ready["address"]
+        self.tls_address = ready["tls_address"]
+        self._address = ready["address"] or self.tls_address
         self._http_host = ready["http_host"]
         self._http_port = int(ready["http_port"])
         self.ready_s = float(ready["ready_s"])
@@ -915,6 +924,7 @@ class StandaloneNode(ServerNode):
             sys.executable, "-m", "magnetar.cli", "standalone",
             "--data-dir", str(self._data_dir),
             "--port", str(self._port),
+            "--tls-port", "0",  # used only when TLS is on (--tls-cert-file in extra_args)
             "--http-port", "0",
             "--bookies", str(self._bookies),
             "--bind-host", HOST,

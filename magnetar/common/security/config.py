@@ -7,16 +7,27 @@ in TOML), as the issue and Pulsar's ``broker.conf`` spell them, in every process
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
 from magnetar.common.config import config_error
 
-__all__ = ["AUTHENTICATION_PROVIDERS", "AuthenticationSettings", "TlsSettings"]
+__all__ = ["AUTHENTICATION_PROVIDERS", "AuthenticationSettings", "TlsSettings", "is_loopback"]
 
 AUTHENTICATION_PROVIDERS = ("token", "tls")
 """``token``: a JWT in the call's metadata; ``tls``: the common name of a verified client
 certificate."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a server listening on ``host`` can be reached only from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True, kw_only=True)
