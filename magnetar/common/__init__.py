@@ -1,5 +1,6 @@
 """The shared kernel: errors with codes, configuration loading, logging, the clock.
 
 Kept free of every server package, and (except ``grpc_errors``, the one bridge adapters and the
-client use) free of gRPC, so every layer, the storage engine included, can use it.
+client use, and ``security.tls``, TLS for gRPC servers and channels) free of gRPC, so every layer,
+the storage engine included, can use it.
 """
