@@ -13,7 +13,9 @@ Give :class:`AuthenticationToken` a callable instead of a string and it is asked
 every new call or stream, and whenever a broker says a stream's token expired: a long-lived
 producer or consumer then goes on with the fresh token, without reconnecting. The callable runs
 on the client's event loop, so it should be quick (read a file, return a cached value); it may
-also be a coroutine function.
+also be a coroutine function. If it raises, the call or stream fails retriably
+(:class:`AuthenticationExpiredError`) and is tried again, so a producer keeps its messages
+while a token service is briefly down.
 
 :class:`AuthenticationTLS` presents a client certificate on TLS connections (mutual TLS); the
 broker takes its common name as the role.
@@ -25,7 +27,11 @@ import inspect
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from magnetar.common.errors import AuthenticationError, InvalidArgumentError
+from magnetar.common.errors import (
+    AuthenticationError,
+    AuthenticationExpiredError,
+    InvalidArgumentError,
+)
 
 __all__ = ["Authentication", "AuthenticationTLS", "AuthenticationToken", "TokenSupplier"]
 
@@ -72,9 +78,10 @@ class AuthenticationToken(Authentication):
             if inspect.isawaitable(value):
                 value = await value
         except Exception as e:
-            # the supplier's own failure; its text may name a file, never a token
-            # only the type: the supplier's own message might quote what it read
-            raise AuthenticationError(
+            # retriable: a supplier that fails now (its token service is down) may work on the
+            # next reconnect, and a producer keeps its messages meanwhile. Only the exception's
+            # type is named: its message might quote what the supplier read.
+            raise AuthenticationExpiredError(
                 f"the token supplier failed with {type(e).__name__} (see the chained error)"
             ) from e
         if not isinstance(value, str) or not value.strip():

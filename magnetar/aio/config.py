@@ -79,6 +79,13 @@ class ClientConfig:
     """Refuse a broker whose certificate does not name the host connected to (pulsar-client's
     default is False; Magnetar's is the safe one)."""
 
+    tls_certificate_file_path: str | None = None
+    """A client certificate (PEM) to present on TLS connections, for brokers that require one
+    (mutual TLS) while the client authenticates with a token; AuthenticationTLS sets it too."""
+
+    tls_private_key_file_path: str | None = None
+    """The private key (PEM) of tls_certificate_file_path."""
+
     def __post_init__(self) -> None:
         _at_least(self, ("operation_timeout_s",), 0.001)
         _at_least(
@@ -96,6 +103,12 @@ class ClientConfig:
         if self.max_backoff_ms < self.initial_backoff_ms:
             raise config_error(
                 "max_backoff_ms", self.max_backoff_ms, "must be >= initial_backoff_ms"
+            )
+        if (self.tls_certificate_file_path is None) != (self.tls_private_key_file_path is None):
+            raise config_error(
+                "tls_private_key_file_path",
+                self.tls_private_key_file_path,
+                "must be set together with tls_certificate_file_path",
             )
 
 

@@ -117,9 +117,15 @@ class ConnectionPool:
             )
         self.authentication = authentication
         certificate = authentication.certificate if authentication is not None else None
+        if certificate is None and config.tls_certificate_file_path is not None:
+            assert config.tls_private_key_file_path is not None  # the config checks the pair
+            certificate = (
+                Path(config.tls_certificate_file_path),
+                Path(config.tls_private_key_file_path),
+            )
         if certificate is not None and not self.tls:
             raise InvalidArgumentError(
-                "AuthenticationTLS presents a client certificate on TLS connections: use a"
+                "a client certificate is presented on TLS connections: use a"
                 f" magnetar+ssl:// service URL, not {config.service_url!r}"
             )
         self._tls = ClientTls(

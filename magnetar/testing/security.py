@@ -101,7 +101,7 @@ class TestTokens:
         self.algorithm = algorithm
         if algorithm in SECRET_ALGORITHMS:
             self.secret_key_file: Path | None = directory / "secret.key"
-            _write_private(self.secret_key_file, create_secret_key())
+            _write_private(self.secret_key_file, create_secret_key(algorithm))
             self.private_key_file: Path | None = None
             self.public_key_file: Path | None = None
             self._signing = load_signing_key(self.secret_key_file, secret=True)

@@ -49,6 +49,9 @@ class TlsSettings:
     def tls_enabled(self) -> bool:
         return self.tls_cert_file is not None
 
+    def __post_init__(self) -> None:
+        self._check_tls()
+
     def _check_tls(self) -> None:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             given, missing = (
@@ -96,6 +99,9 @@ class AuthenticationSettings:
     authentication_refresh_grace_ms: int = 10_000
     """A stream whose token expired is asked for a fresh one and closed (retriably) if none comes
     within this time."""
+
+    def __post_init__(self) -> None:
+        self._check_authentication()
 
     def _check_authentication(self) -> None:
         unknown = [p for p in self.authentication_providers if p not in AUTHENTICATION_PROVIDERS]

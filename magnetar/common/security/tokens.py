@@ -49,8 +49,9 @@ SECRET_ALGORITHMS = ("HS256", "HS384", "HS512")
 RSA_ALGORITHMS = ("RS256", "RS384", "RS512")
 EC_ALGORITHMS = ("ES256", "ES384", "ES512")
 ASYMMETRIC_ALGORITHMS = RSA_ALGORITHMS + EC_ALGORITHMS
-SECRET_KEY_BYTES = 32
-"""256 bits, as ``pulsar tokens create-secret-key`` makes."""
+SECRET_KEY_BYTES = {"HS256": 32, "HS384": 48, "HS512": 64}
+"""A secret key as long as its algorithm's hash (RFC 7518 3.2): 256 bits for HS256, as
+``pulsar tokens create-secret-key`` makes."""
 
 _EC_CURVES: dict[str, type[ec.SECP256R1 | ec.SECP384R1 | ec.SECP521R1]] = {
     "ES256": ec.SECP256R1,
@@ -100,9 +101,14 @@ def parse_duration_s(text: str) -> int:
 # --- keys ---------------------------------------------------------------------------------------
 
 
-def create_secret_key(*, as_base64: bool = False) -> bytes:
-    """A new random secret key (what to write to the key file)."""
-    key = secrets.token_bytes(SECRET_KEY_BYTES)
+def create_secret_key(algorithm: str = "HS256", *, as_base64: bool = False) -> bytes:
+    """A new random secret key for ``algorithm`` (what to write to the key file)."""
+    size = SECRET_KEY_BYTES.get(algorithm)
+    if size is None:
+        raise InvalidArgumentError(
+            f"a secret key is for one of {', '.join(SECRET_ALGORITHMS)}, got {algorithm!r}"
+        )
+    key = secrets.token_bytes(size)
     return base64.b64encode(key) if as_base64 else key
 
 
