@@ -2,19 +2,23 @@
 (driver), read an offset range (executor task), write rows idempotently (executor task).
 
 Spark calls a Python data source synchronously, in driver and worker processes of its own, so
-each call runs the asyncio client on a private event loop (:class:`Loop`).
+each call runs the asyncio client on a private event loop (:class:`Loop`). Every client is made
+with :func:`client_arguments`: the ``client.*`` settings, TLS and credentials.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+import socket
 import warnings
 from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from magnetar.aio.admin import AdminClient
+from magnetar.aio.auth import Authentication, AuthenticationTLS, AuthenticationToken
 from magnetar.aio.client import Client
 from magnetar.aio.message import Message
 from magnetar.aio.producer import Producer
@@ -27,7 +31,14 @@ from magnetar.common.errors import (
     TopicNotFoundError,
 )
 from magnetar.common.names import parse_topic
-from magnetar.spark.options import EARLIEST, LATEST, OffsetSpec, ReadOptions, WriteOptions
+from magnetar.spark.options import (
+    EARLIEST,
+    LATEST,
+    OffsetSpec,
+    ReadOptions,
+    Security,
+    WriteOptions,
+)
 from magnetar.spark.planning import OffsetRange
 
 __all__ = [
@@ -35,6 +46,7 @@ __all__ = [
     "Loop",
     "PartitionOffsets",
     "WriteResult",
+    "client_arguments",
     "discover",
     "read_chunks",
     "read_range",
@@ -101,8 +113,75 @@ def split_key(key: str) -> tuple[str, int]:
     return topic, int(partition)
 
 
-def _client_settings(options: ReadOptions | WriteOptions) -> dict[str, Any]:
-    return dict(options.client)
+@dataclass(frozen=True)
+class TokenFile:
+    """Reads the token from ``path`` each time the client asks (every new call or stream, and
+    when a broker says a stream's token expired): a token rotated on disk is picked up."""
+
+    path: str
+
+    def __call__(self) -> str:
+        return Path(self.path).read_text(encoding="utf-8").strip()
+
+
+def _check_files(security: Security) -> None:
+    # here, where the client is made: on the driver and on every executor, which may be other
+    # machines than the one the query was written on
+    for name, path in security.files():
+        try:
+            text = Path(path).read_bytes()
+        except OSError as e:
+            raise InvalidArgumentError(
+                f"option {name}: cannot read {path} on host {socket.gethostname()}"
+                f" ({e.strerror or type(e).__name__}); the file must be on the driver and on"
+                " every executor",
+                context={"option": name, "file": path},
+            ) from None
+        if not text.strip():
+            raise InvalidArgumentError(
+                f"option {name}: {path} on host {socket.gethostname()} is empty",
+                context={"option": name, "file": path},
+            )
+
+
+def _authentication(security: Security) -> Authentication | None:
+    if security.token is not None:
+        return AuthenticationToken(security.token.reveal())
+    if security.token_file is not None:
+        return AuthenticationToken(TokenFile(security.token_file))
+    if security.cert_file is not None and security.key_file is not None:
+        return AuthenticationTLS(security.cert_file, security.key_file)
+    return None
+
+
+def _transport_certificate(security: Security) -> dict[str, str]:
+    """With a token, a client certificate only opens the connection (brokers that require
+    mutual TLS); the token's role counts."""
+    has_token = security.token is not None or security.token_file is not None
+    if not has_token or security.cert_file is None or security.key_file is None:
+        return {}
+    return {
+        "tls_certificate_file_path": security.cert_file,
+        "tls_private_key_file_path": security.key_file,
+    }
+
+
+def client_arguments(options: ReadOptions | WriteOptions) -> dict[str, Any]:
+    """The keyword arguments of every client the connector makes (``Client`` and
+    ``AdminClient``): the ``client.*`` settings, the TLS settings and the credentials. Files
+    the options name are checked here, on the host that makes the client."""
+    security = options.security
+    _check_files(security)
+    arguments: dict[str, Any] = dict(options.client)
+    if security.trust_certs_file is not None:
+        arguments["tls_trust_certs_file_path"] = security.trust_certs_file
+    if security.validate_hostname is not None:
+        arguments["tls_validate_hostname"] = security.validate_hostname
+    authentication = _authentication(security)
+    if authentication is not None:
+        arguments["authentication"] = authentication
+    arguments.update(_transport_certificate(security))
+    return arguments
 
 
 async def _topics(admin: AdminClient, options: ReadOptions) -> list[str]:
@@ -121,7 +200,7 @@ async def _topics(admin: AdminClient, options: ReadOptions) -> list[str]:
 
 
 async def _discover(options: ReadOptions) -> list[PartitionOffsets]:
-    async with AdminClient(options.service_url, **_client_settings(options)) as admin:
+    async with AdminClient(options.service_url, **client_arguments(options)) as admin:
         found: list[PartitionOffsets] = []
         for topic in await _topics(admin, options):
             try:
@@ -199,7 +278,7 @@ async def _resolve(
                 result[p.key] = given
     if times:
         by_key = {p.key: p for p in partitions}
-        async with Client(options.service_url, **_client_settings(options)) as client:
+        async with Client(options.service_url, **client_arguments(options)) as client:
             for key, time_ms in times.items():
                 result[key] = await _offset_at_time(
                     client, by_key[key], time_ms, options.read_timeout_s
@@ -294,7 +373,7 @@ def read_chunks(
     with Loop() as loop:
 
         async def open_client() -> Client:
-            return Client(options.service_url, **_client_settings(options))
+            return Client(options.service_url, **client_arguments(options))
 
         client: Client = loop.run(open_client())
         try:
@@ -356,7 +435,7 @@ async def _write(
     result = WriteResult()
     targets: dict[str, _Target] = {}
     pending: list[asyncio.Future[Any]] = []
-    async with Client(options.service_url, **_client_settings(options)) as client:
+    async with Client(options.service_url, **client_arguments(options)) as client:
         admin = client.admin()
         try:
 

@@ -2,16 +2,23 @@
 
 Spark hands a data source its options as strings in a case-insensitive map. Everything here is
 plain Python (no PySpark), so it is unit-tested without a Spark session.
+
+The ``tls.*`` and ``auth.*`` options become a :class:`Security`. A token given as ``auth.token``
+is kept in a :class:`Secret`, which prints as ``***``: no repr, log line or error message the
+connector makes shows it. ``auth.tokenFile`` is better still: only the path travels, and the
+file is read where each client is made (the driver and every executor).
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from magnetar.aio.names import uses_tls
 from magnetar.common.errors import InvalidArgumentError
 
 __all__ = [
@@ -19,9 +26,12 @@ __all__ = [
     "LATEST",
     "OffsetSpec",
     "ReadOptions",
+    "Secret",
+    "Security",
     "WriteOptions",
     "client_settings",
     "parse_read_options",
+    "parse_security",
     "parse_write_options",
 ]
 
@@ -33,10 +43,95 @@ LATEST = -1
 DEFAULT_SERVICE_URL = "magnetar://localhost:6650"
 CLIENT_PREFIX = "client."
 """Options starting with this go to the client's settings (``client.operation_timeout_s``)."""
-SECURITY_OPTIONS = ("tls.enabled", "tls.trustcertsfilepath", "auth.token", "auth.tokenfile")
-"""Accepted names for the security work to come; until it lands, setting one is an error."""
+TOKEN = "auth.token"  # noqa: S105 - option names, not tokens
+TOKEN_FILE = "auth.tokenFile"  # noqa: S105
+TLS_ENABLED = "tls.enabled"
+TRUST_CERTS_FILE = "tls.trustCertsFilePath"
+VALIDATE_HOSTNAME = "tls.validateHostname"
+CERT_FILE = "tls.certFilePath"
+KEY_FILE = "tls.keyFilePath"
+SECURITY_OPTIONS = (
+    TOKEN,
+    TOKEN_FILE,
+    TLS_ENABLED,
+    TRUST_CERTS_FILE,
+    VALIDATE_HOSTNAME,
+    CERT_FILE,
+    KEY_FILE,
+)
+"""Every ``tls.*`` and ``auth.*`` option; any other name under those prefixes is an error (a
+misspelt security option must not quietly connect without it)."""
+CLIENT_SECURITY_SETTINGS = {
+    "authentication": f"{TOKEN}, {TOKEN_FILE} or {CERT_FILE} with {KEY_FILE}",
+    "tls_trust_certs_file_path": TRUST_CERTS_FILE,
+    "tls_validate_hostname": VALIDATE_HOSTNAME,
+    "tls_certificate_file_path": CERT_FILE,
+    "tls_private_key_file_path": KEY_FILE,
+}
+"""Client settings the connector sets from its own options, so ``client.<name>`` is refused."""
 
 ValueDecoding = Literal["binary", "utf8", "json"]
+
+
+class Secret:
+    """A string that prints as ``***`` (in ``repr``, ``str`` and f-strings); :meth:`reveal`
+    gives the value, for the one place that sends it."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+    def __str__(self) -> str:
+        return "***"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+    def __reduce__(self) -> tuple[type[Secret], tuple[str]]:
+        # pickled to Spark's executors inside the reader and writer
+        return Secret, (self._value,)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Security:
+    """How every client the connector makes connects: TLS and credentials."""
+
+    token: Secret | None = None
+    """``auth.token``: the token itself (prints as ``***``)."""
+    token_file: str | None = None
+    """``auth.tokenFile``: a file holding the token, read where each client is made and again
+    for each new call or stream (a rotated token is picked up)."""
+    trust_certs_file: str | None = None
+    """``tls.trustCertsFilePath``: PEM CA certificates that sign the brokers' (None: the
+    system's CAs)."""
+    validate_hostname: bool | None = None
+    """``tls.validateHostname``: refuse a broker whose certificate does not name its host
+    (None: the client's default, true)."""
+    cert_file: str | None = None
+    """``tls.certFilePath``: a client certificate (PEM) for mutual TLS: the role, or with a
+    token, only the transport (the token's role counts)."""
+    key_file: str | None = None
+    """``tls.keyFilePath``: the client certificate's private key (PEM)."""
+
+    def files(self) -> list[tuple[str, str]]:
+        """``(option, path)`` of every file given, to check where a client is made."""
+        given = (
+            (TOKEN_FILE, self.token_file),
+            (TRUST_CERTS_FILE, self.trust_certs_file),
+            (CERT_FILE, self.cert_file),
+            (KEY_FILE, self.key_file),
+        )
+        return [(name, path) for name, path in given if path]
 
 
 @dataclass(frozen=True)
@@ -65,6 +160,7 @@ class ReadOptions:
     value_schema: str | None
     read_timeout_s: float
     client: dict[str, Any]
+    security: Security = field(default_factory=Security)
 
 
 @dataclass(frozen=True)
@@ -73,6 +169,7 @@ class WriteOptions:
     topic: str | None
     client: dict[str, Any]
     producer: dict[str, Any]
+    security: Security = field(default_factory=Security)
 
 
 def _get(options: Mapping[str, str], name: str) -> str | None:
@@ -106,13 +203,96 @@ def _int(options: Mapping[str, str], name: str, minimum: int) -> int | None:
     return number
 
 
-def _check_security(options: Mapping[str, str]) -> None:
-    for name in SECURITY_OPTIONS:
-        if _get(options, name) is not None:
-            raise InvalidArgumentError(
-                f"option {name} is reserved for TLS and authentication, which Magnetar does not"
-                " support yet; remove it to connect without"
+def _check_security_names(options: Mapping[str, str]) -> None:
+    known = {name.lower(): name for name in SECURITY_OPTIONS}
+    for key in options:
+        lowered = key.lower()
+        if lowered.startswith(CLIENT_PREFIX):
+            setting = lowered[len(CLIENT_PREFIX) :]
+            if setting in CLIENT_SECURITY_SETTINGS:
+                raise InvalidArgumentError(
+                    f"option {key} is not passed to the client: give"
+                    f" {CLIENT_SECURITY_SETTINGS[setting]} instead"
+                )
+            continue
+        if not lowered.startswith(("tls.", "auth.")) or lowered in known:
+            continue
+        # compared without case, "_" and "-": auth.token_file is close to auth.tokenFile
+        squashed = {re.sub("[_-]", "", k): v for k, v in known.items()}
+        close = difflib.get_close_matches(re.sub("[_-]", "", lowered), list(squashed), n=1)
+        hint = f"; did you mean {squashed[close[0]]}?" if close else "."
+        raise InvalidArgumentError(
+            f"unknown option {key}{hint} The TLS and authentication options are"
+            f" {', '.join(SECURITY_OPTIONS)}."
+        )
+
+
+def parse_security(options: Mapping[str, str], service_url: str) -> Security:
+    """The ``tls.*`` and ``auth.*`` options, checked against each other and the service URL;
+    raises :class:`InvalidArgumentError` naming the option (never quoting a token)."""
+    _check_security_names(options)
+    token = _get(options, TOKEN)
+    token_file = _get(options, TOKEN_FILE)
+    cert_file = _get(options, CERT_FILE)
+    key_file = _get(options, KEY_FILE)
+    trust = _get(options, TRUST_CERTS_FILE)
+    if token is not None and token_file is not None:
+        raise InvalidArgumentError(
+            f"give one of the options {TOKEN} and {TOKEN_FILE}, not both ({TOKEN_FILE} keeps"
+            " the token out of the query plan)"
+        )
+    if token is not None and not token.strip():
+        raise InvalidArgumentError(f"option {TOKEN} is empty")
+    for name, value in ((TOKEN_FILE, token_file), (TRUST_CERTS_FILE, trust)):
+        if value is not None and not value.strip():
+            raise InvalidArgumentError(f"option {name} is a file path, got an empty one")
+    if (cert_file is None) != (key_file is None):
+        given, missing = (CERT_FILE, KEY_FILE) if key_file is None else (KEY_FILE, CERT_FILE)
+        raise InvalidArgumentError(
+            f"option {given} needs {missing} too: a client certificate is a certificate file"
+            " and its private key file"
+        )
+    validate = None
+    if _get(options, VALIDATE_HOSTNAME) is not None:
+        validate = _bool(options, VALIDATE_HOSTNAME, default=True)
+    enabled = None
+    if _get(options, TLS_ENABLED) is not None:
+        enabled = _bool(options, TLS_ENABLED, default=True)
+    tls = uses_tls(service_url.strip())
+    if not tls:
+        tls_given = [
+            name
+            for name, value in (
+                (TRUST_CERTS_FILE, trust),
+                (VALIDATE_HOSTNAME, validate),
+                (CERT_FILE, cert_file),
+                (KEY_FILE, key_file),
             )
+            if value is not None
+        ]
+        if enabled:
+            raise InvalidArgumentError(
+                f"option {TLS_ENABLED}=true, but serviceUrl {service_url!r} is not TLS: use"
+                " magnetar+ssl://host:port (the brokers' TLS port)"
+            )
+        if tls_given:
+            raise InvalidArgumentError(
+                f"option {tls_given[0]} is for TLS connections, but serviceUrl {service_url!r}"
+                " is not TLS: use magnetar+ssl://host:port (the brokers' TLS port)"
+            )
+    elif enabled is False:
+        raise InvalidArgumentError(
+            f"option {TLS_ENABLED}=false, but serviceUrl {service_url!r} is TLS: give a"
+            " magnetar:// URL to connect without TLS"
+        )
+    return Security(
+        token=Secret(token.strip()) if token is not None else None,
+        token_file=token_file.strip() if token_file is not None else None,
+        trust_certs_file=trust.strip() if trust is not None else None,
+        validate_hostname=validate,
+        cert_file=cert_file.strip() if cert_file is not None else None,
+        key_file=key_file.strip() if key_file is not None else None,
+    )
 
 
 def client_settings(options: Mapping[str, str]) -> dict[str, Any]:
@@ -224,7 +404,8 @@ def _offset_spec(
 
 def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
     """Check a read's options; raises :class:`InvalidArgumentError` naming the bad one."""
-    _check_security(options)
+    service_url = _get(options, "serviceUrl") or DEFAULT_SERVICE_URL
+    security = parse_security(options, service_url)
     topic = _get(options, "topic")
     topics = _get(options, "topics")
     pattern = _get(options, "topicsPattern")
@@ -279,7 +460,7 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         raise InvalidArgumentError("option maxRecordsPerTrigger is for streaming reads")
     timeout = _int(options, "readTimeoutMs", 1)
     return ReadOptions(
-        service_url=_get(options, "serviceUrl") or DEFAULT_SERVICE_URL,
+        service_url=service_url,
         topics=names,
         topics_pattern=pattern,
         starting=starting,
@@ -291,12 +472,14 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         value_schema=value_schema,
         read_timeout_s=(timeout or 30_000) / 1000,
         client=client_settings(options),
+        security=security,
     )
 
 
 def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
     """Check a write's options; raises :class:`InvalidArgumentError` naming the bad one."""
-    _check_security(options)
+    service_url = _get(options, "serviceUrl") or DEFAULT_SERVICE_URL
+    security = parse_security(options, service_url)
     topic = _get(options, "topic")
     producer: dict[str, Any] = {}
     for name, setting in (
@@ -309,8 +492,9 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
             continue
         producer[setting] = value if setting == "compression" else _int(options, name, 0)
     return WriteOptions(
-        service_url=_get(options, "serviceUrl") or DEFAULT_SERVICE_URL,
+        service_url=service_url,
         topic=topic.strip() if topic else None,
         client=client_settings(options),
         producer=producer,
+        security=security,
     )

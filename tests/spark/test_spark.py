@@ -1,7 +1,8 @@
 """The Spark connector against a real ``magnetar standalone`` and real Spark on ``local[2]``.
 
-One SparkSession for the module (it takes seconds to start). Spark's calls block, so they run in
-a thread (``spark_call``): the test's event loop keeps reading the servers' output meanwhile.
+One SparkSession for the whole run (``spark``, in conftest.py: it takes seconds to start).
+Spark's calls block, so they run in a thread (``spark_call``): the test's event loop keeps
+reading the servers' output meanwhile.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from magnetar.aio import Client  # noqa: E402
 from magnetar.aio.admin import AdminClient  # noqa: E402
 from magnetar.aio.message import Message  # noqa: E402
 from magnetar.aio.routing import key_partition  # noqa: E402
-from magnetar.spark import io, register  # noqa: E402
+from magnetar.spark import io  # noqa: E402
 from magnetar.spark.options import parse_read_options, parse_write_options  # noqa: E402
 from magnetar.spark.planning import OffsetRange  # noqa: E402
 from magnetar.testing import LocalCluster, StandaloneNode  # noqa: E402
@@ -45,21 +46,6 @@ pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]
 T = TypeVar("T")
 HERE = Path(__file__).parent
 EVENT_TIME_BASE = 1_700_000_000_000
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    session = (
-        SparkSession.builder.master("local[2,4]")  # 2 threads; a task may fail 3 times
-        .appName("magnetar-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    register(session)
-    yield session
-    session.stop()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

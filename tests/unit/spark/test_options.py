@@ -78,7 +78,9 @@ def test_json_offsets_and_times() -> None:
         ({"valueFormat": "avro"}, False, "valueFormat"),
         ({"valueFormat": "json"}, False, "valueSchema"),
         ({"tls.enabled": "true"}, False, "tls.enabled"),
-        ({"auth.token": "x"}, True, "does not support yet"),
+        ({"auth.token": "x", "auth.tokenFile": "/t"}, True, "auth.token and auth.tokenFile"),
+        ({"tls.trustCertsFilePath": "/ca"}, False, "tls.trustCertsFilePath is for TLS"),
+        ({"auth.token_file": "/t"}, False, "did you mean auth.tokenFile"),
     ],
 )
 def test_bad_read_options_are_named(options: dict[str, str], streaming: bool, named: str) -> None:
@@ -95,5 +97,7 @@ def test_client_passthrough_and_write_options() -> None:
     )
     assert (write.service_url, write.topic) == ("magnetar://h:1", "out")
     assert write.producer == {"batching_max_messages": 50}
-    with pytest.raises(InvalidArgumentError, match=r"auth\.token"):
-        parse_write_options({"auth.token": "secret"})
+    secured = parse_write_options({"auth.token": "secret"})
+    assert secured.security.token is not None
+    assert secured.security.token.reveal() == "secret"
+    assert "secret" not in repr(secured)
