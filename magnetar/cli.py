@@ -25,6 +25,9 @@ from magnetar.cli_support import (
     EXIT_NOT_BUILT,
     EXIT_OK,
     EXIT_USAGE,
+    add_credential_options,
+    credential_flags_given,
+    error_text,
     table,
 )
 from magnetar.common.config import add_config_arguments, config_overrides_from_args, load_config
@@ -84,8 +87,9 @@ def _add_cluster_source(parser: argparse.ArgumentParser, name: str) -> None:
     source.add_argument(
         "--service-url",
         default=None,
-        help="ask the brokers at magnetar://host:port[,host:port] (env MAGNETAR_SERVICE_URL;"
-        f" the default when no metadata URL is given: {DEFAULT_SERVICE_URL})",
+        help="ask the brokers at magnetar://host:port[,host:port] or magnetar+ssl://host:port"
+        " (env MAGNETAR_SERVICE_URL; the default when no metadata URL is given:"
+        f" {DEFAULT_SERVICE_URL})",
     )
     parser.add_argument(
         "--operation-timeout-s",
@@ -95,6 +99,7 @@ def _add_cluster_source(parser: argparse.ArgumentParser, name: str) -> None:
         help="with --service-url: give up on the brokers after this long (default"
         f" {DEFAULT_OPERATION_TIMEOUT_S:g})",
     )
+    add_credential_options(parser)  # for the brokers; a metadata store has its own settings
 
 
 def _cluster_service_url(args: argparse.Namespace) -> str | None:
@@ -110,8 +115,31 @@ def _cluster_service_url(args: argparse.Namespace) -> str | None:
     return os.environ.get("MAGNETAR_SERVICE_URL", DEFAULT_SERVICE_URL)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from bookie.service.config import BookieConfig  # noqa: PLC0415 - keep --help fast
+_SERVER_SUMMARIES = {
+    "bookie": "run a bookie (storage node)",
+    "standalone": "everything in one process: embedded metadata, 3 bookies, 1 broker",
+    "broker": "run a broker (stateless partition owner)",
+    "autorecovery": "run the autorecovery role (re-replicates the ledgers of lost bookies)",
+    "verify": "fault-injecting durability checker (starts its own cluster; see docs/verify.md)",
+}
+"""Commands whose flags come from heavy modules (the servers' config classes, the checker):
+built in full only when they are the command run, or for ``magnetar --help``."""
+
+
+def _invoked(argv: Sequence[str] | None) -> str | None:
+    """The command a command line runs (its first word), if that is all it needs."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    return words[0] if words and not words[0].startswith("-") else None
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The command line's parser. Given the command line, the server commands and ``verify``
+    that it does not run get their summary only, not the flags that need their heavy config
+    classes: every client command starts about half a second sooner that way."""
+    command = _invoked(argv) if argv is not None else None
+
+    def wanted(name: str) -> bool:
+        return command is None or command == name
 
     parser = argparse.ArgumentParser(
         prog="magnetar",
@@ -119,53 +147,62 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"magnetar {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, summary in _SERVER_SUMMARIES.items():
+        if not wanted(name):
+            commands.add_parser(name, help=summary, description=summary)
 
-    bookie = commands.add_parser(
-        "bookie",
-        help="run a bookie (storage node)",
-        description="Run a bookie: the durable storage node (gRPC on --port, metrics on"
-        " --http-port).",
-    )
-    _add_server_options(bookie)
-    add_config_arguments(bookie, BookieConfig)
+    if wanted("bookie"):
+        from bookie.service.config import BookieConfig  # noqa: PLC0415 - keep --help fast
 
-    from magnetar.standalone import StandaloneConfig  # noqa: PLC0415
+        bookie = commands.add_parser(
+            "bookie",
+            help=_SERVER_SUMMARIES["bookie"],
+            description="Run a bookie: the durable storage node (gRPC on --port, metrics on"
+            " --http-port).",
+        )
+        _add_server_options(bookie)
+        add_config_arguments(bookie, BookieConfig)
 
-    standalone = commands.add_parser(
-        "standalone",
-        help="everything in one process: embedded metadata, 3 bookies, 1 broker",
-        description="Run Magnetar in one process: embedded metadata (no etcd), --bookies"
-        " bookies and one broker, all data under --data-dir (kept across restarts). Prints the"
-        " service URL when ready; Ctrl-C stops it cleanly.",
-    )
-    _add_server_options(standalone)
-    standalone.set_defaults(log_format=os.environ.get("MAGNETAR_LOG_FORMAT", "console"))
-    standalone.set_defaults(log_level=os.environ.get("MAGNETAR_LOG_LEVEL", "warning"))
-    add_config_arguments(standalone, StandaloneConfig)
+    if wanted("standalone"):
+        from magnetar.standalone import StandaloneConfig  # noqa: PLC0415
 
-    from broker.service.config import BrokerConfig  # noqa: PLC0415
+        standalone = commands.add_parser(
+            "standalone",
+            help=_SERVER_SUMMARIES["standalone"],
+            description="Run Magnetar in one process: embedded metadata (no etcd), --bookies"
+            " bookies and one broker, all data under --data-dir (kept across restarts). Prints"
+            " the service URL when ready; Ctrl-C stops it cleanly.",
+        )
+        _add_server_options(standalone)
+        standalone.set_defaults(log_format=os.environ.get("MAGNETAR_LOG_FORMAT", "console"))
+        standalone.set_defaults(log_level=os.environ.get("MAGNETAR_LOG_LEVEL", "warning"))
+        add_config_arguments(standalone, StandaloneConfig)
 
-    broker = commands.add_parser(
-        "broker",
-        help="run a broker (stateless partition owner)",
-        description="Run a broker: owns partitions through the metadata store, serves producers"
-        " and consumers on --port (gRPC), metrics and health on --http-port. SIGTERM hands its"
-        " partitions to other brokers before exiting.",
-    )
-    _add_server_options(broker)
-    add_config_arguments(broker, BrokerConfig)
+    if wanted("broker"):
+        from broker.service.config import BrokerConfig  # noqa: PLC0415
 
-    from bookie.autorecovery import AutorecoveryConfig  # noqa: PLC0415
+        broker = commands.add_parser(
+            "broker",
+            help=_SERVER_SUMMARIES["broker"],
+            description="Run a broker: owns partitions through the metadata store, serves"
+            " producers and consumers on --port (gRPC), metrics and health on --http-port."
+            " SIGTERM hands its partitions to other brokers before exiting.",
+        )
+        _add_server_options(broker)
+        add_config_arguments(broker, BrokerConfig)
 
-    autorecovery = commands.add_parser(
-        "autorecovery",
-        help="run the autorecovery role (re-replicates the ledgers of lost bookies)",
-        description="Run an autorecovery instance. One instance in the cluster is active at a"
-        " time (elected through the metadata store); the others wait to take over. Metrics and"
-        " health on --http-port.",
-    )
-    _add_server_options(autorecovery)
-    add_config_arguments(autorecovery, AutorecoveryConfig)
+    if wanted("autorecovery"):
+        from bookie.autorecovery import AutorecoveryConfig  # noqa: PLC0415
+
+        autorecovery = commands.add_parser(
+            "autorecovery",
+            help=_SERVER_SUMMARIES["autorecovery"],
+            description="Run an autorecovery instance. One instance in the cluster is active at"
+            " a time (elected through the metadata store); the others wait to take over."
+            " Metrics and health on --http-port.",
+        )
+        _add_server_options(autorecovery)
+        add_config_arguments(autorecovery, AutorecoveryConfig)
 
     cluster = commands.add_parser(
         "cluster",
@@ -198,11 +235,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cluster_operations(cluster_commands)
 
     from magnetar.cli_client import add_client_commands  # noqa: PLC0415
+    from magnetar.cli_tokens import add_tokens_command  # noqa: PLC0415
     from magnetar.perf import add_perf_command  # noqa: PLC0415
 
     add_client_commands(commands)
     add_perf_command(commands)
-    _add_verify_command(commands)
+    add_tokens_command(commands)
+    if wanted("verify"):
+        _add_verify_command(commands)
 
     for name, summary in NOT_BUILT.items():
         sub = commands.add_parser(name, help=summary, description=summary)
@@ -305,7 +345,7 @@ def _add_cluster_operations(commands: argparse._SubParsersAction[argparse.Argume
 def _add_verify_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from magnetar.verify.nemesis import FAULT_KINDS  # noqa: PLC0415
 
-    summary = "fault-injecting durability checker (starts its own cluster; see docs/verify.md)"
+    summary = _SERVER_SUMMARIES["verify"]
     verify = commands.add_parser("verify", help=summary, description=summary)
     add = verify.add_argument
     add("--duration", type=float, default=60.0, metavar="S", help="seconds of faults (60)")
@@ -622,7 +662,7 @@ _SERVERS = frozenset({"bookie", "broker", "standalone", "autorecovery"})
 
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-    parser = build_parser()
+    parser = build_parser(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
@@ -645,6 +685,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return run_cluster_admin(args)
             if getattr(args, "topic", None):
                 args.cluster_parser.error("--topic needs --service-url (not --metadata)")
+            if given := credential_flags_given(args):
+                args.cluster_parser.error(
+                    f"{', '.join(given)}: credentials and TLS settings are for the brokers"
+                    " (--service-url), not the metadata store (--metadata)"
+                )
             return asyncio.run(_cluster(args))
         from magnetar.cli_client import CLIENT_COMMANDS, run_client_command  # noqa: PLC0415
 
@@ -654,10 +699,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             from magnetar.perf import run_perf  # noqa: PLC0415
 
             return run_perf(args)
+        if args.command == "tokens":
+            from magnetar.cli_tokens import run_tokens  # noqa: PLC0415
+
+            return run_tokens(args)
         if args.command == "verify":
             return _run_verify(args, argv)
     except MagnetarError as e:
-        print(f"magnetar {args.command}: {e.message}", file=sys.stderr)
+        print(f"magnetar {args.command}: {error_text(e)}", file=sys.stderr)
         return EXIT_FAILED
     except OSError as e:  # a port in use, a data directory that cannot be created ...
         print(f"magnetar {args.command}: {e}", file=sys.stderr)

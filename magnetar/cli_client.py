@@ -1,14 +1,16 @@
 """The client-side commands of ``magnetar``: ``topics``, ``subscriptions``, ``produce`` and
-``consume``, and the ``cluster`` views that go through a broker's admin service
-(``--service-url``).
+``consume``, ``tenants`` and ``namespaces`` (with their permissions; pulsar-admin's names and
+flags), and the ``cluster`` views that go through a broker's admin service (``--service-url``).
 
 Each command opens one sync client (``magnetar.AdminClient`` or ``magnetar.Client``) on
 ``--service-url`` with ``--operation-timeout-s`` (default 10 s, so that a broker that is not
-there fails the command quickly instead of after the library's 30 s), does its work and closes
-it. Output is a human table or summary, or with ``--json`` one JSON document (``consume``: one
-JSON object per message and line). Errors are the client's typed errors; ``magnetar.cli`` prints
-their message and exits 1. Bad flag values (``k=v``, message ids, times) are usage errors (exit
-2). ``docs/cli.md`` is the user's reference; keep it in step.
+there fails the command quickly instead of after the library's 30 s) and the credentials and
+TLS settings of :func:`magnetar.cli_support.client_settings`, does its work and closes it.
+Output is a human table or summary, or with ``--json`` one JSON document (``consume``: one JSON
+object per message and line). Errors are the client's typed errors (a refusal is an
+``AuthenticationError`` or ``AuthorizationError``); ``magnetar.cli`` prints their message and
+exits 1. Bad flag values (``k=v``, message ids, times) are usage errors (exit 2).
+``docs/cli.md`` is the user's reference; keep it in step.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from magnetar.cli_support import (
     EXIT_OK,
     EXIT_TIMEOUT,
     add_client_options,
+    client_settings,
     table,
 )
 
@@ -62,6 +65,8 @@ CLIENT_COMMANDS = {
     "subscriptions": "list, create, reset, delete subscriptions",
     "produce": "send messages from the command line, a file or stdin",
     "consume": "receive (and acknowledge) messages on the command line",
+    "tenants": "create, update, list, get, delete tenants and their admin roles",
+    "namespaces": "create, list, delete namespaces; grant, revoke and list permissions",
 }
 
 DEFAULT_OPERATION_TIMEOUT_S = 10.0
@@ -394,6 +399,101 @@ def add_client_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
     consume.add_argument(
         "--reader", action="store_true", help="read from --position without a subscription"
     )
+    _add_tenant_commands(commands)
+    _add_namespace_commands(commands)
+
+
+def _roles(text: str) -> list[str]:
+    """``"r1,r2"`` as ``["r1", "r2"]`` (spaces and empty items dropped)."""
+    return [role.strip() for role in text.split(",") if role.strip()]
+
+
+_ACTIONS = ("produce", "consume")
+
+
+def _actions(text: str) -> list[str]:
+    """``"produce,consume"`` as ``["produce", "consume"]``; an unknown action is a usage error."""
+    actions = [a.strip().lower() for a in text.split(",") if a.strip()]
+    unknown = [a for a in actions if a not in _ACTIONS]
+    if unknown or not actions:
+        raise argparse.ArgumentTypeError(
+            f"the actions are {' and '.join(_ACTIONS)}, comma-separated (e.g."
+            f" produce,consume), got {text!r}"
+        )
+    return list(dict.fromkeys(actions))
+
+
+def _add_tenant_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    tenants = commands.add_parser(
+        "tenants",
+        help=CLIENT_COMMANDS["tenants"],
+        description="Tenants and the roles that administer them (their namespaces, permissions"
+        " and topics). Creating, updating and deleting tenants needs a superuser.",
+    )
+    what = tenants.add_subparsers(dest="tenants_command", metavar="ACTION", required=True)
+    roles_help = "comma-separated roles that administer the tenant (e.g. -r ops,team-a)"
+    create = _sub(what, "create", "create a tenant", _tenant_create)
+    create.add_argument("tenant", metavar="TENANT")
+    create.add_argument(
+        "-r", "--admin-roles", type=_roles, default=[], metavar="ROLES", help=roles_help
+    )
+    update = _sub(what, "update", "replace a tenant's admin roles", _tenant_update)
+    update.add_argument("tenant", metavar="TENANT")
+    update.add_argument(
+        "-r",
+        "--admin-roles",
+        type=_roles,
+        required=True,
+        metavar="ROLES",
+        help=roles_help + "; replaces the current ones ('' for none)",
+    )
+    _sub(what, "list", "the tenants this role may see (all of them for a superuser)", _tenant_list)
+    get = _sub(what, "get", "a tenant's admin roles", _tenant_get)
+    get.add_argument("tenant", metavar="TENANT")
+    delete = _sub(
+        what, "delete", "delete a tenant (refused while it has namespaces)", _tenant_delete
+    )
+    delete.add_argument("tenant", metavar="TENANT")
+
+
+def _add_namespace_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    namespaces = commands.add_parser(
+        "namespaces",
+        help=CLIENT_COMMANDS["namespaces"],
+        description="Namespaces (TENANT/NAMESPACE) and the permissions they grant roles on their"
+        " topics. Needs an admin of the tenant or a superuser.",
+    )
+    what = namespaces.add_subparsers(dest="namespaces_command", metavar="ACTION", required=True)
+    create = _sub(what, "create", "create a namespace", _namespace_create)
+    create.add_argument("namespace", metavar="TENANT/NAMESPACE")
+    listing = _sub(what, "list", "a tenant's namespaces", _namespace_list)
+    listing.add_argument("tenant", metavar="TENANT")
+    delete = _sub(
+        what, "delete", "delete a namespace (refused while it has topics)", _namespace_delete
+    )
+    delete.add_argument("namespace", metavar="TENANT/NAMESPACE")
+    grant = _sub(
+        what,
+        "grant-permission",
+        "let a role produce and/or consume on every topic of a namespace",
+        _grant_permission,
+    )
+    grant.add_argument("namespace", metavar="TENANT/NAMESPACE")
+    grant.add_argument("--role", required=True, help="the role (a token's subject)")
+    grant.add_argument(
+        "--actions",
+        type=_actions,
+        required=True,
+        metavar="ACTIONS",
+        help="produce, consume or produce,consume; replaces what the role had here",
+    )
+    revoke = _sub(
+        what, "revoke-permission", "take every permission on a namespace from a role", _revoke
+    )
+    revoke.add_argument("namespace", metavar="TENANT/NAMESPACE")
+    revoke.add_argument("--role", required=True, help="the role")
+    permissions = _sub(what, "permissions", "the roles granted on a namespace", _permissions)
+    permissions.add_argument("namespace", metavar="TENANT/NAMESPACE")
 
 
 # --- running -------------------------------------------------------------------------------------
@@ -414,13 +514,15 @@ def run_client_command(args: argparse.Namespace) -> int:
 def _admin(args: argparse.Namespace) -> AdminClient:
     from magnetar.client import AdminClient  # noqa: PLC0415 - keep --help fast
 
-    return AdminClient(args.service_url, operation_timeout_s=args.operation_timeout_s)
+    settings = client_settings(args)
+    return AdminClient(args.service_url, operation_timeout_s=args.operation_timeout_s, **settings)
 
 
 def _client(args: argparse.Namespace) -> Client:
     from magnetar.client import Client  # noqa: PLC0415
 
-    return Client(args.service_url, operation_timeout_s=args.operation_timeout_s)
+    settings = client_settings(args)
+    return Client(args.service_url, operation_timeout_s=args.operation_timeout_s, **settings)
 
 
 def _full_name(topic: str) -> str:
@@ -791,6 +893,103 @@ def _sub_delete(args: argparse.Namespace) -> int:
         {"topic": name, "subscription": args.subscription, "deleted": True},
         f"deleted subscription {args.subscription!r} of {name}",
     )
+
+
+# --- tenants and namespaces ----------------------------------------------------------------------
+
+
+def _role_list(roles: list[str]) -> str:
+    return ", ".join(roles) or "(none)"
+
+
+def _tenant_create(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        admin.create_tenant(args.tenant, args.admin_roles)
+    return _emit(
+        args,
+        {"tenant": args.tenant, "admin_roles": args.admin_roles},
+        f"created tenant {args.tenant} (admin roles: {_role_list(args.admin_roles)})",
+    )
+
+
+def _tenant_update(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        admin.update_tenant(args.tenant, args.admin_roles)
+    return _emit(
+        args,
+        {"tenant": args.tenant, "admin_roles": args.admin_roles},
+        f"updated tenant {args.tenant} (admin roles: {_role_list(args.admin_roles)})",
+    )
+
+
+def _tenant_list(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        tenants = sorted(admin.list_tenants())
+    return _emit(args, tenants, table([{"tenant": t} for t in tenants], ["tenant"]))
+
+
+def _tenant_get(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        info = admin.get_tenant(args.tenant)
+    human = f"tenant       {info['tenant']}\nadmin roles  {_role_list(info['admin_roles'])}"
+    return _emit(args, info, human)
+
+
+def _tenant_delete(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        admin.delete_tenant(args.tenant)
+    return _emit(args, {"tenant": args.tenant, "deleted": True}, f"deleted tenant {args.tenant}")
+
+
+def _namespace_create(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        admin.create_namespace(args.namespace)
+    return _emit(args, {"namespace": args.namespace}, f"created namespace {args.namespace}")
+
+
+def _namespace_list(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        namespaces = sorted(admin.list_namespaces(args.tenant))
+    return _emit(args, namespaces, table([{"namespace": n} for n in namespaces], ["namespace"]))
+
+
+def _namespace_delete(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        admin.delete_namespace(args.namespace)
+    return _emit(
+        args,
+        {"namespace": args.namespace, "deleted": True},
+        f"deleted namespace {args.namespace}",
+    )
+
+
+def _grant_permission(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        admin.grant_permission(args.namespace, args.role, args.actions)
+    return _emit(
+        args,
+        {"namespace": args.namespace, "role": args.role, "actions": args.actions},
+        f"granted {', '.join(args.actions)} on {args.namespace} to role {args.role}",
+    )
+
+
+def _revoke(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        admin.revoke_permission(args.namespace, args.role)
+    return _emit(
+        args,
+        {"namespace": args.namespace, "role": args.role, "revoked": True},
+        f"revoked the permissions of role {args.role} on {args.namespace}",
+    )
+
+
+def _permissions(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        granted = admin.permissions(args.namespace)
+    rows: list[dict[str, object]] = [
+        {"role": role, "actions": ",".join(actions)} for role, actions in sorted(granted.items())
+    ]
+    return _emit(args, granted, table(rows, ["role", "actions"]))
 
 
 # --- produce -------------------------------------------------------------------------------------

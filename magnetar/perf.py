@@ -15,7 +15,8 @@ Three modes, each one asyncio process driving the asyncio client (:mod:`magnetar
 
 Latencies go into :class:`LatencyHistogram`, a log-linear (HdrHistogram-style) histogram kept in
 this module. A line of progress per second goes to stderr, the summary to stdout (``--json``: one
-JSON line). Exit codes are those of :mod:`magnetar.cli_support`.
+JSON line). Exit codes, and the credential and TLS options, are those of
+:mod:`magnetar.cli_support`.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ from magnetar.cli_support import (
     EXIT_TIMEOUT,
     EXIT_USAGE,
     add_client_options,
+    client_settings,
+    error_text,
 )
 
 if TYPE_CHECKING:
@@ -372,8 +375,9 @@ def run_perf(args: argparse.Namespace) -> int:
     from magnetar.common.gc_tuning import tune_gc_for_throughput  # noqa: PLC0415
 
     tune_gc_for_throughput()  # a perf process is ours: see the module for the figures
+    settings = client_settings(args)  # before the run: a usage error exits here, a bad file fails
     try:
-        return asyncio.run(_main(args))
+        return asyncio.run(_main(args, settings))
     except KeyboardInterrupt:  # a second Ctrl-C while the first was being handled
         return EXIT_INTERRUPTED
 
@@ -638,7 +642,7 @@ def _exit_code(run: _Run, *, reached: bool) -> int:
     return EXIT_OK if reached else EXIT_TIMEOUT
 
 
-async def _main(args: argparse.Namespace) -> int:
+async def _main(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     from magnetar.aio import Client  # noqa: PLC0415 - keep ``magnetar --help`` fast
     from magnetar.common.errors import MagnetarError  # noqa: PLC0415
 
@@ -648,11 +652,11 @@ async def _main(args: argparse.Namespace) -> int:
     loop.add_signal_handler(signal.SIGINT, run.on_interrupt)
     client: Client | None = None
     try:
-        client = Client(args.service_url, operation_timeout_s=args.operation_timeout_s)
+        client = Client(args.service_url, operation_timeout_s=args.operation_timeout_s, **settings)
         mode = {"produce": _produce, "consume": _consume, "end-to-end": _end_to_end}[args.perf_mode]
         return await mode(run, client)
     except MagnetarError as e:
-        print(f"magnetar perf {run.mode}: {e.message}", file=sys.stderr)
+        print(f"magnetar perf {run.mode}: {error_text(e)}", file=sys.stderr)
         return EXIT_FAILED
     except asyncio.CancelledError:
         if not run.interrupted:
