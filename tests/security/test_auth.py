@@ -18,10 +18,10 @@ import re
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -37,6 +37,7 @@ from magnetar.common.errors import (
     TlsError,
 )
 from magnetar.testing import LocalCluster
+from magnetar.testing.probes import http_get
 from magnetar.testing.security import CertFiles, TestPki, TestTokens
 from proto.admin.v1 import admin_pb2, admin_pb2_grpc
 from proto.broker.v1 import broker_pb2, broker_pb2_grpc
@@ -153,7 +154,7 @@ async def test_calls_without_credentials_are_refused(secure: Secure) -> None:
         assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
         call = broker_pb2_grpc.BrokerServiceStub(channel).Produce()
         await call.write(broker_pb2.ProduceRequest(open=broker_pb2.ProducerOpen(topic=topic)))
-        answer = await call.read()
+        answer: Any = await call.read()
         assert answer.WhichOneof("kind") == "closed"
         assert "no credentials" in answer.closed.reason.message
         call.cancel()
@@ -380,7 +381,7 @@ async def test_an_expiring_token_is_refreshed_in_band_with_nothing_lost(secure: 
             await producer.send(str(sent).encode())
             sent += 1
             await asyncio.sleep(0.01)
-        received = []
+        received: list[int] = []
         while len(received) < sent:
             message = await consumer.receive(timeout_millis=15_000)
             received.append(int(message.data()))
@@ -425,7 +426,7 @@ async def test_a_stream_whose_refresh_fails_reconnects_with_nothing_lost(secure:
             sent += 1
             await asyncio.sleep(0.005)
         await producer.flush()
-        received = []
+        received: list[int] = []
         while len(received) < sent:
             message = await consumer.receive(timeout_millis=15_000)
             received.append(int(message.data()))
@@ -468,19 +469,26 @@ async def test_refused_clients_break_nothing_for_the_others(secure: Secure) -> N
 
 
 async def test_refusals_are_counted_by_reason_and_no_secret_is_logged(secure: Secure) -> None:
-    async with magnetar.aio.Client(
-        secure.cluster.service_url,
-        authentication=magnetar.aio.AuthenticationToken("not.a.token"),
-        operation_timeout_s=5,
-    ) as client:
-        with pytest.raises(AuthenticationError):
-            await client.create_producer("acme/ns1/x")
+    expired = secure.token("producer", expiry_s=1)
+    await asyncio.sleep(1.1)
+    elsewhere = TestTokens(secure.pki.directory.parent / "counted").create("admin")
+    secure.issued.append(elsewhere)
+    for authentication in (
+        None,
+        magnetar.aio.AuthenticationToken("not.a.token"),
+        magnetar.aio.AuthenticationToken(expired),
+        magnetar.aio.AuthenticationToken(elsewhere),
+    ):
+        async with magnetar.aio.Client(
+            secure.cluster.service_url, authentication=authentication, operation_timeout_s=5
+        ) as client:
+            with pytest.raises(AuthenticationError):
+                await client.create_producer("acme/ns1/x")
     scraped = ""
     for broker in secure.cluster.brokers:
-        url = f"http://{broker.http_address}/metrics"
-        scraped += await asyncio.to_thread(
-            lambda url=url: urllib.request.urlopen(url, timeout=10).read().decode()
-        )
+        status, body = await http_get(broker.http_port, "/metrics")
+        assert status == 200
+        scraped += body
     counts = re.findall(
         r'magnetar_broker_authentication_failures_total\{broker="[^"]+",reason="(\w+)"\} (\d+)',
         scraped,

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -89,7 +90,8 @@ def peer_common_name(port: int, ca_file: Path) -> str:
         socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
         context.wrap_socket(raw) as wrapped,
     ):
-        subject = dict(item for rdn in wrapped.getpeercert()["subject"] for item in rdn)
+        peer: Any = wrapped.getpeercert()
+    subject = {key: value for rdn in peer["subject"] for key, value in rdn}
     return str(subject["commonName"])
 
 
@@ -191,7 +193,8 @@ async def test_a_half_written_rotation_keeps_the_old_certificate(tmp_path: Path)
         assert peer_common_name(port, pki.ca_file) == "v2"
         assert credentials.reloads == 1
         channel = await open_secure_channel(f"localhost:{port}", ClientTls(pki.ca_file))
-        await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        stub: Any = health_pb2_grpc.HealthStub(channel)
+        await stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
         await channel.close()
     finally:
         await server.stop(0)
