@@ -10,7 +10,6 @@ changes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -18,8 +17,9 @@ import structlog
 
 from bookie.client.bookie_client import BookieClient
 from bookie.client.placement import BookieCandidate
-from magnetar.common.errors import BookieUnavailableError, MetadataError, WatchCompactedError
-from metadata import EventType, MetadataStore, Watch, layout
+from magnetar.common.errors import BookieUnavailableError
+from metadata import MetadataStore, layout
+from metadata.coordination.view import PrefixView
 from proto.common.v1 import types_pb2
 from proto.format.v1 import cluster_pb2
 
@@ -56,76 +56,29 @@ class BookieView:
     def __init__(self, store: MetadataStore) -> None:
         self.store = store
         self.bookies: dict[str, BookieRecord] = {}
-        self._task: asyncio.Task[None] | None = None
-        self._changed = asyncio.Event()
-        self._listeners: list[Callable[[], None]] = []
+        self._registrations = PrefixView(store, layout.BOOKIES_AVAILABLE, name="bookies")
+        self._registrations.on_change(self._rebuild)
 
     async def start(self) -> None:
-        revision = await self._load()
-        watch = await self.store.watch(layout.BOOKIES_AVAILABLE, start_revision=revision + 1)
-        self._task = asyncio.create_task(self._follow(watch), name="bookie-view")
+        await self._registrations.start()
+        self._rebuild()
 
-    async def _load(self) -> int:
-        listing = await self.store.list(layout.BOOKIES_AVAILABLE)
-        self.bookies = {}
-        for record in listing.records:
-            self._put(record.value)
-        return listing.revision
-
-    def _put(self, value: bytes) -> None:
-        try:
-            record = BookieRecord.from_bytes(value)
-        except Exception:  # noqa: BLE001 - one bad record must not blind the client to others
-            log.warning("bookie_registration_unreadable")
-            return
-        self.bookies[record.bookie_id] = record
-
-    async def _follow(self, watch: Watch) -> None:
-        current = watch
-        while True:
+    def _rebuild(self) -> None:
+        bookies: dict[str, BookieRecord] = {}
+        for value in self._registrations.values.values():
             try:
-                async with current:
-                    async for event in current:
-                        bookie_id = event.key.rsplit("/", 1)[1]
-                        if event.type == EventType.PUT:
-                            self._put(event.value)
-                        else:
-                            self.bookies.pop(bookie_id, None)
-                        self._notify()
-            except WatchCompactedError:
-                pass
-            except MetadataError as e:
-                if self.store.closed:
-                    return
-                log.info("bookie_view_retry", error=str(e))
-                await asyncio.sleep(0.5)
-            else:
-                return  # the watch was closed: the view is closing
-            while True:
-                try:
-                    revision = await self._load()
-                    current = await self.store.watch(
-                        layout.BOOKIES_AVAILABLE, start_revision=revision + 1
-                    )
-                    self._notify()
-                    break
-                except MetadataError:
-                    if self.store.closed:
-                        return
-                    await asyncio.sleep(0.5)
-
-    def _notify(self) -> None:
-        self._changed.set()
-        for listener in self._listeners:
-            listener()
+                record = BookieRecord.from_bytes(value)
+            except Exception:  # noqa: BLE001 - one bad record must not blind the client to others
+                log.warning("bookie_registration_unreadable")
+                continue
+            bookies[record.bookie_id] = record
+        self.bookies = bookies
 
     def on_change(self, listener: Callable[[], None]) -> None:
-        self._listeners.append(listener)
+        self._registrations.on_change(listener)
 
     async def wait_change(self, timeout_s: float) -> None:
-        self._changed.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), timeout_s)
+        await self._registrations.wait_change(timeout_s)
 
     def candidates(self, extra_load: dict[str, int] | None = None) -> list[BookieCandidate]:
         extra = extra_load or {}
@@ -142,10 +95,7 @@ class BookieView:
         ]
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._registrations.close()
 
 
 class BookiePool:

@@ -55,8 +55,6 @@ from broker.service.streams import (
 from broker.service.subscription import ConsumerSession
 from broker.service.topic import ProducerSession
 from magnetar.common.errors import (
-    AuthenticationError,
-    AuthorizationError,
     InternalError,
     InvalidArgumentError,
     MagnetarError,
@@ -239,10 +237,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             if kind == "close":
                 return
             if kind == "auth":
-                try:
-                    await credentials.refresh(request.auth.token)
-                except (AuthenticationError, AuthorizationError) as e:
-                    credentials.revoke(e)
+                if not await credentials.refresh_or_revoke(request.auth.token):
                     return
                 continue
             if kind != "send":
@@ -443,10 +438,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         async for request in requests:
             kind = request.WhichOneof("kind")
             if kind == "auth":
-                try:
-                    await credentials.refresh(request.auth.token)
-                except (AuthenticationError, AuthorizationError) as e:
-                    credentials.revoke(e)
+                if not await credentials.refresh_or_revoke(request.auth.token):
                     return
                 continue
             try:

@@ -5,8 +5,8 @@
   consume, create, update and delete its topics, reset and delete subscriptions, create and
   delete namespaces, and grant permissions in them.
 - **Namespace permissions** give a role ``produce`` and/or ``consume`` on every topic of a
-  namespace. Either lets it look those topics up; ``consume`` also lets it list their
-  subscriptions and see their stats.
+  namespace. Either lets it look those topics up and see their stats (without client
+  addresses); ``consume`` also lets it list and create their subscriptions.
 - **Cluster operations** (brokers, bookies, ledgers, ownership, unloading, tenants) need a
   superuser.
 

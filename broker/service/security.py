@@ -203,6 +203,16 @@ class StreamCredentials:
         )
         self.revoke(error)
 
+    async def refresh_or_revoke(self, token: str) -> bool:
+        """:meth:`refresh`, or the end of the stream (:meth:`revoke`) when the token is refused;
+        whether the stream goes on."""
+        try:
+            await self.refresh(token)
+        except (AuthenticationError, AuthorizationError) as e:
+            self.revoke(e)
+            return False
+        return True
+
     async def refresh(self, token: str) -> None:
         """Take a fresh token for the stream (the client's answer to a challenge).
 

@@ -17,6 +17,7 @@ import enum
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from magnetar.common.clock import SYSTEM_CLOCK, Clock
 from magnetar.common.errors import (
@@ -123,6 +124,26 @@ def _check_roles(roles: Iterable[str], what: str) -> tuple[str, ...]:
     return checked
 
 
+_R = TypeVar("_R")
+
+
+def _parsed(
+    view: PrefixView,
+    cache: dict[str, tuple[bytes, _R]],
+    name: str,
+    parse: Callable[[str, bytes], _R],
+) -> _R | None:
+    """The record ``name`` of ``view``, parsed once per value it takes."""
+    value = view.values.get(name)
+    if value is None:
+        return None
+    cached = cache.get(name)
+    if cached is None or cached[0] is not value:
+        cached = (value, parse(name, value))
+        cache[name] = cached
+    return cached[1]
+
+
 class TenantCatalog:
     """Tenant and namespace records: reads from the in-memory views, writes to the store."""
 
@@ -151,24 +172,10 @@ class TenantCatalog:
     # --- reads from the views (authorization's hot path) ----------------------------------------
 
     def tenant(self, name: str) -> Tenant | None:
-        value = self._tenants.values.get(name)
-        if value is None:
-            return None
-        cached = self._parsed_tenants.get(name)
-        if cached is None or cached[0] is not value:
-            cached = (value, _tenant(name, value))
-            self._parsed_tenants[name] = cached
-        return cached[1]
+        return _parsed(self._tenants, self._parsed_tenants, name, _tenant)
 
     def namespace(self, name: str) -> Namespace | None:
-        value = self._namespaces.values.get(name)
-        if value is None:
-            return None
-        cached = self._parsed_namespaces.get(name)
-        if cached is None or cached[0] is not value:
-            cached = (value, _namespace(name, value))
-            self._parsed_namespaces[name] = cached
-        return cached[1]
+        return _parsed(self._namespaces, self._parsed_namespaces, name, _namespace)
 
     def tenants(self) -> list[str]:
         return sorted(self._tenants.values)

@@ -308,13 +308,16 @@ async def _check(target: str, tls: ClientTls, timeout_s: float) -> str | None:
                     context={"broker": target},
                 )
     except ssl.SSLCertVerificationError as e:
-        hint = (
-            "set tls_validate_hostname=False or connect by a name the certificate holds"
-            if e.verify_code in _NAME_MISMATCH
-            else "set tls_trust_certs_file_path to the CA that signed it"
-        )
+        if e.verify_code in _NAME_MISMATCH:
+            raise TlsError(
+                f"the TLS certificate of broker {target} does not name the host connected to"
+                f" ({e.verify_message}): connect by a name the certificate holds (the brokers'"
+                " advertised host), or set tls_validate_hostname=False",
+                context={"broker": target, "reason": str(e.verify_message)},
+            ) from None
         raise TlsError(
-            f"the TLS certificate of broker {target} is not trusted: {e.verify_message}; {hint}",
+            f"the TLS certificate of broker {target} is not trusted ({e.verify_message}): set"
+            " tls_trust_certs_file_path to the CA that signed it",
             context={"broker": target, "reason": str(e.verify_message)},
         ) from None
     except ssl.SSLError as e:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
+import magnetar.aio
 from magnetar.aio import (
     Client,
     Consumer,
@@ -25,7 +27,12 @@ from magnetar.aio import (
     ReceiveTimeoutError,
     TopicNotFoundError,
 )
-from magnetar.common.errors import InvalidArgumentError
+from magnetar.common.errors import (
+    AuthenticationError,
+    AuthenticationExpiredError,
+    InvalidArgumentError,
+    InvalidConfigError,
+)
 from tests.unit.aio.fake_broker import FakeCluster
 
 
@@ -508,3 +515,51 @@ async def test_a_run_whose_batches_time_out_fails_once_and_frees_its_room(
     assert len(heard) == 1
     assert isinstance(heard[0], OperationTimeoutError)
     assert producer.pending_messages() == 0
+
+
+async def test_credentials_are_checked_when_the_client_is_made(tmp_path: Path) -> None:
+    """What can be known without a broker is refused at once, naming the setting."""
+    cert = tmp_path / "c.pem"
+    key = tmp_path / "c.key"
+    cert.write_text("x")
+    key.write_text("y")
+    with pytest.raises(InvalidArgumentError, match="magnetar\\+ssl://"):
+        magnetar.aio.Client(
+            "magnetar://localhost:6650",
+            authentication=magnetar.aio.AuthenticationTLS(cert, key),
+        )
+    with pytest.raises(InvalidArgumentError, match="does not exist"):
+        magnetar.aio.AuthenticationTLS(tmp_path / "missing.pem", key)
+    with pytest.raises(InvalidArgumentError, match="AuthenticationToken"):
+        magnetar.aio.Client("magnetar://localhost:6650", authentication="a-token")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="empty"):
+        magnetar.aio.AuthenticationToken("  ")
+    with pytest.raises(InvalidConfigError, match="tls_certificate_file_path"):
+        magnetar.aio.Client("magnetar+ssl://h", tls_private_key_file_path=str(key))
+    assert "secret" not in repr(magnetar.aio.AuthenticationToken("secret"))
+
+
+async def test_a_token_supplier_is_asked_each_time_and_may_be_a_coroutine() -> None:
+    calls = 0
+
+    def supplier() -> str:
+        nonlocal calls
+        calls += 1
+        return f"token-{calls}"
+
+    async def async_supplier() -> str:
+        return "async-token"
+
+    sync_auth = magnetar.aio.AuthenticationToken(supplier)
+    assert [await sync_auth.token(), await sync_auth.token()] == ["token-1", "token-2"]
+    assert await magnetar.aio.AuthenticationToken(async_supplier).token() == "async-token"
+
+    def broken() -> str:
+        raise RuntimeError("the vault is down: secret-in-message")
+
+    with pytest.raises(AuthenticationExpiredError) as caught:
+        await magnetar.aio.AuthenticationToken(broken).token()
+    assert caught.value.retriable
+    assert "secret-in-message" not in str(caught.value)
+    with pytest.raises(AuthenticationError, match="returned no token"):
+        await magnetar.aio.AuthenticationToken(lambda: "").token()

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from magnetar.aio.names import TopicName, parse_broker_url, parse_service_url, parse_topic
+from magnetar.aio.names import (
+    TopicName,
+    parse_broker_url,
+    parse_service_url,
+    parse_topic,
+    uses_tls,
+)
 from magnetar.common.errors import InvalidServiceUrlError, InvalidTopicNameError
 
 
@@ -18,16 +24,21 @@ from magnetar.common.errors import InvalidServiceUrlError, InvalidTopicNameError
         ("magnetar://h1:6650,h1:6650", ("h1:6650",)),
         ("magnetar://10.0.0.1:7000", ("10.0.0.1:7000",)),
         ("magnetar://[::1]:6650,[fe80::1]", ("[::1]:6650", "[fe80::1]:6650")),
+        ("magnetar+ssl://broker.example", ("broker.example:6651",)),
+        ("magnetar+ssl://b1:7651,b2", ("b1:7651", "b2:6651")),
     ],
 )
 def test_service_urls_become_grpc_targets(url: str, targets: tuple[str, ...]) -> None:
     assert parse_service_url(url) == targets
+    assert uses_tls(url) == url.startswith("magnetar+ssl://")
 
 
 @pytest.mark.parametrize(
     "url",
     [
         "pulsar://localhost:6650",
+        "magnetar+tls://localhost:6651",
+        "magnetar+ssl://",
         "localhost:6650",
         "magnetar://",
         "magnetar://h1:6650,,h2",
@@ -46,6 +57,7 @@ def test_bad_service_urls_are_refused_with_the_expected_form(url: object) -> Non
 
 def test_a_broker_url_names_one_broker() -> None:
     assert parse_broker_url("magnetar://b1:6650") == "b1:6650"
+    assert parse_broker_url("magnetar+ssl://b1:6651") == "b1:6651"
     with pytest.raises(InvalidServiceUrlError):
         parse_broker_url("magnetar://b1:6650,b2:6650")
 
