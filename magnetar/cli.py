@@ -32,6 +32,7 @@ from magnetar.cli_support import (
 )
 from magnetar.common.config import add_config_arguments, config_overrides_from_args, load_config
 from magnetar.common.errors import MagnetarError
+from magnetar.common.files import restrict_umask
 from magnetar.common.gc_tuning import tune_gc_for_throughput
 from magnetar.common.log import configure_logging
 
@@ -438,6 +439,8 @@ def _run_bookie(args: argparse.Namespace) -> int:
     from bookie.process import run_bookie  # noqa: PLC0415
     from bookie.service.config import BookieConfig  # noqa: PLC0415
 
+    restrict_umask()  # data, keys and logs this server writes are its user's only
+
     configure_logging(mode=args.log_format, level=args.log_level, stream=sys.stderr)
     # The journal's write+fdatasync thread must get the GIL back quickly when its syscalls
     # return, or group commits queue behind the event loop's 5 ms default slice.
@@ -451,6 +454,8 @@ def _run_bookie(args: argparse.Namespace) -> int:
 
 def _run_standalone(args: argparse.Namespace) -> int:
     from magnetar.standalone import StandaloneConfig, run_standalone  # noqa: PLC0415
+
+    restrict_umask()  # data, keys and logs this server writes are its user's only
 
     configure_logging(mode=args.log_format, level=args.log_level, stream=sys.stderr)
     sys.setswitchinterval(0.001)
@@ -467,6 +472,8 @@ def _run_broker(args: argparse.Namespace) -> int:
     from broker.process import run_broker  # noqa: PLC0415
     from broker.service.config import BrokerConfig  # noqa: PLC0415
 
+    restrict_umask()  # data, keys and logs this server writes are its user's only
+
     configure_logging(mode=args.log_format, level=args.log_level, stream=sys.stderr)
     sys.setswitchinterval(0.001)
     config = load_config(
@@ -478,6 +485,8 @@ def _run_broker(args: argparse.Namespace) -> int:
 
 def _run_autorecovery(args: argparse.Namespace) -> int:
     from bookie.autorecovery import AutorecoveryConfig, run_autorecovery  # noqa: PLC0415
+
+    restrict_umask()  # data, keys and logs this server writes are its user's only
 
     configure_logging(mode=args.log_format, level=args.log_level, stream=sys.stderr)
     config = load_config(

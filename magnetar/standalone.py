@@ -21,6 +21,7 @@ from bookie.client.config import LedgerClientConfig
 from bookie.service.config import BookieConfig
 from broker.service.config import BrokerConfig
 from magnetar.common.config import config_error
+from magnetar.common.files import private_dir
 from magnetar.common.security.config import AuthenticationSettings, TlsSettings
 
 if TYPE_CHECKING:
@@ -116,8 +117,7 @@ class Standalone:
     @classmethod
     async def start(cls, config: StandaloneConfig) -> Standalone:
         started = time.monotonic()
-        data_dir = config.data_dir.resolve()
-        data_dir.mkdir(parents=True, exist_ok=True)
+        data_dir = private_dir(config.data_dir.resolve())
         from bookie.process import BookieProcess  # noqa: PLC0415 - see the imports above
         from broker.process import BrokerProcess  # noqa: PLC0415
         from metadata import open_store  # noqa: PLC0415

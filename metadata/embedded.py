@@ -32,6 +32,7 @@ import structlog
 
 from magnetar.common.clock import SYSTEM_CLOCK, Clock
 from magnetar.common.errors import MetadataCorruptError, MetadataStoreLockedError
+from magnetar.common.files import open_private, private_dir, write_private
 from metadata.config import MetadataStoreConfig
 from metadata.local import (
     LocalCore,
@@ -147,9 +148,9 @@ class EmbeddedJournal:
     # --- open / close -------------------------------------------------------------------
 
     def lock(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        private_dir(self.directory)
         lock_path = self.directory / "LOCK"
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_private(lock_path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -204,7 +205,7 @@ class EmbeddedJournal:
             replayed += self._replay_log(sequence, core, last=index == len(live) - 1)
         self._log_sequence = live[-1] if live else first_sequence
         path = self._log_path(self._log_sequence)
-        self._log_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._log_fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         self._log_bytes = os.fstat(self._log_fd).st_size
         _fsync_dir(self.directory)
         log.info(
@@ -325,15 +326,10 @@ class EmbeddedJournal:
 
     def _install_snapshot(self, data: bytes, next_sequence: int) -> None:
         tmp = self.directory / f"{_SNAPSHOT}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        write_private(tmp, data)
         os.replace(tmp, self.directory / _SNAPSHOT)
         _fsync_dir(self.directory)
-        new_fd = os.open(
-            self._log_path(next_sequence), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
-        )
+        new_fd = open_private(self._log_path(next_sequence), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         _fsync_dir(self.directory)
         old_fd, old_sequence = self._log_fd, self._log_sequence
         self._log_fd, self._log_sequence, self._log_bytes = new_fd, next_sequence, 0

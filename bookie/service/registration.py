@@ -38,6 +38,7 @@ import structlog
 from bookie.service.bookie import BookieStatus
 from magnetar import __version__
 from magnetar.common.errors import BookieIdentityError, KeyExistsError, MetadataError
+from magnetar.common.files import private_dir, write_private
 from metadata import MetadataStore, layout
 from metadata.coordination import Session
 from proto.common.v1 import types_pb2
@@ -73,7 +74,7 @@ def _read_identity_file(data_dir: Path) -> dict[str, object] | None:
 
 
 def _write_identity_file(data_dir: Path, identity: Identity, *, registered: bool) -> None:
-    data_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(data_dir)
     path = data_dir / IDENTITY_FILE
     tmp = path.with_suffix(".tmp")
     body = {
@@ -82,11 +83,7 @@ def _write_identity_file(data_dir: Path, identity: Identity, *, registered: bool
         "instance_id": identity.instance_id,
         "registered": registered,
     }
-    with open(tmp, "w") as f:
-        json.dump(body, f, indent=2)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
+    write_private(tmp, (json.dumps(body, indent=2) + "\n").encode())
     os.replace(tmp, path)
     fd = os.open(data_dir, os.O_RDONLY | os.O_DIRECTORY)
     try:

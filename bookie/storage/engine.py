@@ -39,6 +39,7 @@ from magnetar.common.errors import (
     NoSuchLedgerError,
     StorageClosedError,
 )
+from magnetar.common.files import open_private, private_dir, write_private
 
 log = structlog.get_logger("magnetar.bookie.storage")
 
@@ -290,10 +291,7 @@ class StorageEngine:
 
     def _write_checkpoint(self, data: bytes) -> None:
         tmp = self.directory / f"{CHECKPOINT}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        write_private(tmp, data)
         os.replace(tmp, self.directory / CHECKPOINT)
         fsync_dir(self.directory)
 
@@ -408,7 +406,7 @@ class StorageEngine:
     # --- recovery --------------------------------------------------------------------------------
 
     def _recover(self) -> LogPosition:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        private_dir(self.directory)
         for tmp in self.directory.glob("*.tmp"):
             tmp.unlink()
         checkpoint_path = self.directory / CHECKPOINT
@@ -437,7 +435,7 @@ class StorageEngine:
             head = LogPosition(head_id, self.segments.path(head_id).stat().st_size)
         else:
             head = LogPosition(max(start.segment_id, 1), 0)
-            self.segments.path(head.segment_id).touch()
+            os.close(open_private(self.segments.path(head.segment_id), os.O_WRONLY | os.O_CREAT))
             fsync_dir(self.directory)
         self.recovery = RecoveryReport(checkpoint_position, replayed, cut, corrupt)
         log.info(

@@ -40,6 +40,7 @@ from bookie.storage.config import StorageConfig
 from bookie.storage.index import LogPosition
 from bookie.storage.records import Frame, frame_size
 from magnetar.common.errors import StorageClosedError, StorageError
+from magnetar.common.files import open_private
 
 log = structlog.get_logger("magnetar.bookie.journal")
 
@@ -215,8 +216,8 @@ class Journal:
         self._head_segment = head.segment_id
         self._written_offset = head.offset
         self._durable_offset = head.offset
-        self._fd = os.open(
-            segments.path(head.segment_id), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
+        self._fd = open_private(
+            segments.path(head.segment_id), os.O_WRONLY | os.O_CREAT | os.O_APPEND
         )
         self._queue: deque[_Submission | _Boundary] = deque()
         self._queued_bytes = 0
@@ -365,8 +366,8 @@ class Journal:
     def _write_chunks(self, chunks: list[bytes], size: int, roll: bool) -> None:
         if roll:
             new_id = self._head_segment + 1
-            new_fd = os.open(
-                self.segments.path(new_id), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
+            new_fd = open_private(
+                self.segments.path(new_id), os.O_WRONLY | os.O_CREAT | os.O_APPEND
             )
             fsync_dir(self.segments.directory)
             os.close(self._fd)
