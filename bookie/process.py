@@ -26,7 +26,9 @@ import grpc.aio
 import structlog
 
 from bookie.autorecovery import Autorecovery, AutorecoveryConfig
+from bookie.client.config import LedgerClientConfig
 from bookie.grpc.servicer import BookieServicer
+from bookie.service.access import BookieAccess
 from bookie.service.bookie import Bookie, DiskProbe
 from bookie.service.config import BookieConfig
 from bookie.service.metrics import BookieMetrics
@@ -36,6 +38,7 @@ from magnetar.common.errors import InvalidConfigError
 from magnetar.common.health import READINESS_SERVICE as _READINESS
 from magnetar.common.health import ProcessHealth
 from magnetar.common.security.config import is_loopback
+from magnetar.common.security.tls import ReloadingServerCredentials
 from magnetar.common.serving import grpc_server_options, listen, run_until_signalled
 from magnetar.common.status_http import Response, StatusServer
 from metadata import MetadataStore, open_store
@@ -68,6 +71,8 @@ class BookieProcess:
         self.port = 0
         self.http_port = 0
         self.address = ""
+        self.tls: ReloadingServerCredentials | None = None
+        self.access: BookieAccess
         self._stopped = asyncio.Event()
 
     @classmethod
@@ -106,22 +111,42 @@ class BookieProcess:
             metrics=metrics,
         )
         self._server = grpc.aio.server(options=GRPC_OPTIONS)
+        self.access = BookieAccess(
+            config, client_roles=config.bookie_client_roles, bookie_id=identity.bookie_id
+        )
+        metrics.bind_access(self.access)
         bookie_pb2_grpc.add_BookieServiceServicer_to_server(
-            BookieServicer(self.bookie, max_inflight_bytes=config.max_inflight_bytes_per_stream),
+            BookieServicer(
+                self.bookie,
+                max_inflight_bytes=config.max_inflight_bytes_per_stream,
+                access=self.access,
+            ),
             self._server,
         )
         self._health = await ProcessHealth.serve(
             self._server, (LIVENESS_SERVICE,), bookie=identity.bookie_id
         )
         try:
-            self.port = listen(self._server, config.bind_host, config.port)
+            if config.tls_cert_file is not None and config.tls_key_file is not None:
+                self.tls = ReloadingServerCredentials(
+                    config.tls_cert_file,
+                    config.tls_key_file,
+                    config.tls_trust_certs_file,
+                    component="bookie",
+                )
+            self.port = listen(
+                self._server,
+                config.bind_host,
+                config.port,
+                credentials=self.tls.credentials if self.tls is not None else None,
+            )
         except InvalidConfigError:
             await self.storage.close()
             raise
         host = config.advertised_host or socket.gethostname()
         self.address = f"{host}:{self.port}"
         self.bookie.address = self.address
-        if not is_loopback(config.bind_host):
+        if not config.authentication_enabled and not is_loopback(config.bind_host):
             log.warning(
                 "authentication_disabled",
                 bookie=identity.bookie_id,
@@ -155,7 +180,17 @@ class BookieProcess:
         if config.autorecovery:
             self._autorecovery = await Autorecovery(
                 self.store,
-                AutorecoveryConfig(metadata=config.metadata, name=f"bookie:{identity.bookie_id}"),
+                AutorecoveryConfig(
+                    metadata=config.metadata,
+                    name=f"bookie:{identity.bookie_id}",
+                    # it reaches the other bookies as this bookie: with its own certificate
+                    # (whose role must be one of their bookie_client_roles)
+                    ledger=LedgerClientConfig(
+                        tls_trust_certs_file=config.tls_trust_certs_file,
+                        tls_cert_file=config.tls_cert_file,
+                        tls_key_file=config.tls_key_file,
+                    ),
+                ),
             ).start()
         await self._health.started(self._ready)
         log.info(

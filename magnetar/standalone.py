@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("magnetar.standalone")
 
+LOOPBACK = "127.0.0.1"
+
 
 @dataclass(frozen=True, kw_only=True)
 class StandaloneConfig(AuthenticationSettings, TlsSettings):
@@ -57,7 +59,8 @@ class StandaloneConfig(AuthenticationSettings, TlsSettings):
     """Bookies to run (1 to 9); ledgers use E3/Qw2/Qa2 with 3 or more, else E=Qw=Qa=bookies."""
 
     bind_host: str = "127.0.0.1"
-    """Address the servers listen on (0.0.0.0 to accept other machines)."""
+    """Address the broker listens on (0.0.0.0 to accept other machines); the bookies stay on
+    127.0.0.1, since only the broker in this process uses them."""
 
     advertised_host: str = "127.0.0.1"
     """Host name clients use to reach the broker."""
@@ -131,10 +134,10 @@ class Standalone:
                     metadata="memory://",  # unused: the shared store is passed in
                     port=0,
                     http_port=0,
-                    bind_host=config.bind_host,
-                    advertised_host=config.bind_host
-                    if config.bind_host != "0.0.0.0"  # noqa: S104 - comparing, not binding
-                    else config.advertised_host,
+                    # only the broker in this process talks to these bookies: they stay on
+                    # loopback whatever bind_host says, so nothing outside can reach them
+                    bind_host=LOOPBACK,
+                    advertised_host=LOOPBACK,
                     bookie_id=f"bookie-{index}",
                 )
                 self.bookies.append(await BookieProcess.start(bookie, store=store))

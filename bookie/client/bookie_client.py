@@ -8,6 +8,12 @@ packing a whole window into one message would make client and bookie take turns.
 per-entry refusals are mapped back to the callers that sent them. If the stream breaks (the
 bookie died or restarted), every add waiting on it fails with :class:`BookieUnavailableError`,
 and the next add opens a new stream.
+
+With :class:`BookieCredentials` the channel is TLS (the bookie's certificate checked against the
+trusted CAs and its host name; the client's certificate presented for mutual TLS) and a token,
+when given, goes on every call and on the add stream. A bookie that refuses the credentials
+answers PERMISSION_DENIED or UNAUTHENTICATED: the call fails with that typed error, not a
+retriable "unavailable".
 """
 
 from __future__ import annotations
@@ -18,12 +24,14 @@ import itertools
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
 import grpc.aio
 import structlog
 
+from bookie.client.config import LedgerClientConfig
 from bookie.client.wire import encode_add_request
 from bookie.entries import (
     AddEntry,
@@ -35,6 +43,8 @@ from bookie.entries import (
 )
 from magnetar.common.errors import BookieUnavailableError, MagnetarError, ServiceUnavailableError
 from magnetar.common.grpc_errors import error_from_detail, error_from_rpc_error
+from magnetar.common.security.grpc_credentials import bearer_metadata
+from magnetar.common.security.tokens import TokenFile
 from proto.bookie.v1 import bookie_pb2 as pb
 from proto.bookie.v1 import bookie_pb2_grpc
 from proto.common.v1 import types_pb2
@@ -51,6 +61,51 @@ CHANNEL_OPTIONS = [
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
 ]
+
+
+def _read(path: Path | None) -> bytes | None:
+    return path.read_bytes() if path is not None else None
+
+
+@dataclass(frozen=True)
+class BookieCredentials:
+    """How the ledger client proves itself to bookies: TLS files, a token file, or both."""
+
+    trust_certs_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    token: TokenFile | None = None
+
+    @classmethod
+    def from_config(cls, config: LedgerClientConfig) -> BookieCredentials | None:
+        """The credentials ``config`` asks for; None when it asks for none."""
+        if not config.tls_enabled and config.auth_token_file is None:
+            return None
+        return cls(
+            config.tls_trust_certs_file,
+            config.tls_cert_file,
+            config.tls_key_file,
+            TokenFile(config.auth_token_file) if config.auth_token_file is not None else None,
+        )
+
+    @property
+    def tls(self) -> bool:
+        return self.trust_certs_file is not None or self.cert_file is not None
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        """A channel to the bookie at ``address``, over TLS when the files are set (read now:
+        a certificate rotated on disk is used by the next channel)."""
+        if not self.tls:
+            return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=_read(self.trust_certs_file),
+            private_key=_read(self.key_file),
+            certificate_chain=_read(self.cert_file),
+        )
+        return grpc.aio.secure_channel(address, credentials, options=CHANNEL_OPTIONS)
+
+    def metadata(self) -> tuple[tuple[str, str], ...] | None:
+        return bearer_metadata(self.token.read() if self.token is not None else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,11 +235,17 @@ class _AddStream:
             self._break(f"the add stream to {self._client.address} was closed")
             raise
         except grpc.aio.AioRpcError as e:
-            self._break(f"the add stream to {self._client.address} broke: {e.code().name}")
+            error = self._client._error(e)
+            if error.retriable:
+                self._break(f"the add stream to {self._client.address} broke: {e.code().name}")
+            else:  # refused credentials: say so, do not make it look like a flaky bookie
+                self._break(error.message, error)
 
-    def _break(self, reason: str) -> None:
+    def _break(self, reason: str, error: MagnetarError | None = None) -> None:
         if self._broken is None:
-            self._broken = BookieUnavailableError(reason, context={"bookie": self._client.address})
+            self._broken = error or BookieUnavailableError(
+                reason, context={"bookie": self._client.address}
+            )
             log.info("bookie_add_stream_broken", bookie=self._client.address, reason=reason)
             # end both tasks (whichever is not the one reporting) and the call itself
             current = asyncio.current_task()
@@ -219,11 +280,13 @@ class BookieClient:
         timeout_s: float = 10.0,
         max_message_bytes: int = 1024 * 1024,
         channel: grpc.aio.Channel | None = None,
+        credentials: BookieCredentials | None = None,
     ) -> None:
         self.address = address
         self.timeout_s = timeout_s
         self.max_message_bytes = max_message_bytes
-        self._channel = channel or grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.credentials = credentials or BookieCredentials()
+        self._channel = channel or self.credentials.channel(address)
         self._stub = bookie_pb2_grpc.BookieServiceStub(self._channel)
         self._adds: _AddStream | None = None
         self.messages_sent = 0
@@ -235,7 +298,7 @@ class BookieClient:
             "/magnetar.bookie.v1.BookieService/AddEntries",
             request_serializer=None,
             response_deserializer=pb.AddEntriesResponse.FromString,
-        )()
+        )(metadata=self.credentials.metadata())
 
     def _error(self, error: grpc.aio.AioRpcError) -> MagnetarError:
         found = error_from_rpc_error(error, self.address)
@@ -281,7 +344,9 @@ class BookieClient:
             entry_ids=entry_ids,
         )
         try:
-            response = await self._stub.ReadEntries(request, timeout=timeout_s or self.timeout_s)
+            response = await self._stub.ReadEntries(
+                request, timeout=timeout_s or self.timeout_s, metadata=self.credentials.metadata()
+            )
         except grpc.aio.AioRpcError as e:
             raise self._error(e) from None
         entries = [
@@ -305,7 +370,11 @@ class BookieClient:
             include_entry=include_entry,
         )
         try:
-            response = await self._stub.ReadLac(request, timeout=self.timeout_s + timeout_ms / 1000)
+            response = await self._stub.ReadLac(
+                request,
+                timeout=self.timeout_s + timeout_ms / 1000,
+                metadata=self.credentials.metadata(),
+            )
         except grpc.aio.AioRpcError as e:
             raise self._error(e) from None
         entry = None
@@ -319,7 +388,9 @@ class BookieClient:
     async def fence(self, ledger_id: int) -> FenceResult:
         try:
             response = await self._stub.Fence(
-                pb.FenceRequest(ledger_id=ledger_id), timeout=self.timeout_s
+                pb.FenceRequest(ledger_id=ledger_id),
+                timeout=self.timeout_s,
+                metadata=self.credentials.metadata(),
             )
         except grpc.aio.AioRpcError as e:
             raise self._error(e) from None
@@ -328,14 +399,20 @@ class BookieClient:
     async def delete_ledger(self, ledger_id: int) -> None:
         try:
             await self._stub.DeleteLedger(
-                pb.DeleteLedgerRequest(ledger_id=ledger_id), timeout=self.timeout_s
+                pb.DeleteLedgerRequest(ledger_id=ledger_id),
+                timeout=self.timeout_s,
+                metadata=self.credentials.metadata(),
             )
         except grpc.aio.AioRpcError as e:
             raise self._error(e) from None
 
     async def info(self) -> BookieInfo:
         try:
-            r = await self._stub.GetBookieInfo(pb.GetBookieInfoRequest(), timeout=self.timeout_s)
+            r = await self._stub.GetBookieInfo(
+                pb.GetBookieInfoRequest(),
+                timeout=self.timeout_s,
+                metadata=self.credentials.metadata(),
+            )
         except grpc.aio.AioRpcError as e:
             raise self._error(e) from None
         return BookieInfo(
@@ -356,6 +433,7 @@ class BookieClient:
             r = await self._stub.ListLedgers(
                 pb.ListLedgersRequest(after_ledger_id=after_ledger_id, limit=limit),
                 timeout=self.timeout_s,
+                metadata=self.credentials.metadata(),
             )
         except grpc.aio.AioRpcError as e:
             raise self._error(e) from None

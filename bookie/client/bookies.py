@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from bookie.client.bookie_client import BookieClient
+from bookie.client.bookie_client import BookieClient, BookieCredentials
 from bookie.client.placement import BookieCandidate
 from magnetar.common.errors import BookieUnavailableError
 from metadata import MetadataStore, layout
@@ -101,9 +101,16 @@ class BookieView:
 class BookiePool:
     """One :class:`BookieClient` per live bookie, following address changes."""
 
-    def __init__(self, view: BookieView, *, timeout_s: float) -> None:
+    def __init__(
+        self,
+        view: BookieView,
+        *,
+        timeout_s: float,
+        credentials: BookieCredentials | None = None,
+    ) -> None:
         self.view = view
         self.timeout_s = timeout_s
+        self.credentials = credentials
         self._clients: dict[str, BookieClient] = {}
         self._closing: set[asyncio.Future[None]] = set()
 
@@ -122,7 +129,9 @@ class BookiePool:
             return existing
         if existing is not None:
             self._closing.add(asyncio.ensure_future(existing.close()))
-        client = BookieClient(record.address, timeout_s=self.timeout_s)
+        client = BookieClient(
+            record.address, timeout_s=self.timeout_s, credentials=self.credentials
+        )
         self._clients[bookie_id] = client
         return client
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from magnetar.common.config import config_error
 
@@ -41,6 +42,26 @@ class LedgerClientConfig:
     recovery_read_batch: int = 64
     """Entries recovery reads ahead at a time."""
 
+    tls_trust_certs_file: Path | None = None
+    """CA certificates that sign the bookies' certificates: set it (or tls_cert_file) when the
+    bookies serve TLS. Their certificates must name the hosts they advertise."""
+
+    tls_cert_file: Path | None = None
+    """Certificate (PEM) presented to the bookies (mutual TLS: its common name is the role,
+    which must be in the bookies' bookie_client_roles or superuser_roles)."""
+
+    tls_key_file: Path | None = None
+    """Private key (PEM) of tls_cert_file."""
+
+    auth_token_file: Path | None = None
+    """Token presented to bookies that take tokens (instead of, or with, a certificate); read
+    again when the file changes."""
+
+    @property
+    def tls_enabled(self) -> bool:
+        """Whether bookies are reached over TLS."""
+        return self.tls_trust_certs_file is not None or self.tls_cert_file is not None
+
     def __post_init__(self) -> None:
         if not self.ensemble_size >= self.write_quorum >= self.ack_quorum >= 1:
             raise config_error(
@@ -61,4 +82,8 @@ class LedgerClientConfig:
         if self.speculative_read_delay_ms < 0:
             raise config_error(
                 "speculative_read_delay_ms", self.speculative_read_delay_ms, "must be >= 0"
+            )
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise config_error(
+                "tls_key_file", self.tls_key_file, "must be set together with tls_cert_file"
             )

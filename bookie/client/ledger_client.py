@@ -36,6 +36,7 @@ from dataclasses import replace
 
 import structlog
 
+from bookie.client.bookie_client import BookieCredentials
 from bookie.client.bookies import BookiePool, BookieView
 from bookie.client.config import LedgerClientConfig
 from bookie.client.ledger_metadata import (
@@ -77,7 +78,11 @@ class LedgerClient:
         self.store = store
         self.config = config
         self.view = view
-        self.pool = BookiePool(view, timeout_s=config.read_timeout_ms / 1000)
+        self.pool = BookiePool(
+            view,
+            timeout_s=config.read_timeout_ms / 1000,
+            credentials=BookieCredentials.from_config(config),
+        )
         self.ledgers = LedgerMetadataStore(store)
         self.creator = creator
         self._placed: dict[str, int] = {}

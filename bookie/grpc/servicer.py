@@ -5,6 +5,10 @@ entry bytes in flight stay under ``max_inflight_bytes``; past that it stops read
 flow control pushes back on the client instead of memory growing here. Each request is handled
 concurrently and answered when all its entries are durable or refused. Refusals travel in band,
 per entry, so one bad entry never ends a stream that other adds share.
+
+Every call is checked first (:class:`~bookie.service.access.BookieAccess`): a caller that is not
+a bookie client role is refused with UNAUTHENTICATED or PERMISSION_DENIED before it touches
+anything, and the bookie goes on serving everyone else.
 """
 
 from __future__ import annotations
@@ -12,16 +16,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import grpc.aio
 import structlog
 
 from bookie.entries import AddEntry
+from bookie.service.access import BookieAccess
 from bookie.service.bookie import Bookie
 from magnetar import __version__
 from magnetar.common.errors import MagnetarError
 from magnetar.common.grpc_errors import abort_with, error_to_detail
+from magnetar.common.security.grpc_credentials import credentials_of
 from proto.bookie.v1 import bookie_pb2 as pb
 from proto.bookie.v1 import bookie_pb2_grpc
 from proto.common.v1 import types_pb2
@@ -29,6 +36,7 @@ from proto.common.v1 import types_pb2
 log = structlog.get_logger("magnetar.bookie.grpc")
 
 DEFAULT_LIST_LIMIT = 1000
+Context = grpc.aio.ServicerContext[Any, Any]
 
 
 class _InflightBytes:
@@ -54,15 +62,29 @@ class _InflightBytes:
 class BookieServicer(bookie_pb2_grpc.BookieServiceServicer):
     """Serves one :class:`Bookie` over the v1 bookie protocol."""
 
-    def __init__(self, bookie: Bookie, *, max_inflight_bytes: int) -> None:
+    def __init__(
+        self, bookie: Bookie, *, max_inflight_bytes: int, access: BookieAccess | None = None
+    ) -> None:
         self.bookie = bookie
         self.max_inflight_bytes = max_inflight_bytes
+        self.access = access
+
+    async def _allow(self, context: Context, operation: str) -> None:
+        """Refuse the call (UNAUTHENTICATED, PERMISSION_DENIED) unless its caller may."""
+        if self.access is None or not self.access.enabled:
+            return
+        try:
+            self.access.check(credentials_of(context), operation)
+        except MagnetarError as e:
+            await abort_with(context, e)
+            raise
 
     async def AddEntries(
         self,
         request_iterator: AsyncIterator[pb.AddEntriesRequest],
         context: grpc.aio.ServicerContext[pb.AddEntriesRequest, pb.AddEntriesResponse],
     ) -> AsyncIterator[pb.AddEntriesResponse]:
+        await self._allow(context, "add entries")
         responses: asyncio.Queue[pb.AddEntriesResponse | None] = asyncio.Queue()
         budget = _InflightBytes(self.max_inflight_bytes)
         handlers: set[asyncio.Task[None]] = set()
@@ -123,6 +145,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServiceServicer):
         request: pb.ReadEntriesRequest,
         context: grpc.aio.ServicerContext[pb.ReadEntriesRequest, pb.ReadEntriesResponse],
     ) -> pb.ReadEntriesResponse:
+        await self._allow(context, "read entries")
         try:
             result = await self.bookie.read_entries(
                 request.ledger_id,
@@ -153,6 +176,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServiceServicer):
         request: pb.ReadLacRequest,
         context: grpc.aio.ServicerContext[pb.ReadLacRequest, pb.ReadLacResponse],
     ) -> pb.ReadLacResponse:
+        await self._allow(context, "read the last add confirmed")
         try:
             result = await self.bookie.read_lac(
                 request.ledger_id, request.previous_lac, request.timeout_ms, request.include_entry
@@ -177,6 +201,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServiceServicer):
         request: pb.FenceRequest,
         context: grpc.aio.ServicerContext[pb.FenceRequest, pb.FenceResponse],
     ) -> pb.FenceResponse:
+        await self._allow(context, "fence ledgers")
         try:
             result = await self.bookie.fence(request.ledger_id)
         except MagnetarError as e:
@@ -193,6 +218,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServiceServicer):
         request: pb.DeleteLedgerRequest,
         context: grpc.aio.ServicerContext[pb.DeleteLedgerRequest, pb.DeleteLedgerResponse],
     ) -> pb.DeleteLedgerResponse:
+        await self._allow(context, "delete ledgers")
         try:
             await self.bookie.delete_ledger(request.ledger_id)
         except MagnetarError as e:
@@ -205,6 +231,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServiceServicer):
         request: pb.GetBookieInfoRequest,
         context: grpc.aio.ServicerContext[pb.GetBookieInfoRequest, pb.GetBookieInfoResponse],
     ) -> pb.GetBookieInfoResponse:
+        await self._allow(context, "read its status")
         status = self.bookie.status()
         return pb.GetBookieInfoResponse(
             bookie_id=status.bookie_id,
@@ -226,6 +253,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServiceServicer):
         request: pb.ListLedgersRequest,
         context: grpc.aio.ServicerContext[pb.ListLedgersRequest, pb.ListLedgersResponse],
     ) -> pb.ListLedgersResponse:
+        await self._allow(context, "list ledgers")
         limit = request.limit or DEFAULT_LIST_LIMIT
         ids, more = self.bookie.list_ledgers(request.after_ledger_id, limit)
         return pb.ListLedgersResponse(ledger_ids=ids, more=more)

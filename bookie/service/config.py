@@ -8,13 +8,18 @@ from pathlib import Path
 
 from bookie.storage.config import StorageConfig
 from magnetar.common.config import config_error
+from magnetar.common.security.config import AuthenticationSettings, TlsSettings
 
 BOOKIE_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 
 
 @dataclass(frozen=True, kw_only=True)
-class BookieConfig:
-    """One bookie: where its data is, how to reach it, when it turns read-only."""
+class BookieConfig(AuthenticationSettings, TlsSettings):
+    """One bookie: where its data is, how to reach it, when it turns read-only, who may use it.
+
+    With tls_cert_file set the bookie's gRPC port is TLS (with tls_trust_certs_file, mutual TLS:
+    every client presents a certificate, and the 'tls' provider takes its common name as the
+    role)."""
 
     data_dir: Path
     """Directory of this bookie's data: segments, index and identity file."""
@@ -64,11 +69,38 @@ class BookieConfig:
     storage: StorageConfig = field(default_factory=StorageConfig)
     """How entries are written, indexed and compacted."""
 
+    bookie_client_roles: tuple[str, ...] = ()
+    """Roles that may add, read, fence and delete ledgers here (with authentication on): the
+    brokers' and autorecovery's, besides superuser_roles."""
+
     def __post_init__(self) -> None:
+        self._check_tls()
+        self._check_authentication()
         for name in ("port", "http_port"):
             value = getattr(self, name)
             if not 0 <= value <= 65535:
                 raise config_error(name, value, "must be a port number from 0 to 65535")
+        if (
+            self.authentication_enabled
+            and not self.bookie_client_roles
+            and not self.superuser_roles
+        ):
+            raise config_error(
+                "bookie_client_roles",
+                "",
+                "must name the brokers' and autorecovery's roles when authentication is on"
+                " (or superuser_roles must): otherwise no one could use this bookie",
+            )
+        if (
+            self.authentication_enabled
+            and "tls" in self.authentication_providers
+            and self.tls_trust_certs_file is None
+        ):
+            raise config_error(
+                "authentication_providers",
+                ",".join(self.authentication_providers),
+                "includes tls, which needs tls_trust_certs_file (the CA of client certificates)",
+            )
         if self.bookie_id is not None and not BOOKIE_ID_PATTERN.fullmatch(self.bookie_id):
             raise config_error(
                 "bookie_id",

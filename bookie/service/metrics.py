@@ -7,11 +7,15 @@ metrics are scraped, so the write path never takes a metrics lock per entry.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
+    from bookie.service.access import BookieAccess
     from bookie.storage.engine import StorageEngine
 
 _LATENCY_BUCKETS = (
@@ -31,6 +35,34 @@ _LATENCY_BUCKETS = (
     2.5,
 )
 _SIZE_BUCKETS = tuple(float(1 << n) for n in range(8, 26, 2))  # 256 B .. 16 MiB
+
+
+class _RefusalCollector(Collector):
+    """Refused callers, read from the bookie's access control when scraped."""
+
+    def __init__(self, bookie_id: str, metrics: BookieMetrics) -> None:
+        self.bookie_id = bookie_id
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        failures = CounterMetricFamily(
+            "magnetar_bookie_authentication_failures",
+            "Calls refused for their credentials, by reason",
+            labels=["bookie", "reason"],
+        )
+        denied = CounterMetricFamily(
+            "magnetar_bookie_authorization_denied",
+            "Calls of roles that may not use bookies, by operation",
+            labels=["bookie", "operation"],
+        )
+        access = self.metrics.access
+        if access is not None:
+            for reason, count in sorted(access.authentication.failures.items()):
+                failures.add_metric([self.bookie_id, reason], count)
+            for operation, count in sorted(access.denials.items()):
+                denied.add_metric([self.bookie_id, operation], count)
+        yield failures
+        yield denied
 
 
 class BookieMetrics:
@@ -117,9 +149,14 @@ class BookieMetrics:
             registry=r,
         ).labels(**labels)
         self._storage: StorageEngine | None = None
+        self.access: BookieAccess | None = None
+        self.registry.register(_RefusalCollector(bookie_id, self))
 
     def bind_storage(self, storage: StorageEngine) -> None:
         self._storage = storage
+
+    def bind_access(self, access: BookieAccess) -> None:
+        self.access = access
 
     # --- updates from the service ---------------------------------------------------------
 

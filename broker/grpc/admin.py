@@ -23,7 +23,6 @@ import grpc.aio
 import structlog
 
 from bookie.client.ledger_metadata import LedgerMetadata, LedgerMetadataStore
-from broker.grpc.auth import AUTHORIZATION_HEADER, credentials_of
 from broker.grpc.servicer import to_start
 from broker.service.authorization import AuthorizationService, TopicAction
 from broker.service.broker import Broker, Route
@@ -48,6 +47,7 @@ from magnetar.common.names import (
     parse_topic,
 )
 from magnetar.common.security.authentication import Principal
+from magnetar.common.security.grpc_credentials import AUTHORIZATION_HEADER, credentials_of
 from magnetar.common.security.tls import ClientTls, open_secure_channel
 from metadata import layout
 from proto.admin.v1 import admin_pb2 as pb

@@ -28,7 +28,6 @@ import grpc
 import grpc.aio
 import structlog
 
-from broker.grpc.auth import credentials_of
 from broker.managed_ledger import Position
 from broker.service.authorization import TopicAction
 from broker.service.broker import Broker
@@ -66,6 +65,7 @@ from magnetar.common.errors import (
 )
 from magnetar.common.grpc_errors import abort_with, error_to_detail
 from magnetar.common.names import parse_topic
+from magnetar.common.security.grpc_credentials import credentials_of
 from proto.broker.v1 import broker_pb2 as pb
 from proto.broker.v1 import broker_pb2_grpc
 from proto.common.v1 import types_pb2

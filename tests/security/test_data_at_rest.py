@@ -34,11 +34,13 @@ async def test_a_standalone_writes_nothing_others_can_read(tmp_path: Path) -> No
     data = tmp_path / "data"
     previous = os.umask(0o022)  # the usual umask: what was world-readable before
     try:
-        async with StandaloneNode(data, bookies=1) as node:
-            async with magnetar.aio.Client(node.service_url) as client:
-                producer = await client.create_producer("at-rest")
-                for index in range(50):
-                    await producer.send(f"payload {index}".encode())
+        async with (
+            StandaloneNode(data, bookies=1) as node,
+            magnetar.aio.Client(node.service_url) as client,
+        ):
+            producer = await client.create_producer("at-rest")
+            for index in range(50):
+                await producer.send(f"payload {index}".encode())
     finally:
         os.umask(previous)
     segments = list(data.rglob("seg-*.log"))

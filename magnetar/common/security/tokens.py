@@ -34,6 +34,7 @@ __all__ = [
     "ASYMMETRIC_ALGORITHMS",
     "SECRET_ALGORITHMS",
     "SigningKey",
+    "TokenFile",
     "VerifyingKey",
     "create_key_pair",
     "create_secret_key",
@@ -271,3 +272,41 @@ def read_token_unverified(token: str) -> tuple[dict[str, Any], dict[str, Any]]:
     except jwt.DecodeError as e:
         raise InvalidArgumentError(f"not a JWT token: {e}") from None
     return dict(header), dict(claims)
+
+
+class TokenFile:
+    """A token kept in a file, read again when the file changes (checked at most once a
+    second), so it can be rotated in place: a process's own credentials towards other
+    components (a broker's to bookies and other brokers)."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(str(path).removeprefix("file://"))
+        self._token: str | None = None
+        self._stamp: tuple[int, int] | None = None
+        self._checked_at = -1.0
+        self.read()  # a file that is not there fails the start, naming it
+
+    def read(self) -> str:
+        """The current token; the last good one while the file cannot be read."""
+        now = time.monotonic()
+        if self._token is not None and now - self._checked_at < 1.0:
+            return self._token
+        self._checked_at = now
+        try:
+            st = self.path.stat()
+            stamp = (st.st_mtime_ns, st.st_size)
+            if stamp != self._stamp or self._token is None:
+                token = self.path.read_text(encoding="utf-8").strip()
+                if not token:
+                    raise InvalidArgumentError(f"the token file {self.path} is empty")
+                self._token, self._stamp = token, stamp
+        except (OSError, UnicodeDecodeError) as e:
+            if self._token is None:
+                raise InvalidArgumentError(
+                    f"the token file {self.path} cannot be read: {getattr(e, 'strerror', e)}",
+                    context={"file": str(self.path)},
+                ) from None
+        return self._token
+
+    def __repr__(self) -> str:
+        return f"TokenFile({str(self.path)!r})"

@@ -1,9 +1,10 @@
-"""What a gRPC call presents as credentials, and refusing it when they do not do.
+"""Credentials on gRPC calls, both ends: what a call presents, and how a client presents them.
 
 A token travels in the call's metadata as ``authorization: Bearer <token>`` (gRPC's usual
 header); a client certificate is what the TLS handshake verified, read from the call's auth
-context. Unary calls that are refused fail with UNAUTHENTICATED or PERMISSION_DENIED and the
-error's detail; streams refuse in band (their first answer is ``closed``).
+context. Every server adapter (broker, bookie) reads them with :func:`credentials_of`; unary
+calls that are refused fail with UNAUTHENTICATED or PERMISSION_DENIED and the error's detail,
+streams refuse in band. Imports gRPC, like :mod:`magnetar.common.grpc_errors`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import grpc.aio
 
 from magnetar.common.security.authentication import Credentials
 
-__all__ = ["AUTHORIZATION_HEADER", "credentials_of"]
+__all__ = ["AUTHORIZATION_HEADER", "bearer_metadata", "credentials_of"]
 
 AUTHORIZATION_HEADER = "authorization"
 _BEARER = "bearer "
@@ -33,3 +34,8 @@ def credentials_of(context: grpc.aio.ServicerContext[Any, Any]) -> Credentials:
     if names:
         common_name = names[0].decode("utf-8", errors="replace")
     return Credentials(context.peer(), token, common_name)
+
+
+def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...] | None:
+    """The metadata that presents ``token`` on a call (None: no token)."""
+    return None if token is None else ((AUTHORIZATION_HEADER, f"Bearer {token}"),)
