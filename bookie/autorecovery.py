@@ -59,6 +59,7 @@ from magnetar.common.errors import (
 from magnetar.common.serving import run_until_signalled
 from magnetar.common.status_http import Response, StatusServer
 from metadata import MetadataStore, layout, open_store
+from metadata.config import EtcdSecuritySettings
 from metadata.coordination import LeaderElection, Session
 
 log = structlog.get_logger("magnetar.autorecovery")
@@ -69,7 +70,7 @@ COPY_BATCH = 256
 
 
 @dataclass(frozen=True, kw_only=True)
-class AutorecoveryConfig:
+class AutorecoveryConfig(EtcdSecuritySettings):
     """When a bookie counts as lost, and how often autorecovery looks."""
 
     metadata: str = "memory://"
@@ -97,6 +98,7 @@ class AutorecoveryConfig:
     """How copies are read and written."""
 
     def __post_init__(self) -> None:
+        self._check_etcd_security()
         if not 0 <= self.http_port <= 65535:
             raise config_error("http_port", self.http_port, "must be a port number from 0 to 65535")
         if self.lost_bookie_grace_s < 0:
@@ -490,7 +492,8 @@ class AutorecoveryProcess:
         """Open the metadata store (unless ``store`` is given, which it then does not close),
         listen on ``http_port``, start the instance."""
         if store is None:
-            self = cls(config, await open_store(config.metadata), owns_store=True)
+            store = await open_store(config.store_config(config.metadata))
+            self = cls(config, store, owns_store=True)
         else:
             self = cls(config, store, owns_store=False)
         try:

@@ -87,7 +87,7 @@ class BookieProcess:
         self = cls()
         self.config = config
         if store is None:
-            self.store = await open_store(config.metadata)
+            self.store = await open_store(config.metadata_config())
             self._owns_store = True
         else:
             self.store = store

@@ -37,7 +37,7 @@ from magnetar.common.gc_tuning import tune_gc_for_throughput
 from magnetar.common.log import configure_logging
 
 if TYPE_CHECKING:
-    from metadata import MetadataStore
+    from metadata import MetadataStore, MetadataStoreConfig
 
 NOT_BUILT: dict[str, str] = {}
 
@@ -77,6 +77,7 @@ def _add_cluster_source(parser: argparse.ArgumentParser, name: str) -> None:
             required="MAGNETAR_METADATA" not in os.environ,
             help="the metadata store at this URL (env MAGNETAR_METADATA)",
         )
+        _add_etcd_options(parser)
         return
     source = parser.add_mutually_exclusive_group()
     if name not in _ADMIN_ONLY:
@@ -101,6 +102,27 @@ def _add_cluster_source(parser: argparse.ArgumentParser, name: str) -> None:
         f" {DEFAULT_OPERATION_TIMEOUT_S:g})",
     )
     add_credential_options(parser)  # for the brokers; a metadata store has its own settings
+    if name not in _ADMIN_ONLY:
+        _add_etcd_options(parser)
+
+
+def _add_etcd_options(parser: argparse.ArgumentParser) -> None:
+    """``--etcd-trust-certs-file``, ``--etcd-cert-file``, ``--etcd-key-file``, ``--etcd-user``
+    and ``--etcd-password-file`` (and their MAGNETAR_ETCD_* variables), as the servers take them:
+    for commands that read the metadata store directly."""
+    from metadata.config import EtcdSecuritySettings  # noqa: PLC0415
+
+    add_config_arguments(parser, EtcdSecuritySettings)
+
+
+def _store_config(args: argparse.Namespace) -> MetadataStoreConfig:
+    """The metadata store a command reads directly: ``--metadata`` and etcd's credentials."""
+    from metadata.config import EtcdSecuritySettings  # noqa: PLC0415
+
+    security = load_config(
+        EtcdSecuritySettings, overrides=config_overrides_from_args(args, EtcdSecuritySettings)
+    )
+    return security.store_config(args.metadata)
 
 
 def _cluster_service_url(args: argparse.Namespace) -> str | None:
@@ -507,7 +529,7 @@ async def _cluster(args: argparse.Namespace) -> int:
     configure_logging(mode="console", level="warning", stream=sys.stderr)
     if args.cluster_command == "init":
         return await _cluster_init(args)
-    store = await open_store(args.metadata)
+    store = await open_store(_store_config(args))
     try:
         if args.cluster_command == "info":
             return await _cluster_info(store, as_json=args.json)
@@ -592,8 +614,17 @@ async def _cluster_init(args: argparse.Namespace) -> int:
     def waiting(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
+    from metadata.config import EtcdSecuritySettings  # noqa: PLC0415
+
+    security = load_config(
+        EtcdSecuritySettings, overrides=config_overrides_from_args(args, EtcdSecuritySettings)
+    )
     result = await initialize_cluster_waiting(
-        args.metadata, args.cluster_name, wait_s=args.wait_s, on_wait=waiting
+        args.metadata,
+        args.cluster_name,
+        wait_s=args.wait_s,
+        on_wait=waiting,
+        security=security,
     )
     info = result.info
     if result.created:

@@ -11,6 +11,7 @@ Init may start before the store is reachable (a Job scheduled before etcd's pods
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,7 +24,8 @@ from magnetar.common.errors import (
     MetadataError,
     OperationTimeoutError,
 )
-from metadata import MetadataStore, MetadataStoreConfig, layout, open_store
+from metadata import MetadataStore, layout, open_store
+from metadata.config import EtcdSecuritySettings
 from proto.format.v1 import cluster_pb2
 
 FORMAT_VERSION = 1
@@ -120,6 +122,7 @@ async def initialize_cluster_waiting(
     cluster_name: str,
     *,
     wait_s: float,
+    security: EtcdSecuritySettings | None = None,
     on_wait: Callable[[str], None] = lambda _message: None,
     retry_interval_s: float = 1.0,
     report_interval_s: float = 10.0,
@@ -131,7 +134,7 @@ async def initialize_cluster_waiting(
     ``on_wait`` is told what init waits for (the store's last error) at the first failure and
     then every ``report_interval_s``. Errors that waiting cannot cure (a bad URL or
     name, another cluster's name) are raised at once; when ``wait_s`` passes, an
-    OperationTimeoutError names the last problem.
+    OperationTimeoutError names the last problem. ``security`` holds etcd's credentials.
     """
     check_cluster_name(cluster_name)  # a bad name fails before any waiting
     start = clock.monotonic()
@@ -140,8 +143,10 @@ async def initialize_cluster_waiting(
     while True:
         # bound each attempt by the time left, so that init gives up when it said it would
         attempt_ms = max(100, min(_ATTEMPT_TIMEOUT_MS, int((deadline - clock.monotonic()) * 1000)))
-        config = MetadataStoreConfig(
-            url=url, connect_timeout_ms=attempt_ms, request_timeout_ms=attempt_ms
+        config = dataclasses.replace(
+            (security or EtcdSecuritySettings()).store_config(url),
+            connect_timeout_ms=attempt_ms,
+            request_timeout_ms=attempt_ms,
         )
         try:
             store = await open_store(config, clock=clock)

@@ -3,12 +3,65 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from magnetar.common.errors import InvalidConfigError
 
 
 @dataclass(frozen=True, kw_only=True)
-class MetadataStoreConfig:
+class EtcdSecuritySettings:
+    """How a process proves itself to etcd: TLS (client certificates) and etcd's own users."""
+
+    etcd_trust_certs_file: Path | None = None
+    """CA certificates that sign etcd's certificates: set it (or etcd_cert_file) when etcd
+    serves TLS (https client URLs)."""
+
+    etcd_cert_file: Path | None = None
+    """Client certificate (PEM) presented to etcd (etcd --client-cert-auth)."""
+
+    etcd_key_file: Path | None = None
+    """Private key (PEM) of etcd_cert_file."""
+
+    etcd_user: str | None = None
+    """etcd user to authenticate as (etcd auth enabled), with etcd_password_file."""
+
+    etcd_password_file: Path | None = None
+    """File holding etcd_user's password (never given on the command line)."""
+
+    @property
+    def etcd_tls_enabled(self) -> bool:
+        return self.etcd_trust_certs_file is not None or self.etcd_cert_file is not None
+
+    def store_config(self, url: str) -> MetadataStoreConfig:
+        """How to open the store at ``url`` with these credentials (a server's config to the
+        metadata store's)."""
+        return MetadataStoreConfig(
+            url=url,
+            etcd_trust_certs_file=self.etcd_trust_certs_file,
+            etcd_cert_file=self.etcd_cert_file,
+            etcd_key_file=self.etcd_key_file,
+            etcd_user=self.etcd_user,
+            etcd_password_file=self.etcd_password_file,
+        )
+
+    def _check_etcd_security(self) -> None:
+        if (self.etcd_cert_file is None) != (self.etcd_key_file is None):
+            raise InvalidConfigError(
+                "etcd_key_file must be set together with etcd_cert_file",
+                context={"field": "etcd_key_file"},
+            )
+        if (self.etcd_user is None) != (self.etcd_password_file is None):
+            raise InvalidConfigError(
+                "etcd_password_file must be set together with etcd_user",
+                context={"field": "etcd_password_file"},
+            )
+
+    def __post_init__(self) -> None:
+        self._check_etcd_security()
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetadataStoreConfig(EtcdSecuritySettings):
     """How to reach and use the metadata store."""
 
     url: str = "memory://"
@@ -33,6 +86,7 @@ class MetadataStoreConfig:
     """Embedded store: write a snapshot and start a new log once the log passes this size."""
 
     def __post_init__(self) -> None:
+        self._check_etcd_security()
         positive = {
             "request_timeout_ms": self.request_timeout_ms,
             "connect_timeout_ms": self.connect_timeout_ms,

@@ -15,6 +15,12 @@ It speaks etcd's v3 API through aetcd's generated bindings (``aetcd.rpc``) over 
 Reads are retried on other endpoints within the request deadline. A write is sent only on a
 channel that is connected. If the write's fate is then unknown (the connection broke mid-call), it
 fails with MetadataUnavailableError rather than being silently sent twice.
+
+Security (:class:`~metadata.config.EtcdSecuritySettings`): with a trust file or a client
+certificate every channel is TLS; with a user, the store authenticates (etcd's ``Authenticate``)
+and sends the token etcd gives on every call. etcd's tokens expire: a call refused for an
+"invalid auth token" is authenticated again and retried (it did not run). A wrong password or
+an untrusted certificate fails the opening of the store, saying which setting to fix.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from aetcd import rpc
 
 from magnetar.common.errors import (
     InternalError,
+    InvalidConfigError,
     InvalidMetadataUrlError,
     LeaseNotFoundError,
     MetadataError,
@@ -154,6 +161,24 @@ def _map_rpc_error(error: grpc.aio.AioRpcError, endpoint: str, what: str) -> Met
         )
     if "required revision has been compacted" in details:
         return WatchCompactedError(f"etcd at {endpoint}: {what}: {details}", context=context)
+    if "invalid auth token" in details or "user name is empty" in details:
+        return _TokenExpiredError(
+            f"etcd at {endpoint} refused the auth token for {what}; authenticating again",
+            context=context,
+        )
+    if "permission denied" in details:
+        return MetadataError(
+            f"etcd at {endpoint} refused {what}: permission denied. The etcd user (etcd_user,"
+            " or else the common name of the client certificate) needs read-write access to"
+            " Magnetar's keys",
+            context=context,
+        )
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return MetadataError(
+            f"etcd at {endpoint} refused {what}: {details} (check etcd_user and"
+            " etcd_password_file)",
+            context=context,
+        )
     if "database space exceeded" in details:
         return MetadataError(
             f"etcd at {endpoint} is out of space (NOSPACE alarm): {what} refused;"
@@ -170,11 +195,111 @@ def _map_rpc_error(error: grpc.aio.AioRpcError, endpoint: str, what: str) -> Met
     )
 
 
+class _TokenExpiredError(MetadataUnavailableError):
+    """etcd refused a call's auth token (expired, or none was sent): authenticate again."""
+
+
+_AUTHENTICATE = "/etcdserverpb.Auth/Authenticate"
+
+
+class _Credentials:
+    """TLS files and etcd's user of one store, and the auth token etcd gave it."""
+
+    def __init__(self, config: MetadataStoreConfig) -> None:
+        self.config = config
+        self.tls: grpc.ChannelCredentials | None = None
+        if config.etcd_tls_enabled:
+            self.tls = grpc.ssl_channel_credentials(
+                root_certificates=_read_file(config.etcd_trust_certs_file, "etcd_trust_certs_file"),
+                private_key=_read_file(config.etcd_key_file, "etcd_key_file"),
+                certificate_chain=_read_file(config.etcd_cert_file, "etcd_cert_file"),
+            )
+        self.user = config.etcd_user
+        self._password: str | None = None
+        if config.etcd_password_file is not None:
+            data = _read_file(config.etcd_password_file, "etcd_password_file")
+            assert data is not None
+            self._password = data.decode("utf-8").strip()
+        self._token: str | None = None
+        self._lock = asyncio.Lock()
+        self._auth_disabled = False
+
+    def invalidate(self) -> None:
+        self._token = None
+
+    async def metadata(self, channel: grpc.aio.Channel, endpoint: str) -> list[tuple[str, str]]:
+        """``[("token", ...)]`` for a call on ``channel``; [] without a user."""
+        if self.user is None or self._auth_disabled:
+            return []
+        if self._token is None:
+            async with self._lock:
+                if self._token is None:
+                    self._token = await self._authenticate(channel, endpoint)
+        return [("token", self._token)] if self._token else []
+
+    async def _authenticate(self, channel: grpc.aio.Channel, endpoint: str) -> str:
+        request = rpc.AuthenticateRequest(name=self.user, password=self._password or "")
+        timeout_s = self.config.request_timeout_ms / 1000
+        try:
+            response = await rpc.AuthStub(channel).Authenticate(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as e:
+            details = e.details() or e.code().name
+            if "authentication is not enabled" in details:
+                self._auth_disabled = True
+                log.warning("etcd_auth_not_enabled", endpoint=endpoint, user=self.user)
+                return ""
+            if "invalid user ID or password" in details or "authentication failed" in details:
+                raise MetadataError(
+                    f"etcd at {endpoint} refused user {self.user!r}: wrong user or password"
+                    " (check etcd_user and etcd_password_file)",
+                    context={"endpoint": endpoint, "user": str(self.user)},
+                ) from None
+            raise _map_rpc_error(e, endpoint, f"authenticate as {self.user!r}") from None
+        log.info("etcd_authenticated", endpoint=endpoint, user=self.user)
+        return str(response.token)
+
+
+def _read_file(path: object, setting: str) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        with open(str(path), "rb") as stream:
+            return stream.read()
+    except OSError as e:
+        raise InvalidConfigError(
+            f"{setting} {path} cannot be read: {e.strerror}", context={"field": setting}
+        ) from None
+
+
+class _TokenInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
+    """Puts the store's etcd auth token on every unary call of a channel."""
+
+    def __init__(self, credentials: _Credentials, endpoint: str) -> None:
+        self._credentials = credentials
+        self._endpoint = endpoint
+        self.channel: grpc.aio.Channel | None = None
+
+    async def intercept_unary_unary(
+        self, continuation: Any, client_call_details: Any, request: Any
+    ) -> Any:
+        method = client_call_details.method
+        if isinstance(method, bytes):
+            method = method.decode()
+        if method != _AUTHENTICATE and self.channel is not None:
+            metadata = await self._credentials.metadata(self.channel, self._endpoint)
+            if metadata:
+                client_call_details = client_call_details._replace(
+                    metadata=[*(client_call_details.metadata or ()), *metadata]
+                )
+        return await continuation(client_call_details, request)
+
+
 class _Endpoints:
     """One gRPC channel per etcd endpoint; calls go to the current one and rotate on failure."""
 
-    def __init__(self, endpoints: list[str]) -> None:
+    def __init__(self, endpoints: list[str], credentials: _Credentials) -> None:
         self.endpoints = endpoints
+        self.credentials = credentials
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._current = 0
 
@@ -185,7 +310,25 @@ class _Endpoints:
     def channel(self, endpoint: str) -> grpc.aio.Channel:
         channel = self._channels.get(endpoint)
         if channel is None:
-            channel = grpc.aio.insecure_channel(endpoint, options=_CHANNEL_OPTIONS)
+            interceptor = (
+                _TokenInterceptor(self.credentials, endpoint)
+                if self.credentials.user is not None
+                else None
+            )
+            interceptors = [interceptor] if interceptor is not None else None
+            if self.credentials.tls is not None:
+                channel = grpc.aio.secure_channel(
+                    endpoint,
+                    self.credentials.tls,
+                    options=_CHANNEL_OPTIONS,
+                    interceptors=interceptors,
+                )
+            else:
+                channel = grpc.aio.insecure_channel(
+                    endpoint, options=_CHANNEL_OPTIONS, interceptors=interceptors
+                )
+            if interceptor is not None:
+                interceptor.channel = channel
             self._channels[endpoint] = channel
         return channel
 
@@ -229,7 +372,7 @@ class EtcdMetadataStore(MetadataStore):
 
     def __init__(self, config: MetadataStoreConfig, endpoints: list[str]) -> None:
         super().__init__(config)
-        self._endpoints = _Endpoints(endpoints)
+        self._endpoints = _Endpoints(endpoints, _Credentials(config))
         self._watches: weakref.WeakSet[_EtcdWatch] = weakref.WeakSet()
 
     @classmethod
@@ -268,15 +411,26 @@ class EtcdMetadataStore(MetadataStore):
                 problems.append(f"{endpoint}: host name {host!r} does not resolve ({e})")
                 continue
             channel = self._endpoints.channel(endpoint)
+            tls_hint = (
+                " (TLS: check etcd_trust_certs_file, and etcd_cert_file/etcd_key_file if etcd"
+                " requires client certificates)"
+                if self._endpoints.credentials.tls is not None
+                else ""
+            )
             try:
                 await rpc.MaintenanceStub(channel).Status(rpc.StatusRequest(), timeout=timeout_s)
+                # a wrong password fails here, at the start, not at the first write
+                await self._endpoints.credentials.metadata(channel, endpoint)
             except grpc.aio.AioRpcError as e:
                 reason = (
                     f"no answer within {timeout_s:g} s"
                     if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED
                     else (e.details() or e.code().name)
                 )
-                problems.append(f"{endpoint}: {reason}")
+                problems.append(f"{endpoint}: {reason}{tls_hint}")
+                continue
+            except MetadataUnavailableError as e:
+                problems.append(f"{endpoint}: {e.message}{tls_hint}")
                 continue
             # start with an endpoint that answers
             while self._endpoints.current != endpoint:
@@ -318,6 +472,17 @@ class EtcdMetadataStore(MetadataStore):
                     raise MetadataStoreClosedError(
                         f"the metadata store {self.description} was closed during {what}"
                     ) from None
+                if isinstance(error, _TokenExpiredError):
+                    if self._endpoints.credentials.user is None:
+                        raise MetadataError(
+                            f"etcd at {endpoint} requires a user for {what}: set etcd_user and"
+                            " etcd_password_file",
+                            context={"endpoint": endpoint},
+                        ) from None
+                    if loop.time() < deadline:
+                        # refused before it ran: authenticate again and send it again
+                        self._endpoints.credentials.invalidate()
+                        continue
                 if not isinstance(error, MetadataUnavailableError):
                     raise error from None
                 self._endpoints.rotate(endpoint)
@@ -438,7 +603,8 @@ class EtcdMetadataStore(MetadataStore):
 
     async def _do_keepalive(self, lease_id: int) -> int:
         async def call(channel: grpc.aio.Channel, time_left: float) -> Any:
-            stream = rpc.LeaseStub(channel).LeaseKeepAlive(timeout=time_left)
+            metadata = await self._endpoints.credentials.metadata(channel, self.current_endpoint)
+            stream = rpc.LeaseStub(channel).LeaseKeepAlive(timeout=time_left, metadata=metadata)
             try:
                 await stream.write(rpc.LeaseKeepAliveRequest(ID=lease_id))
                 return await stream.read()
@@ -546,7 +712,8 @@ class _EtcdWatch(Watch):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._store.config.request_timeout_ms / 1000
         endpoint, channel = await self._store._endpoints.ready_channel(deadline)
-        stream = rpc.WatchStub(channel).Watch()
+        metadata = await self._store._endpoints.credentials.metadata(channel, endpoint)
+        stream = rpc.WatchStub(channel).Watch(metadata=metadata)
         create = rpc.WatchCreateRequest(
             key=self._key,
             range_end=self._range_end,
@@ -558,8 +725,12 @@ class _EtcdWatch(Watch):
             response = await asyncio.wait_for(stream.read(), max(0.1, deadline - loop.time()))
         except grpc.aio.AioRpcError as e:
             stream.cancel()
-            self._store._endpoints.rotate(endpoint)
-            raise _map_rpc_error(e, endpoint, f"watch {self.prefix!r}") from None
+            error = _map_rpc_error(e, endpoint, f"watch {self.prefix!r}")
+            if isinstance(error, _TokenExpiredError):
+                self._store._endpoints.credentials.invalidate()  # the next attempt gets a new one
+            else:
+                self._store._endpoints.rotate(endpoint)
+            raise error from None
         except TimeoutError:
             stream.cancel()
             self._store._endpoints.rotate(endpoint)

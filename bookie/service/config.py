@@ -9,12 +9,13 @@ from pathlib import Path
 from bookie.storage.config import StorageConfig
 from magnetar.common.config import config_error
 from magnetar.common.security.config import AuthenticationSettings, TlsSettings
+from metadata.config import EtcdSecuritySettings, MetadataStoreConfig
 
 BOOKIE_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 
 
 @dataclass(frozen=True, kw_only=True)
-class BookieConfig(AuthenticationSettings, TlsSettings):
+class BookieConfig(AuthenticationSettings, TlsSettings, EtcdSecuritySettings):
     """One bookie: where its data is, how to reach it, when it turns read-only, who may use it.
 
     With tls_cert_file set the bookie's gRPC port is TLS (with tls_trust_certs_file, mutual TLS:
@@ -73,9 +74,14 @@ class BookieConfig(AuthenticationSettings, TlsSettings):
     """Roles that may add, read, fence and delete ledgers here (with authentication on): the
     brokers' and autorecovery's, besides superuser_roles."""
 
+    def metadata_config(self) -> MetadataStoreConfig:
+        """How this bookie opens the metadata store: the URL and etcd's credentials."""
+        return self.store_config(self.metadata)
+
     def __post_init__(self) -> None:
         self._check_tls()
         self._check_authentication()
+        self._check_etcd_security()
         for name in ("port", "http_port"):
             value = getattr(self, name)
             if not 0 <= value <= 65535:

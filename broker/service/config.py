@@ -11,6 +11,7 @@ from bookie.client.write_handle import MAX_ENTRY_BYTES
 from broker.managed_ledger import ManagedLedgerConfig
 from magnetar.common.config import config_error
 from magnetar.common.security.config import AuthenticationSettings, TlsSettings
+from metadata.config import EtcdSecuritySettings, MetadataStoreConfig
 
 BROKER_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 ENVELOPE_ALLOWANCE_BYTES = 16 * 1024
@@ -18,7 +19,7 @@ ENVELOPE_ALLOWANCE_BYTES = 16 * 1024
 
 
 @dataclass(frozen=True, kw_only=True)
-class BrokerConfig(AuthenticationSettings, TlsSettings):
+class BrokerConfig(AuthenticationSettings, TlsSettings, EtcdSecuritySettings):
     """One broker: how clients reach it, how it owns partitions, its limits, its security."""
 
     metadata: str
@@ -140,6 +141,10 @@ class BrokerConfig(AuthenticationSettings, TlsSettings):
     """Token this broker presents when it forwards admin calls to other brokers (its role must be
     a superuser). Read again at each call, so it can be rotated in place."""
 
+    def metadata_config(self) -> MetadataStoreConfig:
+        """How this broker opens the metadata store: the URL and etcd's credentials."""
+        return self.store_config(self.metadata)
+
     def __post_init__(self) -> None:
         for name in ("port", "http_port", "tls_port"):
             value = getattr(self, name)
@@ -147,6 +152,7 @@ class BrokerConfig(AuthenticationSettings, TlsSettings):
                 raise config_error(name, value, "must be a port number from 0 to 65535")
         self._check_tls()
         self._check_authentication()
+        self._check_etcd_security()
         if self.port is None and not self.tls_enabled:
             raise config_error(
                 "port", "", "may be empty (no plaintext listener) only with TLS on (tls_cert_file)"

@@ -69,9 +69,10 @@ from types import TracebackType
 from typing import IO, ClassVar, Self, TypeVar
 
 from magnetar.testing._processes import KILL_WAIT_S, kill_quietly, wait_exit, wait_state
-from magnetar.testing.etcd import HOST, EtcdCluster, EtcdServer, free_port
+from magnetar.testing.etcd import HOST, EtcdCluster, EtcdServer, EtcdTls, free_port
 from magnetar.testing.netns import LINKS, IsolatedHost, netns_unsupported_reason
 from metadata import MetadataStore, layout, open_store
+from metadata.config import EtcdSecuritySettings
 from proto.format.v1 import cluster_pb2
 
 __all__ = ["BookieNode", "BrokerNode", "LocalCluster", "ServerNode", "StandaloneNode", "Tmpfs"]
@@ -984,6 +985,8 @@ class LocalCluster:
         fixed_broker_ports: bool = False,
         bookie_tmpfs_mb: int | None = None,
         isolated_brokers: int = 0,
+        etcd_tls: EtcdTls | None = None,
+        etcd_user: tuple[str, str] | None = None,
     ) -> None:
         """Describe the cluster; nothing runs until :meth:`start`.
 
@@ -992,6 +995,11 @@ class LocalCluster:
         that store and leaves it alone. ``bookie_args`` go to every bookie's command line,
         ``broker_args`` to every broker's (say ``["--session-ttl-s", "2"]``), the isolated
         one's included. The fault options are described on the class.
+
+        A secure etcd of its own: ``etcd_tls`` serves its client port over TLS (and requires
+        client certificates); ``etcd_user`` (name, password) turns etcd's authentication on
+        once it runs. Every server, and the cluster's own reads, then get etcd's credentials
+        (``--etcd-trust-certs-file`` ... ``--etcd-password-file``).
         """
         if bookies < 0:
             raise ValueError(f"a cluster cannot have {bookies} bookies")
@@ -1033,10 +1041,27 @@ class LocalCluster:
         self._broker_id_prefix = broker_id_prefix
         self._brokers: list[BrokerNode] = []
         self._given_metadata_url = metadata_url
+        self._etcd_user = etcd_user
+        self.etcd_security = EtcdSecuritySettings()
+        """etcd's credentials, as every server of the cluster gets them."""
+        if etcd_tls is not None or etcd_user is not None:
+            password_file = None
+            if etcd_user is not None:
+                password_file = root / "etcd-password"
+                root.mkdir(parents=True, exist_ok=True)
+                password_file.write_text(etcd_user[1])
+                password_file.chmod(0o600)
+            self.etcd_security = EtcdSecuritySettings(
+                etcd_trust_certs_file=etcd_tls.ca_file if etcd_tls else None,
+                etcd_cert_file=etcd_tls.client_cert_file if etcd_tls else None,
+                etcd_key_file=etcd_tls.client_key_file if etcd_tls else None,
+                etcd_user=etcd_user[0] if etcd_user else None,
+                etcd_password_file=password_file,
+            )
         self._etcd: EtcdServer | EtcdCluster | None = None
         if metadata_url is None:
             if etcd_members == 1:
-                self._etcd = EtcdServer(data_dir=root / "etcd", name="etcd0")
+                self._etcd = EtcdServer(data_dir=root / "etcd", name="etcd0", tls=etcd_tls)
             else:
                 self._etcd = EtcdCluster(data_dir=root / "etcd", size=etcd_members)
 
@@ -1131,6 +1156,8 @@ class LocalCluster:
                 self._wire_network()
             if self._etcd is not None:
                 await self._etcd.start()
+                if self._etcd_user is not None and isinstance(self._etcd, EtcdServer):
+                    await self._etcd.enable_auth({self._etcd_user[0]: self._etcd_user[1]})
             while len(self._bookies) < self._initial_bookies:
                 self._bookies.append(self._new_bookie())
             await self._start_nodes(self._bookies, timeout_s)
@@ -1318,7 +1345,7 @@ class LocalCluster:
             bookie_id=bookie_id or f"{self._bookie_id_prefix}-{index}",
             zone=zone,
             log_path=log_path,
-            extra_args=(*self._bookie_args, *extra_args),
+            extra_args=(*self._etcd_args(), *self._bookie_args, *extra_args),
             env=env,
             host=self._bookie_network().bind_host,
             tmpfs=tmpfs,
@@ -1344,7 +1371,7 @@ class LocalCluster:
             network.metadata_url,
             broker_id=broker_id or f"{self._broker_id_prefix}-{index}",
             log_path=log_path or self._root / f"broker-{index}.log",
-            extra_args=(*self._broker_args, *extra_args),
+            extra_args=(*self._etcd_args(), *self._broker_args, *extra_args),
             env=env,
             bind_host=network.bind_host,
             advertised_host=network.advertised_host,
@@ -1461,8 +1488,24 @@ class LocalCluster:
             found[record.key.removeprefix(layout.BROKERS)] = registration.service_url
         return found
 
+    def _etcd_args(self) -> list[str]:
+        """The flags that give a server etcd's credentials."""
+        security = self.etcd_security
+        given = (
+            ("--etcd-trust-certs-file", security.etcd_trust_certs_file),
+            ("--etcd-cert-file", security.etcd_cert_file),
+            ("--etcd-key-file", security.etcd_key_file),
+            ("--etcd-user", security.etcd_user),
+            ("--etcd-password-file", security.etcd_password_file),
+        )
+        return [item for flag, value in given if value is not None for item in (flag, str(value))]
+
+    async def open_store(self) -> MetadataStore:
+        """A store on the cluster's metadata, with etcd's credentials (close it yourself)."""
+        return await open_store(self.etcd_security.store_config(self.metadata_url))
+
     async def _read_once(self, read: _RegistryReader) -> dict[str, str]:
-        store = await open_store(self.metadata_url)
+        store = await self.open_store()
         try:
             return await read(store)
         finally:
@@ -1502,7 +1545,7 @@ class LocalCluster:
         timeout_s: float,
     ) -> None:
         # A store of this call's own: the caller's event loop may differ from call to call.
-        store = await open_store(self.metadata_url)
+        store = await self.open_store()
         try:
             deadline = time.monotonic() + timeout_s
             while True:

@@ -37,6 +37,7 @@ import random
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -47,6 +48,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+import grpc
+import grpc.aio
+
 from magnetar.testing._processes import KILL_WAIT_S, kill_quietly, wait_exit, wait_state
 
 __all__ = [
@@ -54,6 +58,7 @@ __all__ = [
     "EtcdCluster",
     "EtcdMemberStatus",
     "EtcdServer",
+    "EtcdTls",
     "find_etcd_binary",
     "free_port",
     "require_etcd_binary",
@@ -159,7 +164,13 @@ class EtcdMemberStatus:
 
 
 async def _http_json(
-    port: int, method: str, path: str, body: bytes | None, timeout_s: float
+    port: int,
+    method: str,
+    path: str,
+    body: bytes | None,
+    timeout_s: float,
+    *,
+    tls: ssl.SSLContext | None = None,
 ) -> tuple[int, Any]:
     """One HTTP/1.0 request to etcd's client port; returns the status code and decoded JSON body.
 
@@ -171,7 +182,9 @@ async def _http_json(
         f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
     ).encode("ascii")
     async with asyncio.timeout(timeout_s):
-        reader, writer = await asyncio.open_connection(HOST, port)
+        reader, writer = await asyncio.open_connection(
+            HOST, port, ssl=tls, server_hostname=HOST if tls is not None else None
+        )
         try:
             writer.write(head + payload)
             await writer.drain()
@@ -189,6 +202,38 @@ async def _http_json(
 def _etcd_free_environment() -> dict[str, str]:
     # etcd reads ETCD_* variables as flags; a developer's own settings must not leak in.
     return {key: value for key, value in os.environ.items() if not key.startswith("ETCD_")}
+
+
+@dataclass(frozen=True)
+class EtcdTls:
+    """TLS of an etcd server's client port: its certificate and key, and the CA it trusts.
+
+    With ``client_cert_auth`` (etcd's ``--client-cert-auth``) every client must present a
+    certificate that CA signed; the harness presents ``client_cert_file`` for its own probes.
+    """
+
+    cert_file: Path
+    key_file: Path
+    ca_file: Path
+    client_cert_file: Path | None = None
+    client_key_file: Path | None = None
+    client_cert_auth: bool = True
+
+    def client_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.ca_file))
+        if self.client_cert_file is not None and self.client_key_file is not None:
+            context.load_cert_chain(str(self.client_cert_file), str(self.client_key_file))
+        return context
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        def read(path: Path | None) -> bytes | None:
+            return path.read_bytes() if path is not None else None
+
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.ca_file.read_bytes(),
+            private_key=read(self.client_key_file),
+            certificate_chain=read(self.client_cert_file),
+        )
 
 
 class _PortInUseError(RuntimeError):
@@ -215,6 +260,7 @@ class EtcdServer:
         log_path: Path | None = None,
         binary: Path | None = None,
         extra_client_hosts: Sequence[str] = (),
+        tls: EtcdTls | None = None,
     ) -> None:
         """Describe the server; nothing runs until :meth:`start`.
 
@@ -222,7 +268,8 @@ class EtcdServer:
         ``initial_cluster`` is etcd's ``name=peer_url,...`` list for cluster members; a lone
         server forms a cluster of itself. ``log_path`` defaults to ``<data_dir>.log``.
         ``extra_client_hosts`` are addresses of this machine where etcd also serves clients,
-        on the same client port (see :attr:`extra_client_hosts`).
+        on the same client port (see :attr:`extra_client_hosts`). With ``tls`` the client port
+        is https (and its health is probed on a plain metrics port of its own).
         """
         self._owned_root: Path | None = None
         self._cleanup_root: weakref.finalize[..., EtcdServer] | None = None
@@ -250,6 +297,8 @@ class EtcdServer:
         self._extra_args = tuple(extra_args)
         self._binary = binary
         self._extra_client_hosts = tuple(extra_client_hosts)
+        self.tls = tls
+        self._metrics_port = _reserve_ports(1)[0] if tls is not None else None
         self._proc: subprocess.Popen[bytes] | None = None
         self._reaper: weakref.finalize[..., EtcdServer] | None = None
         self._log_offset = 0
@@ -290,8 +339,12 @@ class EtcdServer:
 
     @property
     def client_url(self) -> str:
-        """``"http://127.0.0.1:PORT"`` of the client port."""
-        return f"http://{self.endpoint}"
+        """``"http://127.0.0.1:PORT"`` of the client port (``https`` with TLS)."""
+        return f"{self._client_scheme}://{self.endpoint}"
+
+    @property
+    def _client_scheme(self) -> str:
+        return "https" if self.tls is not None else "http"
 
     @property
     def peer_url(self) -> str:
@@ -426,14 +479,57 @@ class EtcdServer:
     ) -> None:
         await self.aclose()
 
+    # -- etcd's own users ------------------------------------------------------------------
+
+    async def enable_auth(self, users: dict[str, str], *, timeout_s: float = 10) -> None:
+        """Create ``users`` (name -> password), each with read-write access to every key, and
+        a root user, then turn etcd's authentication on: from then on every client must log in
+        (etcd_user and etcd_password_file)."""
+        from aetcd import rpc  # noqa: PLC0415 - only tests of etcd's auth need it
+
+        target = self.endpoint
+        if self.tls is not None:
+            channel = grpc.aio.secure_channel(target, self.tls.channel_credentials())
+        else:
+            channel = grpc.aio.insecure_channel(target)
+        try:
+            auth = rpc.AuthStub(channel)
+            await auth.RoleAdd(rpc.AuthRoleAddRequest(name="root"), timeout=timeout_s)
+            root_password = os.urandom(12).hex()
+            await auth.UserAdd(
+                rpc.AuthUserAddRequest(name="root", password=root_password), timeout=timeout_s
+            )
+            await auth.UserGrantRole(
+                rpc.AuthUserGrantRoleRequest(user="root", role="root"), timeout=timeout_s
+            )
+            await auth.RoleAdd(rpc.AuthRoleAddRequest(name="readwrite"), timeout=timeout_s)
+            everything = rpc.Permission(
+                permType=rpc.Permission.READWRITE, key=b"\0", range_end=b"\0"
+            )
+            await auth.RoleGrantPermission(
+                rpc.AuthRoleGrantPermissionRequest(name="readwrite", perm=everything),
+                timeout=timeout_s,
+            )
+            for name, password in users.items():
+                await auth.UserAdd(
+                    rpc.AuthUserAddRequest(name=name, password=password), timeout=timeout_s
+                )
+                await auth.UserGrantRole(
+                    rpc.AuthUserGrantRoleRequest(user=name, role="readwrite"), timeout=timeout_s
+                )
+            await auth.AuthEnable(rpc.AuthEnableRequest(), timeout=timeout_s)
+        finally:
+            await channel.close()
+
     # -- probes ------------------------------------------------------------------------------
 
     async def is_healthy(self, timeout_s: float = _PROBE_TIMEOUT_S) -> bool:
         """One ``GET /health`` probe: True when etcd reports itself healthy within ``timeout_s``."""
         if not self.is_running or self._paused:
             return False
+        port = self._metrics_port or self._client_port
         try:
-            _, body = await _http_json(self._client_port, "GET", "/health", None, timeout_s)
+            _, body = await _http_json(port, "GET", "/health", None, timeout_s)
         except (OSError, TimeoutError, ValueError, IndexError):
             return False
         # etcd 3.4 sends {"health":"true"}; accept a JSON boolean as well
@@ -456,7 +552,12 @@ class EtcdServer:
     async def status(self, timeout_s: float = _PROBE_TIMEOUT_S) -> EtcdMemberStatus:
         """Ask this member for its raft status (through etcd's JSON gateway)."""
         _, body = await _http_json(
-            self._client_port, "POST", "/v3/maintenance/status", b"{}", timeout_s
+            self._client_port,
+            "POST",
+            "/v3/maintenance/status",
+            b"{}",
+            timeout_s,
+            tls=self.tls.client_context() if self.tls is not None else None,
         )
         try:
             header = body["header"]
@@ -477,8 +578,21 @@ class EtcdServer:
         initial_cluster = self._initial_cluster or f"{self._name}={self.peer_url}"
         client_urls = ",".join(
             [self.client_url]
-            + [f"http://{host}:{self._client_port}" for host in self._extra_client_hosts]
+            + [
+                f"{self._client_scheme}://{host}:{self._client_port}"
+                for host in self._extra_client_hosts
+            ]
         )
+        security: list[str] = []
+        if self.tls is not None:
+            security = [
+                "--cert-file", str(self.tls.cert_file),
+                "--key-file", str(self.tls.key_file),
+                "--trusted-ca-file", str(self.tls.ca_file),
+                "--listen-metrics-urls", f"http://{HOST}:{self._metrics_port}",
+            ]  # fmt: skip
+            if self.tls.client_cert_auth:
+                security.append("--client-cert-auth")
         return [
             str(binary),
             "--name", self._name,
@@ -494,6 +608,7 @@ class EtcdServer:
             "--logger", "zap",
             "--log-outputs", "stderr",
             "--log-level", "warn",
+            *security,
             *self._extra_args,
         ]  # fmt: skip
 
