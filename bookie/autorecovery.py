@@ -56,8 +56,9 @@ from magnetar.common.errors import (
     NotEnoughBookiesError,
     SessionLostError,
 )
+from magnetar.common.security.config import HttpSettings
 from magnetar.common.serving import run_until_signalled
-from magnetar.common.status_http import Response, StatusServer
+from magnetar.common.status_http import Response, status_server
 from metadata import MetadataStore, layout, open_store
 from metadata.config import EtcdSecuritySettings
 from metadata.coordination import LeaderElection, Session
@@ -70,7 +71,7 @@ COPY_BATCH = 256
 
 
 @dataclass(frozen=True, kw_only=True)
-class AutorecoveryConfig(EtcdSecuritySettings):
+class AutorecoveryConfig(HttpSettings, EtcdSecuritySettings):
     """When a bookie counts as lost, and how often autorecovery looks."""
 
     metadata: str = "memory://"
@@ -99,6 +100,7 @@ class AutorecoveryConfig(EtcdSecuritySettings):
 
     def __post_init__(self) -> None:
         self._check_etcd_security()
+        self._check_http()
         if not 0 <= self.http_port <= 65535:
             raise config_error("http_port", self.http_port, "must be a port number from 0 to 65535")
         if self.lost_bookie_grace_s < 0:
@@ -478,10 +480,12 @@ class AutorecoveryProcess:
         self._owns_store = owns_store
         self.instance = Autorecovery(store, config)
         self.metrics = AutorecoveryMetrics(self.instance)
-        self._http = StatusServer(
+        self._http = status_server(
+            config,
             config.bind_host,
             config.http_port,
             {"/metrics": self._metrics, "/health": self._health_check},
+            component="autorecovery",
         )
         self.http_port = 0
 
@@ -548,7 +552,7 @@ async def run_autorecovery(config: AutorecoveryConfig) -> int:
         lambda: AutorecoveryProcess.start(config),
         lambda p: (
             f"autorecovery {config.name} running"
-            f" (metrics: http://{p.http_host}:{p.http_port}/metrics)"
+            f" (metrics: {p._http.scheme}://{p.http_host}:{p.http_port}/metrics)"
         ),
         lambda p: p.stop(),
     )

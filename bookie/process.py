@@ -40,7 +40,7 @@ from magnetar.common.health import ProcessHealth
 from magnetar.common.security.config import is_loopback
 from magnetar.common.security.tls import ReloadingServerCredentials
 from magnetar.common.serving import grpc_server_options, listen, run_until_signalled
-from magnetar.common.status_http import Response, StatusServer
+from magnetar.common.status_http import Response, StatusServer, status_server
 from metadata import MetadataStore, open_store
 from proto.bookie.v1 import bookie_pb2_grpc
 
@@ -158,10 +158,12 @@ class BookieProcess:
                     " NetworkPolicies do), or bind to 127.0.0.1."
                 ),
             )
-        self._http = StatusServer(
+        self._http = status_server(
+            config,
             config.bind_host,
             config.http_port,
             {"/metrics": self._metrics, "/health": self._health_check},
+            component="bookie",
         )
         self.http_port = await self._http.start()
         await self._server.start()
@@ -257,7 +259,7 @@ async def run_bookie(config: BookieConfig) -> int:
         lambda: BookieProcess.start(config),
         lambda p: (
             f"bookie {p.bookie_id} serving on {p.address}"
-            f" (metrics: http://{p.address.rsplit(':', 1)[0]}:{p.http_port}/metrics)"
+            f" (metrics: {p._http.scheme}://{p.address.rsplit(':', 1)[0]}:{p.http_port}/metrics)"
         ),
         lambda p: p.stop(),
     )

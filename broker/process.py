@@ -35,7 +35,7 @@ from magnetar.common.health import ProcessHealth
 from magnetar.common.security.config import is_loopback
 from magnetar.common.security.tls import ReloadingServerCredentials
 from magnetar.common.serving import grpc_server_options, listen, run_until_signalled
-from magnetar.common.status_http import Response, StatusServer
+from magnetar.common.status_http import Response, StatusServer, status_server
 from metadata import MetadataStore, open_store
 from proto.admin.v1 import admin_pb2_grpc
 from proto.broker.v1 import broker_pb2_grpc
@@ -118,10 +118,12 @@ class BrokerProcess:
         self.ledger_client = await LedgerClient.start(
             self.store, config.ledger, creator=f"broker:{broker_id}"
         )
-        self._http = StatusServer(
+        self._http = status_server(
+            config,
             config.bind_host,
             config.http_port,
             {"/metrics": self._metrics, "/health": self._health_check},
+            component="broker",
         )
         self.http_port = await self._http.start()
         self.broker = Broker(
@@ -218,7 +220,7 @@ def ready_line(process: BrokerProcess) -> str:
     tls = f", TLS on {process.tls_address}" if process.tls_port else ""
     return (
         f"broker {process.broker_id} serving on {process.address}{tls}"
-        f" (metrics: http://{host}:{process.http_port}/metrics)"
+        f" (metrics: {process._http.scheme}://{host}:{process.http_port}/metrics)"
     )
 
 

@@ -96,7 +96,7 @@ def _ready_line_pattern(kind: str) -> re.Pattern[str]:
     """What ``magnetar <kind>`` prints to stdout, once, when it serves and is registered."""
     return re.compile(
         rf"^{kind} (?P<node_id>\S+) serving on (?P<address>\S+?)"
-        r"(?:, TLS on (?P<tls_address>\S+))? \(metrics: http://(?P<http_host>\S+):(?P<http_port>\d+)/metrics\)$"
+        r"(?:, TLS on (?P<tls_address>\S+))? \(metrics: https?://(?P<http_host>\S+):(?P<http_port>\d+)/metrics\)$"
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 
 import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -25,19 +26,29 @@ async def grpc_health(address: str, service: str = "", *, timeout_s: float = 2) 
 
 
 async def http_get(
-    port: int, path: str = "/health", *, host: str = "127.0.0.1", timeout_s: float = 5
+    port: int,
+    path: str = "/health",
+    *,
+    host: str = "127.0.0.1",
+    timeout_s: float = 5,
+    tls: ssl.SSLContext | None = None,
 ) -> tuple[int, str]:
-    """One GET of ``path``: the status code and the body (the status servers close the
-    connection after each response)."""
+    """One GET of ``path`` (HTTPS with ``tls``, a client context trusting the server's CA): the
+    status code and the body (the status servers close the connection after each response)."""
     async with asyncio.timeout(timeout_s):
-        reader, writer = await asyncio.open_connection(host, port)
+        reader, writer = await asyncio.open_connection(
+            host, port, ssl=tls, server_hostname=host if tls is not None else None
+        )
         try:
             writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
             await writer.drain()
             raw = await reader.read()
         finally:
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
+            if tls is not None:
+                writer.transport.abort()  # a TLS close would wait for the server's close_notify
+            else:
+                writer.close()
+                with contextlib.suppress(ConnectionError):
+                    await writer.wait_closed()
     head, _, body = raw.decode().partition("\r\n\r\n")
     return int(head.split()[1]), body

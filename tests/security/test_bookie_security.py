@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -65,6 +66,9 @@ async def bookies(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Boo
         *("--authentication-providers", "tls,token"),
         *tokens.broker_args,
         *("--bookie-client-roles", "broker,autorecovery"),
+        # metrics and health over HTTPS, on the same certificate
+        *("--http-tls-cert-file", str(bookie_cert.cert_file)),
+        *("--http-tls-key-file", str(bookie_cert.key_file)),
     ]
     broker_args = [
         *("--ledger-tls-trust-certs-file", str(pki.ca_file)),
@@ -174,8 +178,9 @@ async def test_refusals_break_nothing_for_the_broker(bookies: Bookies) -> None:
         assert got == list(range(300))
     assert [b.pid for b in bookies.cluster.bookies] == pids
     metrics = ""
+    https = ssl.create_default_context(cafile=str(bookies.pki.ca_file))
     for bookie in bookies.cluster.bookies:
-        status, body = await http_get(bookie.http_port, "/metrics")
+        status, body = await http_get(bookie.http_port, "/metrics", tls=https)
         assert status == 200
         metrics += body
     assert 'magnetar_bookie_authorization_denied_total{bookie="' in metrics

@@ -133,9 +133,7 @@ async def test_wrong_credentials_fail_at_once_saying_what_to_fix(etcd: SecureEtc
     assert isinstance(foreign, MetadataUnavailableError)
 
     plaintext = await refused(
-        dataclasses.replace(
-            MetadataStoreConfig(url=etcd.server.url, connect_timeout_ms=2000)
-        )
+        dataclasses.replace(MetadataStoreConfig(url=etcd.server.url, connect_timeout_ms=2000))
     )
     assert isinstance(plaintext, MetadataUnavailableError)
 

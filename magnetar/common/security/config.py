@@ -13,7 +13,13 @@ from pathlib import Path
 
 from magnetar.common.config import config_error
 
-__all__ = ["AUTHENTICATION_PROVIDERS", "AuthenticationSettings", "TlsSettings", "is_loopback"]
+__all__ = [
+    "AUTHENTICATION_PROVIDERS",
+    "AuthenticationSettings",
+    "HttpSettings",
+    "TlsSettings",
+    "is_loopback",
+]
 
 AUTHENTICATION_PROVIDERS = ("token", "tls")
 """``token``: a JWT in the call's metadata; ``tls``: the common name of a verified client
@@ -142,3 +148,36 @@ class AuthenticationSettings:
             )
         if any(not role for role in self.superuser_roles):
             raise config_error("superuser_roles", self.superuser_roles, "must not hold empty roles")
+
+
+@dataclass(frozen=True, kw_only=True)
+class HttpSettings:
+    """The HTTP port of /metrics and /health: where it listens, TLS, and its bounds."""
+
+    http_bind_host: str | None = None
+    """Address /metrics and /health listen on (default: bind_host); a separate address keeps
+    them apart from the data ports."""
+
+    http_tls_cert_file: Path | None = None
+    """PEM certificate (chain) to serve /metrics and /health over HTTPS; reloaded when it
+    changes."""
+
+    http_tls_key_file: Path | None = None
+    """PEM private key of http_tls_cert_file."""
+
+    http_max_connections: int = 64
+    """Connections served at once at most; more are closed at once (slow clients cannot pile
+    up)."""
+
+    def _check_http(self) -> None:
+        if (self.http_tls_cert_file is None) != (self.http_tls_key_file is None):
+            raise config_error(
+                "http_tls_key_file",
+                str(self.http_tls_key_file),
+                "must be set together with http_tls_cert_file",
+            )
+        if self.http_max_connections < 1:
+            raise config_error("http_max_connections", self.http_max_connections, "must be >= 1")
+
+    def __post_init__(self) -> None:
+        self._check_http()

@@ -45,6 +45,7 @@ from magnetar.common.errors import InvalidConfigError, ServiceUnavailableError, 
 __all__ = [
     "ClientTls",
     "ReloadingServerCredentials",
+    "ReloadingSslContext",
     "open_secure_channel",
 ]
 
@@ -377,3 +378,53 @@ async def open_secure_channel(
     return grpc.aio.secure_channel(
         target, credentials, options=channel_options, interceptors=interceptors
     )
+
+
+class ReloadingSslContext:
+    """A server ``ssl.SSLContext`` for plain-Python servers (the HTTP status port), rebuilt
+    when the certificate or key file changes (looked at once a second at most), like
+    :class:`ReloadingServerCredentials` does for gRPC. A pair that does not fit is not used."""
+
+    def __init__(self, cert_file: Path, key_file: Path, *, component: str) -> None:
+        self.cert_file = cert_file
+        self.key_file = key_file
+        self.component = component
+        self.reloads = 0
+        self._paths = [cert_file, key_file]
+        self._checked_at = time.monotonic()
+        try:
+            self._stamps = _stamp(self._paths)
+        except OSError as e:
+            raise InvalidConfigError(
+                f"TLS file {e.filename} cannot be read: {e.strerror}",
+                context={"file": str(e.filename)},
+            ) from None
+        _load_material(cert_file, key_file, None)
+        self._context = self._build()
+
+    def _build(self) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(str(self.cert_file), str(self.key_file))
+        return context
+
+    def current(self) -> ssl.SSLContext:
+        now = time.monotonic()
+        if now - self._checked_at < _RELOAD_CHECK_INTERVAL_S:
+            return self._context
+        self._checked_at = now
+        try:
+            stamps = _stamp(self._paths)
+            if stamps != self._stamps:
+                self._stamps = stamps
+                _load_material(self.cert_file, self.key_file, None)
+                self._context = self._build()
+                self.reloads += 1
+                log.info(
+                    "tls_certificate_reloaded",
+                    component=self.component,
+                    certificate=str(self.cert_file),
+                )
+        except (OSError, ssl.SSLError, InvalidConfigError) as e:
+            log.warning("tls_certificate_reload_failed", component=self.component, error=str(e))
+        return self._context
