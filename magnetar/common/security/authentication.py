@@ -133,6 +133,62 @@ class _KeyFile:
         return changed
 
 
+class _StaticTokens:
+    """Static tokens by the SHA-256 of each, from ``token_static_file``, re-read when it
+    changes (looked at once a second at most)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._stamp: tuple[int, int] | None = None
+        self._checked_at = -1.0
+        self.roles: dict[str, str] = {}
+        self._load(force=True)
+
+    def _load(self, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._checked_at < _KEY_CHECK_INTERVAL_S:
+            return
+        self._checked_at = now
+        try:
+            st = os.stat(self.path)
+            stamp = (st.st_mtime_ns, st.st_size)
+            if stamp == self._stamp:
+                return
+            roles = _parse_static_tokens(self.path.read_text(encoding="utf-8"), self.path)
+        except (OSError, ValueError, InvalidConfigError) as e:
+            if force:
+                raise InvalidConfigError(
+                    f"cannot load the static tokens: {e}", context={"file": str(self.path)}
+                ) from None
+            log.warning("static_tokens_reload_failed", file=str(self.path), error=str(e))
+            return
+        self._stamp, self.roles = stamp, roles
+
+    def role_of(self, digest: bytes) -> str | None:
+        self._load()
+        return self.roles.get(digest.hex())
+
+
+def _parse_static_tokens(text: str, path: Path) -> dict[str, str]:
+    roles: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split()
+        if (
+            len(parts) != 2
+            or len(parts[1]) != 64
+            or not all(c in "0123456789abcdef" for c in parts[1].lower())
+        ):
+            raise InvalidConfigError(
+                f"{path}, line {number}: expected 'ROLE SHA256-HEX' (64 hex digits)",
+                context={"file": str(path)},
+            )
+        roles[parts[1].lower()] = parts[0]
+    return roles
+
+
 class RefusalLog:
     """Warnings about refusals, at most ``per_s`` a second; the rest are counted and the count
     rides on the next line that is logged (``suppressed_since_last``)."""
@@ -186,6 +242,11 @@ class AuthenticationService:
         """Refusals by reason, since start (the ``..._authentication_failures`` metric)."""
         self._failure_log = RefusalLog(FAILURE_LOG_PER_S)
         self._cache: OrderedDict[bytes, Principal] = OrderedDict()
+        self._static = (
+            _StaticTokens(settings.token_static_file)
+            if settings.token_static_file is not None
+            else None
+        )
         self._key_file: _KeyFile | None = None
         if settings.token_secret_key_file is not None:
             self._key_file = _KeyFile(settings.token_secret_key_file, secret=True)
@@ -233,6 +294,10 @@ class AuthenticationService:
         if self._key_file is not None and self._key_file.reload():
             self._cache.clear()  # a rotated key: tokens of the old one must be checked again
         key = _token_key(token)
+        if self._static is not None:
+            role = self._static.role_of(key)
+            if role is not None:
+                return Principal(role, "token")
         cached = self._cache.get(key)
         now_ms = int(time.time() * 1000)
         if cached is not None:
@@ -248,6 +313,8 @@ class AuthenticationService:
 
     def _verify(self, token: str, peer: str) -> Principal:
         if self._key_file is None:
+            if self._static is not None:
+                raise self._refuse("bad_signature", peer, "the token is not a known token")
             raise self._refuse("method_not_enabled", peer, "no token key is configured")
         if not token:
             raise self._refuse("malformed", peer, "the token is empty")

@@ -93,6 +93,11 @@ class AuthenticationSettings:
     """PEM or DER public key(s) that verify tokens (RS256/384/512, ES256/384/512); a PEM file may
     hold several, for key rotation. Reloaded when it changes."""
 
+    token_static_file: Path | None = None
+    """File of static tokens, one 'ROLE SHA256' line each (the SHA-256 of the token, in hex): a
+    bearer token whose hash is listed is that role (the Helm chart's superuser token, made
+    without a signing tool). Reloaded when it changes."""
+
     token_auth_claim: str = "sub"  # noqa: S105 - a claim name, not a secret
     """The token claim that holds the role."""
 
@@ -126,11 +131,12 @@ class AuthenticationSettings:
             and "token" in self.authentication_providers
             and self.token_secret_key_file is None
             and self.token_public_key_file is None
+            and self.token_static_file is None
         ):
             raise config_error(
                 "token_secret_key_file",
                 None,
-                "or token_public_key_file must be set for the token provider",
+                "or token_public_key_file or token_static_file must be set for the token provider",
             )
         if self.token_secret_key_file is not None and self.token_public_key_file is not None:
             raise config_error(

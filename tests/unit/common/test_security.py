@@ -250,3 +250,26 @@ def test_loopback_hosts() -> None:
     assert not is_loopback("0.0.0.0")
     assert not is_loopback("10.1.2.3")
     assert not is_loopback("broker.example")
+
+
+def test_static_tokens_are_known_by_their_hash_only(tmp_path: Path) -> None:
+    """The Helm chart's superuser token: random, made without a signing tool, listed by hash."""
+    static = tmp_path / "static-tokens"
+    token = "x" * 40
+    static.write_text("# role sha256\n" + f"admin {hashlib.sha256(token.encode()).hexdigest()}\n")
+    auth = AuthenticationService(
+        AuthenticationSettings(authentication_enabled=True, token_static_file=static)
+    )
+    principal = auth.authenticate(Credentials(PEER, token))
+    assert (principal.role, principal.expires_at_ms) == ("admin", None)
+    assert refused(auth, Credentials(PEER, "y" * 40)).context["reason"] == "bad_signature"
+    # with a key too, JWTs still work next to the static tokens
+    tokens = TestTokens(tmp_path / "jwt")
+    both = service(tokens, token_static_file=static)
+    assert both.authenticate(Credentials(PEER, token)).role == "admin"
+    assert both.authenticate(Credentials(PEER, tokens.create("bob"))).role == "bob"
+    static.write_text("admin not-a-hash\n")
+    with pytest.raises(InvalidConfigError, match="expected 'ROLE SHA256-HEX'"):
+        AuthenticationService(
+            AuthenticationSettings(authentication_enabled=True, token_static_file=static)
+        )
