@@ -415,9 +415,13 @@ async def test_tls_needs_the_trusted_ca_and_a_matching_name(secure: Secure) -> N
         failed(
             run, "magnetar tenants: the TLS certificate of broker", secrets=(secure.admin_token,)
         )
-        assert "is not trusted" in run.err, str(run)
         assert "--tls-allow-hostname-mismatch" in run.err  # the flag, not the library's name
+    # a trusted certificate for another name: the name is what is wrong
+    assert "does not name the host connected to" in wrong_name.err, str(wrong_name)
     assert "not valid for '127.0.0.1'" in wrong_name.err
+    # no trusted CA: untrusted whatever the name
+    for run in (untrusted, untrusted_anyway):
+        assert "is not trusted" in run.err, str(run)
     failed(no_token, f"magnetar tenants: {AUTHENTICATION_REQUIRED}")
     assert "published 1 message(s)" in ok(produced).out
     assert json.loads(ok(consumed).out)["value"] == "sealed"
