@@ -1,20 +1,31 @@
 #!/usr/bin/env bash
 # Set up what Magnetar needs on a fresh Debian machine with Python 3.11, idempotently:
-#   bash scripts/bootstrap.sh           the virtualenv (.venv) with Magnetar, its dev tools and the
-#                                       Spark connector's extras (PySpark)
-#   bash scripts/bootstrap.sh --etcd    the same, plus Debian's etcd-server and a Java runtime
-#                                       (for Spark) for the tests
-# Re-running is cheap: pip runs again only when pyproject.toml changed.
+#   bash scripts/bootstrap.sh --runtime  the virtualenv (.venv) with Magnetar and its runtime
+#                                        dependencies only: what `magnetar standalone` needs
+#   bash scripts/bootstrap.sh            .venv with Magnetar, its dev tools and the extras of
+#                                        the Spark connector (PySpark) and the Helm chart's tests
+#   bash scripts/bootstrap.sh --etcd     the same, plus Debian's etcd-server and a Java runtime
+#                                        (for Spark) for the tests
+# Versions are exact: constraints/pinned.txt (users get pyproject.toml's ranges). Re-running is
+# cheap: pip runs again only when pyproject.toml, the constraints or this script changed. A stamp
+# per kind says what is in: a full install holds the runtime too, so --runtime after it installs
+# nothing and removes nothing, and a full install after --runtime adds the rest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 want_etcd=0
+want_full=1
 for arg in "$@"; do
   case "$arg" in
     --etcd) want_etcd=1 ;;
+    --runtime) want_full=0 ;;
     *) echo "bootstrap: unknown argument $arg" >&2; exit 2 ;;
   esac
 done
+if [ "$want_etcd" = 1 ] && [ "$want_full" = 0 ]; then
+  echo "bootstrap: --etcd is for the tests, which need the full install; drop --runtime" >&2
+  exit 2
+fi
 
 as_root() {
   if [ "$(id -u)" = 0 ]; then "$@"
@@ -43,14 +54,27 @@ if [ ! -x .venv/bin/python ]; then
   fi
 fi
 
-stamp=.venv/.magnetar-installed
-want="$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)"
-if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "bootstrap: installing Magnetar and its dev tools into .venv"
+want="$(cat pyproject.toml constraints/pinned.txt scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)"
+runtime_stamp=.venv/.magnetar-runtime
+full_stamp=.venv/.magnetar-full
+installed() { [ "$(cat "$1" 2>/dev/null)" = "$want" ]; }
+pip_install() {
   .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,spark,helm]"
-  echo "$want" > "$stamp"
+  .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints/pinned.txt "$@"
+}
+if [ "$want_full" = 1 ]; then
+  if ! installed "$full_stamp"; then
+    echo "bootstrap: installing Magnetar, its dev tools, PySpark and the Helm test tools into .venv"
+    pip_install -e ".[dev,spark,helm]"
+    echo "$want" > "$runtime_stamp"
+    echo "$want" > "$full_stamp"
+  fi
+elif ! installed "$runtime_stamp" && ! installed "$full_stamp"; then
+  echo "bootstrap: installing Magnetar and its runtime dependencies into .venv"
+  pip_install -e .
+  echo "$want" > "$runtime_stamp"
 fi
+rm -f .venv/.magnetar-installed  # the single stamp of before
 
 if [ "$want_etcd" = 1 ] && ! command -v etcd >/dev/null 2>&1 && [ ! -x /usr/bin/etcd ]; then
   echo "bootstrap: installing Debian's etcd-server (the tests start their own on free ports)"

@@ -4,45 +4,92 @@
     python scripts/genproto.py --check   # exit 1 if the committed code differs from a fresh run
 
 Generated per .proto: ``*_pb2.py`` and its typed stub ``*_pb2.pyi`` (mypy-protobuf), plus
-``*_pb2_grpc.py`` / ``*_pb2_grpc.pyi`` for files that declare a service. The output depends only on
-the pinned grpcio-tools, protobuf and mypy-protobuf versions, so a drift means either a .proto
-changed without regenerating, or the pins moved.
+``*_pb2_grpc.py`` / ``*_pb2_grpc.pyi`` for files that declare a service.
+
+The generated modules check their runtime when imported: ``*_pb2_grpc.py`` raises when grpcio is
+older than the grpcio-tools that wrote it (``GRPC_GENERATED_VERSION``), and ``*_pb2.py`` raises
+when protobuf is older than the protoc that wrote it (``ValidateProtobufRuntimeVersion``; some
+protobuf releases also refuse, or warn about, code of another major version). Users install
+Magnetar next to whatever grpcio and protobuf their environment has, anywhere in pyproject.toml's
+ranges, so the code is written by the oldest tools of those ranges: protoc runs from
+``GENERATOR``, grpcio-tools at the floor of the grpcio range, whose protoc writes protobuf 6.30.0
+code (the floor of the protobuf range is 6.32.0). That grpcio-tools needs protobuf 6 and so
+cannot live in .venv (protobuf 7): it gets a virtualenv of its own under .cache/genproto/, made
+on first use. The typed stubs come from .venv's mypy-protobuf (pinned in the dev extra); they do
+not depend on the protoc version.
+
+Both modes also read the version every generated module demands and fail when it is above the
+floor of pyproject.toml's grpcio or protobuf range, or of another protobuf major version. The
+output depends only on ``GENERATOR`` and the pinned mypy-protobuf, so a drift means either a
+.proto changed without regenerating, or those pins moved.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import fcntl
 import filecmp
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import tomllib
 from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "proto"
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi")
+# The floor of pyproject.toml's grpcio range; its bundled protoc writes protobuf 6.30.0 gencode.
+GENERATOR = "grpcio-tools==1.72.1"
+GENERATOR_HOME = ROOT / ".cache" / "genproto"
+
+GRPC_DEMAND = re.compile(r"^GRPC_GENERATED_VERSION = '(?P<version>[^']+)'$", re.M)
+PROTOBUF_DEMAND = re.compile(
+    r"ValidateProtobufRuntimeVersion\(\s*_runtime_version\.Domain\.PUBLIC,"
+    r"\s*(?P<major>\d+),\s*(?P<minor>\d+),\s*(?P<patch>\d+),\s*'(?P<suffix>[^']*)',"
+)
 
 
 def proto_sources() -> list[Path]:
     return sorted(PROTO_DIR.rglob("*.proto"))
 
 
+def generator_python() -> Path:
+    """The Python of the virtualenv that holds ``GENERATOR``, made (once) if needed."""
+    venv = GENERATOR_HOME / GENERATOR.replace("==", "-")
+    python = venv / "bin" / "python"
+    stamp = venv / ".installed"
+    GENERATOR_HOME.mkdir(parents=True, exist_ok=True)
+    # Other checkouts' runs (or a parallel check) may be making it too.
+    with (GENERATOR_HOME / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (stamp.exists() and stamp.read_text() == GENERATOR and python.exists()):
+            print(f"proto: installing {GENERATOR} into {venv.relative_to(ROOT)}", file=sys.stderr)
+            shutil.rmtree(venv, ignore_errors=True)
+            subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+            # --no-deps: `python -m grpc_tools.protoc` needs nothing but grpcio-tools itself
+            pip = [sys.executable, "-m", "pip", "--python", str(python)]
+            install = ["install", "-q", "--disable-pip-version-check", "--no-deps", GENERATOR]
+            subprocess.run([*pip, *install], check=True)
+            stamp.write_text(GENERATOR)
+    return python
+
+
 def generate(out_root: Path) -> None:
     """Run protoc for every source, writing the generated tree under ``out_root``."""
-    import grpc_tools  # noqa: PLC0415 - a dev dependency, needed only here
-
-    well_known = Path(grpc_tools.__file__).parent / "_proto"
     bin_dir = Path(sys.executable).parent
     sources = [str(p.relative_to(ROOT)) for p in proto_sources()]
     cmd = [
-        sys.executable,
+        str(generator_python()),
         "-m",
-        "grpc_tools.protoc",
+        "grpc_tools.protoc",  # adds grpcio-tools' own well-known protos to the include path
         f"-I{ROOT}",
-        f"-I{well_known}",
         f"--plugin=protoc-gen-mypy={bin_dir / 'protoc-gen-mypy'}",
         f"--plugin=protoc-gen-mypy_grpc={bin_dir / 'protoc-gen-mypy_grpc'}",
         f"--python_out={out_root}",
@@ -66,6 +113,55 @@ def generated_files(root: Path) -> set[Path]:
         for p in (root / "proto").rglob("*")
         if p.is_file() and p.name.endswith(GENERATED_SUFFIXES)
     }
+
+
+def range_floors() -> dict[str, Version]:
+    """The lowest version pyproject.toml allows of each runtime dependency that has one."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    floors: dict[str, Version] = {}
+    for line in project["dependencies"]:
+        requirement = Requirement(line)
+        for spec in requirement.specifier:
+            if spec.operator in (">=", "=="):
+                floors[requirement.name.lower()] = Version(spec.version)
+    return floors
+
+
+def runtime_problems(root: Path) -> list[str]:
+    """Generated modules that would refuse the lowest grpcio or protobuf of the range."""
+    floors = range_floors()
+    grpcio, protobuf = floors.get("grpcio"), floors.get("protobuf")
+    if grpcio is None or protobuf is None:
+        return ["pyproject.toml: the grpcio and protobuf requirements need a floor (>=)"]
+    problems: list[str] = []
+    for rel in sorted(generated_files(root)):
+        if rel.suffix != ".py":
+            continue
+        text = (root / rel).read_text()
+        problems += [
+            f"{rel} demands grpcio>={match['version']}; the floor is {grpcio}"
+            for match in GRPC_DEMAND.finditer(text)
+            if Version(match["version"]) > grpcio
+        ]
+        for match in PROTOBUF_DEMAND.finditer(text):
+            demand = Version(f"{match['major']}.{match['minor']}.{match['patch']}")
+            if demand > protobuf or demand.major != protobuf.major or match["suffix"]:
+                problems.append(
+                    f"{rel} is protobuf {demand}{match['suffix']} gencode; the floor {protobuf}"
+                    " needs gencode of its own major version, no newer than itself"
+                )
+    return problems
+
+
+def report_runtime_problems(root: Path) -> int:
+    problems = runtime_problems(root)
+    if problems:
+        print("Generated protocol code would refuse the floor of the range:", file=sys.stderr)
+        for problem in problems:
+            print("  " + problem, file=sys.stderr)
+        print(f"Generate with the floor's tools (GENERATOR = {GENERATOR!r})", file=sys.stderr)
+        return 1
+    return 0
 
 
 def check() -> int:
@@ -94,7 +190,9 @@ def check() -> int:
             print("  " + problem, file=sys.stderr)
         print("Run: python scripts/genproto.py  (and commit the result)", file=sys.stderr)
         return 1
-    print(f"proto: generated code matches {len(proto_sources())} .proto files")
+    if report_runtime_problems(ROOT):
+        return 1
+    print(f"proto: generated code matches {len(proto_sources())} .proto files ({GENERATOR})")
     return 0
 
 
@@ -112,8 +210,8 @@ def regenerate() -> int:
         while folder != ROOT:
             (folder / "__init__.py").touch()
             folder = folder.parent
-    print(f"proto: regenerated code for {len(proto_sources())} .proto files")
-    return 0
+    print(f"proto: regenerated code for {len(proto_sources())} .proto files ({GENERATOR})")
+    return report_runtime_problems(ROOT)
 
 
 def main() -> int:

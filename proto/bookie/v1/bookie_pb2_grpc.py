@@ -5,7 +5,7 @@ import warnings
 
 from proto.bookie.v1 import bookie_pb2 as proto_dot_bookie_dot_v1_dot_bookie__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.72.1'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -18,14 +18,14 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in proto/bookie/v1/bookie_pb2_grpc.py depends on'
+        + f' but the generated code in proto/bookie/v1/bookie_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
 
 
-class BookieServiceStub:
+class BookieServiceStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -71,7 +71,7 @@ class BookieServiceStub:
                 _registered_method=True)
 
 
-class BookieServiceServicer:
+class BookieServiceServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def AddEntries(self, request_iterator, context):
@@ -175,7 +175,7 @@ def add_BookieServiceServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class BookieService:
+class BookieService(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod

@@ -1,0 +1,77 @@
+"""scripts/bootstrap.sh decides what to install into .venv, and when: the real script, run in a
+copy of the repository whose .venv/bin/python only writes down how it was called (so pip never
+runs and nothing is downloaded)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+RUNTIME = "-c constraints/pinned.txt -e ."
+FULL = "-c constraints/pinned.txt -e .[dev,spark,helm]"
+
+
+@pytest.fixture
+def checkout(tmp_path: Path) -> Path:
+    for name in ("scripts/bootstrap.sh", "pyproject.toml", "constraints/pinned.txt"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, tmp_path / name)
+    python = tmp_path / ".venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text('#!/bin/sh\necho "$*" >> "$(dirname "$0")/../../pip-calls.log"\n')
+    python.chmod(0o755)
+    return tmp_path
+
+
+def bootstrap(checkout: Path, *args: str) -> list[str]:
+    """The pip installs one run asked for (each after upgrading pip)."""
+    log = checkout / "pip-calls.log"
+    log.unlink(missing_ok=True)
+    subprocess.run(
+        ["bash", checkout / "scripts" / "bootstrap.sh", *args],
+        env={**os.environ, "PYTHON": sys.executable},
+        check=True,
+        capture_output=True,
+    )
+    calls = log.read_text().splitlines() if log.exists() else []
+    upgrades = [c for c in calls if c.endswith("--upgrade pip")]
+    installs = [c.split("--disable-pip-version-check ", 1)[1] for c in calls if c not in upgrades]
+    assert len(upgrades) == len(installs)
+    return installs
+
+
+def test_the_standalone_installs_the_runtime_and_the_tests_add_the_rest(checkout: Path) -> None:
+    assert bootstrap(checkout, "--runtime") == [RUNTIME]
+    assert bootstrap(checkout, "--runtime") == []  # installed already
+    assert bootstrap(checkout) == [FULL]  # the tests after the standalone: the rest
+    assert bootstrap(checkout, "--runtime") == []  # the standalone after the tests: nothing
+    assert bootstrap(checkout) == []
+
+
+def test_a_changed_pyproject_installs_again(checkout: Path) -> None:
+    assert bootstrap(checkout) == [FULL]
+    with (checkout / "pyproject.toml").open("a") as pyproject:
+        pyproject.write("\n# changed\n")
+    assert bootstrap(checkout, "--runtime") == [RUNTIME]
+    assert bootstrap(checkout, "--runtime") == []
+    assert bootstrap(checkout) == [FULL]
+    (checkout / "constraints" / "pinned.txt").write_text("grpcio==1.85.3\n")
+    assert bootstrap(checkout) == [FULL]
+    assert bootstrap(checkout, "--runtime") == []
+
+
+def test_the_runtime_alone_cannot_serve_the_tests(checkout: Path) -> None:
+    result = subprocess.run(
+        ["bash", checkout / "scripts" / "bootstrap.sh", "--runtime", "--etcd"],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2
+    assert "drop --runtime" in result.stderr
