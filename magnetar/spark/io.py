@@ -47,7 +47,9 @@ __all__ = [
     "PartitionOffsets",
     "WriteResult",
     "client_arguments",
+    "create_as_producer",
     "discover",
+    "ensure_topic",
     "read_chunks",
     "read_range",
     "report_loss",
@@ -421,6 +423,43 @@ class _Target:
     """The last sequence id the broker had for each partition's producer when it opened."""
 
 
+async def create_as_producer(client: Client, topic: str) -> int:
+    """Look ``topic`` up as a producer does, which creates it when it does not exist and the
+    brokers allow it (``allow_auto_topic_creation``, with ``auto_topic_partitions``
+    partitions); its number of partitions (0: not partitioned). Raises
+    :class:`TopicNotFoundError` saying what to do when the brokers do not create topics."""
+    try:
+        found = await client.get_topic_partitions(topic)
+    except TopicNotFoundError:
+        raise TopicNotFoundError(
+            f"topic {topic} does not exist, and the brokers do not create topics on first use"
+            " (their setting allow_auto_topic_creation is off): create it before writing to it"
+            f" (magnetar topics create {topic} --partitions N), or turn"
+            " allow_auto_topic_creation on",
+            context={"topic": topic},
+        ) from None
+    return sum(1 for name in found if parse_topic(name).is_partition)
+
+
+async def _ensure_topic(options: WriteOptions, topic: str) -> int:
+    async with (
+        Client(options.service_url, **client_arguments(options)) as client,
+        client.admin() as admin,
+    ):
+        try:
+            return await admin.get_partitions(topic)
+        except TopicNotFoundError:
+            return await create_as_producer(client, topic)
+
+
+def ensure_topic(options: WriteOptions, topic: str) -> int:
+    """``topic``'s number of partitions, the topic created first as a producer would create it
+    (see :func:`create_as_producer`): the driver's check before a write's tasks start."""
+    with Loop() as loop:
+        result: int = loop.run(_ensure_topic(options, parse_topic(topic).topic))
+        return result
+
+
 SEQUENCE_STRIDE = 1 << 32
 """A streaming batch's messages are numbered from ``batch_id * SEQUENCE_STRIDE``."""
 
@@ -446,10 +485,7 @@ async def _write(
                     try:
                         partitions = await admin.get_partitions(full)
                     except TopicNotFoundError:
-                        raise TopicNotFoundError(
-                            f"topic {full} does not exist: create it before writing to it",
-                            context={"topic": full},
-                        ) from None
+                        partitions = await create_as_producer(client, full)
                     target = targets[full] = _Target(full, partitions)
                 return target
 

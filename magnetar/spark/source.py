@@ -1,6 +1,6 @@
 """The PySpark data source ``magnetar``: batch and streaming reads and writes.
 
-Register it once per session (:func:`magnetar.spark.register`), then::
+Spark registers it by itself (from the top-level module ``pyspark_magnetar``), so::
 
     df = spark.read.format("magnetar").option("topic", "events").load()
     stream = spark.readStream.format("magnetar").option("topic", "events").load()
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -490,11 +490,18 @@ class MagnetarDataSource(DataSource):
         return _StreamReader(parse_read_options(self.options, streaming=True), _value(schema))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        options = parse_write_options(self.options)
-        _check_write_schema(schema, options)
-        return _BatchWriter(options)
+        return _BatchWriter(_prepare_write(self.options, schema))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        options = parse_write_options(self.options)
-        _check_write_schema(schema, options)
-        return _StreamWriter(options)
+        return _StreamWriter(_prepare_write(self.options, schema))
+
+
+def _prepare_write(given: Mapping[str, str], schema: StructType) -> WriteOptions:
+    """A write's options, checked on the driver, its ``topic`` made to exist: created as a
+    producer would create it when the brokers allow that, or a clear error before any task
+    starts. Topics of a ``topic`` column are made so by the tasks that meet them."""
+    options = parse_write_options(given)
+    _check_write_schema(schema, options)
+    if options.topic is not None and "topic" not in schema.fieldNames():
+        io.ensure_topic(options, options.topic)
+    return options

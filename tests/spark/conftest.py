@@ -1,4 +1,9 @@
-"""One SparkSession for every Spark test module (it takes about 10 s to start)."""
+"""One SparkSession for every Spark test module (it takes about 10 s to start).
+
+Nothing here registers the ``magnetar`` data source: Spark registers it by itself (from the
+top-level module ``pyspark_magnetar``), and every test that uses ``format("magnetar")`` relies on
+that, as a user's session does.
+"""
 
 from __future__ import annotations
 
@@ -18,8 +23,6 @@ def spark() -> Iterator[Any]:
     pytest.importorskip("pyspark", reason="pip install magnetar[spark]")
     from pyspark.sql import SparkSession  # noqa: PLC0415 - only where Spark is installed
 
-    from magnetar.spark import register  # noqa: PLC0415
-
     session = (
         SparkSession.builder.master("local[2,4]")  # 2 threads; a task may fail 3 times
         .appName("magnetar-tests")
@@ -28,6 +31,5 @@ def spark() -> Iterator[Any]:
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
-    register(session)
     yield session
     session.stop()

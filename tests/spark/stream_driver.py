@@ -4,7 +4,8 @@
 
 MODE ``run`` reads 300 records per micro-batch, one batch a second, until killed, and prints
 ``batch N rows R`` as batches complete; ``finish`` (Trigger.AvailableNow) reads what is left and
-exits. The Parquet sink is exactly-once: its log lives in the checkpoint.
+exits. The Parquet sink is exactly-once: its log lives in the checkpoint. It does not register
+the ``magnetar`` source: Spark finds it by itself, in this driver's JVM of its own.
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 from pyspark.sql import SparkSession
 
-from magnetar.spark import register
-
 
 def main() -> None:
     service_url, topic, out, checkpoint, mode = sys.argv[1:6]
@@ -30,7 +29,6 @@ def main() -> None:
         .config("spark.sql.shuffle.partitions", "2")
         .getOrCreate()
     )
-    register(spark)
     stream = (
         spark.readStream.format("magnetar")
         .option("serviceUrl", service_url)

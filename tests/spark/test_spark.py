@@ -36,6 +36,7 @@ from magnetar.aio import Client  # noqa: E402
 from magnetar.aio.admin import AdminClient  # noqa: E402
 from magnetar.aio.message import Message  # noqa: E402
 from magnetar.aio.routing import key_partition  # noqa: E402
+from magnetar.common.errors import TopicNotFoundError  # noqa: E402
 from magnetar.spark import io  # noqa: E402
 from magnetar.spark.options import parse_read_options, parse_write_options  # noqa: E402
 from magnetar.spark.planning import OffsetRange  # noqa: E402
@@ -54,12 +55,12 @@ async def node(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Standa
         yield running
 
 
-async def spark_call(fn: Callable[[], T]) -> T:
+async def spark_call(fn: Callable[[], T], session: SparkSession | None = None) -> T:
     def call() -> T:
         # Spark looks up a Python data source for a write (df.write...save()) in the thread's
         # active session, and a fresh thread has none
-        session = SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
-        session._jvm.SparkSession.setActiveSession(session._jsparkSession)  # type: ignore[union-attr]
+        active = session or SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
+        active._jvm.SparkSession.setActiveSession(active._jsparkSession)  # type: ignore[union-attr]
         return fn()
 
     return await asyncio.to_thread(call)
@@ -467,6 +468,176 @@ async def test_a_batch_write_routes_by_key_and_to_a_topic_column(
                 .save()
             )
         )
+
+
+# --- no set-up: Spark finds the source, and a write creates its topic ---------------------------
+
+
+def spark_found_by_itself(session: SparkSession) -> set[str]:
+    """The Python data sources Spark registered by itself: those its lookup worker (a Python
+    process of its own, importing every top-level ``pyspark_*`` module on its path) found. Spark
+    keeps them once per JVM; nothing this process registers is among them."""
+    package = session._jvm.org.apache.spark.sql.execution.datasources  # type: ignore[union-attr]
+    found = getattr(getattr(package, "DataSourceManager$"), "MODULE$").dataSourceBuilders()
+    if not found.isDefined():
+        return set()
+    return set(found.get().keys().mkString(",").split(","))
+
+
+async def test_format_magnetar_needs_no_registration_and_a_write_creates_its_topic(
+    spark: SparkSession, node: StandaloneNode, tmp_path: Path
+) -> None:
+    # a new session has no registrations of its own (the shared one has none either: conftest
+    # does not register), so only what Spark's workers found can resolve "magnetar"
+    fresh = spark.newSession()
+    url = node.service_url
+    first, second = unique("made"), unique("made-by-tasks")
+    rows = [(f"v{i}", f"k{i % 5}") for i in range(200)]
+    df = fresh.createDataFrame(rows, "value STRING, key STRING")
+    await spark_call(
+        lambda: (
+            df.write.format("magnetar")
+            .option("serviceUrl", url)
+            .option("topic", first)
+            .mode("append")
+            .save()
+        ),
+        fresh,
+    )
+    assert "magnetar" in spark_found_by_itself(fresh)
+    # created as a producer's lookup creates it: the broker's auto_topic_partitions (0 here)
+    async with AdminClient(url) as admin:
+        assert await admin.get_partitions(first) == 0
+    back = read(fresh, url, topic=first)
+    got = await spark_call(lambda: back.select("partition", "key", "value").collect(), fresh)
+    assert sorted((r["key"], r["value"]) for r in got) == sorted((k, v.encode()) for v, k in rows)
+    assert {r["partition"] for r in got} == {-1}
+
+    # a topic named by a topic column is created by the tasks that meet it
+    by_column = fresh.createDataFrame([("x", second), ("y", second)], "value STRING, topic STRING")
+    await spark_call(
+        lambda: by_column.write.format("magnetar").option("serviceUrl", url).mode("append").save(),
+        fresh,
+    )
+    assert sorted(await read_values(url, second)) == [b"x", b"y"]
+
+    # and a streaming read, in the same fresh session
+    name = first.replace("-", "_")
+    query = (
+        fresh.readStream.format("magnetar")
+        .option("serviceUrl", url)
+        .option("topic", first)
+        .option("startingOffsets", "earliest")
+        .load()
+        .writeStream.format("memory")
+        .queryName(name)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    await spark_call(query.awaitTermination, fresh)
+    assert await spark_call(lambda: fresh.table(name).count(), fresh) == 200
+
+    # a topic that exists keeps its partitions: the lookup counts them, creates nothing
+    partitioned = unique("three")
+    async with AdminClient(url) as admin:
+        await admin.create_topic(partitioned, partitions=3)
+    async with Client(url) as client:
+        assert await io.create_as_producer(client, partitioned) == 3
+
+
+async def test_register_still_works_and_names_the_same_source(
+    spark: SparkSession, node: StandaloneNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pyspark_magnetar  # noqa: PLC0415 - what Spark imports, here only to compare
+    from magnetar import spark as magnetar_spark  # noqa: PLC0415
+    from magnetar.spark.source import MagnetarDataSource  # noqa: PLC0415
+
+    # one source, whichever way it was registered
+    assert pyspark_magnetar.DefaultSource is MagnetarDataSource
+    assert MagnetarDataSource.name() == "magnetar"
+    url = node.service_url
+    topic = unique("legacy")
+    await produce(url, topic, 30, partitions=2)
+
+    # where Spark registered it: register() sees the name resolves and leaves it, however often
+    legacy = spark.newSession()
+    assert magnetar_spark._resolves(legacy, "magnetar")
+    assert not magnetar_spark._resolves(legacy, "no-such-source")
+    magnetar_spark.register(legacy)
+    magnetar_spark.register(legacy)
+    assert await spark_call(read(legacy, url, topic=topic).count, legacy) == 30
+
+    # where Spark's workers did not find it (an older setup): register() registers it
+    monkeypatch.setattr(magnetar_spark, "_resolves", lambda *_: False)
+    older = spark.newSession()
+    magnetar_spark.register(older)
+    assert await spark_call(read(older, url, topic=topic).count, older) == 30
+
+
+async def test_a_connector_that_cannot_load_leaves_other_sources_alone() -> None:
+    # Spark imports every pyspark_* module in one pass: one that raised would hide them all
+    code = (
+        "import sys; sys.modules['pyarrow'] = None\n"  # as if installed without the extra
+        "import pyspark_magnetar\n"
+        "source = pyspark_magnetar.DefaultSource\n"
+        "print(source.name())\n"
+        "source({})\n"
+    )
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        code,
+        cwd=HERE.parent.parent,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await process.communicate()
+    assert process.returncode == 1
+    assert out.decode().split() == ["magnetar"]
+    assert "the magnetar data source cannot load" in err.decode()
+    assert "pip install 'magnetar[spark]'" in err.decode()
+
+
+@pytest.mark.etcd
+async def test_a_write_to_a_missing_topic_fails_clearly_where_brokers_create_none(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    args = ["--allow-auto-topic-creation", "false"]
+    async with LocalCluster(
+        tmp_path / "cluster", bookies=1, brokers=1, broker_args=args
+    ) as cluster:
+        url = cluster.service_url
+        topic = unique("absent")
+        full = f"public/default/{topic}"
+        df = spark.createDataFrame([("a",), ("b",)], "value STRING")
+        with pytest.raises(Exception, match="allow_auto_topic_creation is off") as failure:
+            await spark_call(
+                lambda: (
+                    df.write.format("magnetar")
+                    .option("serviceUrl", url)
+                    .option("topic", topic)
+                    .mode("append")
+                    .save()
+                )
+            )
+        message = str(failure.value)
+        assert f"topic {full} does not exist" in message
+        assert f"magnetar topics create {full} --partitions N" in message
+        # a topic of a topic column: the task says the same
+        options = parse_write_options({"serviceUrl": url})
+        with pytest.raises(TopicNotFoundError, match=f"topic {full} does not exist, and the"):
+            await asyncio.to_thread(
+                io.write_rows,
+                iter([{"value": b"a", "topic": topic}]),
+                options,
+                producer_name="absent-test",
+                sequence_base=0,
+                spark_partition=0,
+            )
+        async with AdminClient(url) as admin:
+            with pytest.raises(TopicNotFoundError):
+                await admin.get_partitions(topic)
 
 
 # --- retention --------------------------------------------------------------------------------
