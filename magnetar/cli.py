@@ -417,6 +417,19 @@ def _add_verify_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
     add("--work-dir", type=Path, default=None, help="cluster data and logs (a temp dir)")
     add("--keep", action="store_true", help="keep the work dir even when the run passes")
     add("--save-history", action="store_true", help="also write every event to history.json")
+    add(
+        "--secure",
+        action="store_true",
+        help="TLS and authentication on every hop (clients, brokers, bookies, etcd, HTTPS"
+        " metrics), and every certificate and the token key rotated halfway through",
+    )
+    add(
+        "--token-expiry-s",
+        type=int,
+        default=10,
+        metavar="S",
+        help="with --secure: how long each client token is valid, refreshed in band (10)",
+    )
 
 
 def _run_verify(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
@@ -449,6 +462,8 @@ def _run_verify(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
             work_dir=args.work_dir,
             keep=args.keep,
             save_history=args.save_history,
+            secure=args.secure,
+            token_expiry_s=args.token_expiry_s,
             command="magnetar " + " ".join(words),
         )
     except ValueError as e:

@@ -29,6 +29,10 @@ count in :class:`Verdict` (a violation fails the run):
     (histories without the client's receive times).
   Any other is a violation, whatever faults were running.
 
+- **security** (secure runs, from ``history.security``): the mid-run rotation must have
+  happened, and at the end every TLS listener must present the certificate now in its files
+  (the rotated one); one that presents another, or cannot be asked, is a violation.
+
 Unavailability windows are the gaps in each partition's stream of acknowledgements longer
 than ``gap_s``, with the faults active during each.
 """
@@ -91,6 +95,10 @@ class Verdict:
     longest_window_s: float = 0.0
     drain_complete: bool = True
     dedup: bool = True
+    secure: bool = False
+    security_problems: list[str] = field(default_factory=list)
+    """Secure runs: no rotation, or TLS listeners not presenting their rotated certificate at
+    the end."""
     samples: dict[str, list[str]] = field(default_factory=dict)
 
     @property
@@ -107,6 +115,7 @@ class Verdict:
             and self.reordered == 0
             and self.unexplained_redeliveries_after_ack == 0
             and self.drain_complete
+            and not self.security_problems
         )
 
     def problems(self) -> list[str]:
@@ -125,6 +134,7 @@ class Verdict:
                 found.append(f"{name}: {count}" + (f" (e.g. {examples})" if examples else ""))
         if not self.drain_complete:
             found.append("the final read did not reach the end of every partition")
+        found.extend(self.security_problems)
         return found
 
     def summary(self) -> dict[str, Any]:
@@ -150,6 +160,8 @@ class Verdict:
             "failed_faults": self.failed_faults,
             "unavailability_windows": len(self.windows),
             "longest_unavailability_s": round(self.longest_window_s, 3),
+            "secure": self.secure,
+            "security_problems": len(self.security_problems),
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -177,7 +189,25 @@ def check(history: History, *, gap_s: float = 1.0, switch_s: float = 2.0) -> Ver
     _check_subscriptions(history, verdict, switch_s)
     _check_faults_and_windows(history, verdict, gap_s)
     verdict.lost = verdict.lost_from_log + sum(verdict.lost_by_subscription.values())
+    _check_security(history, verdict)
     return verdict
+
+
+def _check_security(history: History, verdict: Verdict) -> None:
+    security = history.security
+    verdict.secure = bool(security.get("secure", False))
+    if not verdict.secure:
+        return
+    if "rotation" not in security:
+        verdict.security_problems.append("the certificates were never rotated")
+    final: dict[str, bool] = security.get("final_certificates", {})
+    stale = sorted(label for label, ok in final.items() if not ok)
+    if not final:
+        verdict.security_problems.append("no server was asked for its certificate at the end")
+    elif stale:
+        verdict.security_problems.append(
+            "not presenting the rotated certificate at the end: " + ", ".join(stale)
+        )
 
 
 def _check_sends_and_log(history: History, verdict: Verdict) -> None:

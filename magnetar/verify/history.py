@@ -163,7 +163,13 @@ class History:
     drain_complete: bool = False
     """Whether the final read reached the end of every partition."""
     phases: dict[str, float] = field(default_factory=dict)
-    """When each phase began (``workload``, ``nemesis``, ``healed``, ``drain``, ``end``)."""
+    """When each phase began (``workload``, ``nemesis``, ``healed``, ``drain``, ``end``; in a
+    secure run also ``rotation``)."""
+    security: dict[str, Any] = field(default_factory=dict)
+    """A secure run's security facts (empty otherwise): the hops, the rotation (when, what,
+    the faults active then, how soon each server presented its new certificate), which
+    certificate every server presented at the end, the tokens handed out and the refreshes
+    and reloads the servers logged."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -171,6 +177,7 @@ class History:
             "config": self.config,
             "drain_complete": self.drain_complete,
             "phases": self.phases,
+            "security": self.security,
             "faults": [asdict(f) for f in self.faults],
             "switches": [asdict(s) for s in self.switches],
             "sends": [asdict(s) for s in self.sends],
@@ -193,6 +200,7 @@ class History:
             switches=[Switch(**s) for s in body.get("switches", [])],
             drain_complete=bool(body.get("drain_complete", False)),
             phases={k: float(v) for k, v in body.get("phases", {}).items()},
+            security=dict(body.get("security", {})),
         )
 
     @classmethod

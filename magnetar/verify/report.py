@@ -3,7 +3,10 @@
 The JSON holds the configuration, the seed, the schedule, every fault with its times, the
 checker's verdict (counts, samples, unavailability windows) and the per-second throughput. The
 PNG plots acknowledged sends and deliveries per second with every fault shaded and labelled.
-The summary is one page of markdown for humans (and for ``bench/results/``).
+The summary is one page of markdown for humans (and for ``bench/results/``). A secure run's
+report also says what was secured, when the certificates and the token key were rotated (a
+line on the timeline), how soon each server presented its new certificate, and what the
+servers logged about tokens and certificates.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ def report_body(history: History, verdict: Verdict, schedule: list[str]) -> dict
         "seed": history.seed,
         "config": history.config,
         "phases": history.phases,
+        "security": history.security,
         "schedule": schedule,
         "summary": verdict.summary(),
         "verdict": verdict.to_json(),
@@ -117,6 +121,10 @@ def plot_timeline(path: Path, history: History, series: dict[str, list[int]]) ->
         if name in ("nemesis", "healed", "producers_stopped"):
             axis.axvline(at, color="#444444", ls=":", lw=0.8)
             axis.text(at, 0, f" {name}", fontsize=7, rotation=90, va="bottom", color="#444444")
+        if name == "rotation":
+            label = "certificates and token key rotated"
+            axis.axvline(at, color="#e377c2", ls="--", lw=1.5, label=label)
+            axis.text(at, 0, " rotation", fontsize=7, rotation=90, va="bottom", color="#e377c2")
     handles, _ = axis.get_legend_handles_labels()
     handles += [Patch(color=_COLORS.get(k, "#bcbd22"), alpha=0.4, label=k) for k in seen_kinds]
     axis.legend(
@@ -126,7 +134,8 @@ def plot_timeline(path: Path, history: History, series: dict[str, list[int]]) ->
     axis.set_ylabel("messages per second")
     axis.set_ylim(0, top * 1.15)
     injected = sum(1 for f in history.faults if f.started_at is not None)
-    axis.set_title(f"magnetar verify, seed {history.seed}: {injected} faults")
+    secure = " (secure)" if history.security.get("secure") else ""
+    axis.set_title(f"magnetar verify{secure}, seed {history.seed}: {injected} faults")
     figure.tight_layout()
     figure.savefig(path)
     plt.close(figure)
@@ -152,7 +161,91 @@ def _cluster_lines(config: dict[str, Any]) -> list[str]:
         ),
         f"- subscriptions: {', '.join(config.get('subscriptions', []))}",
         f"- nemesis {config.get('duration_s')} s; not injectable here: {unsupported or 'none'}",
+        "- secure: "
+        + ("yes: TLS and authentication on every hop (below)" if config.get("secure") else "no"),
     ]
+
+
+def _security_lines(history: History) -> list[str]:
+    """The summary's section on a secure run: the hops, the rotation and what followed."""
+    security = history.security
+    if not security.get("secure"):
+        return []
+    lines = ["## Security", "", *(f"- {hop}" for hop in security.get("hops", [])), ""]
+    rotation = security.get("rotation")
+    if rotation is None:
+        lines += ["**The certificates were not rotated.**", ""]
+    else:
+        presented: dict[str, float | None] = rotation.get("presented_new_after_s", {})
+        took = [t for t in presented.values() if t is not None]
+        late = sorted(label for label, t in presented.items() if t is None)
+        active = ", ".join(rotation.get("faults_active", [])) or "none"
+        during = rotation.get("faults_started_while_waiting", [])
+        # "#4 kill-broker:broker-1": down at the time, back later from the nemesis' heal
+        down = [
+            a.split(":", 1)[1] + " (killed then)"
+            for a in rotation.get("faults_active", [])
+            if a.split(" ", 1)[-1].startswith("kill-")
+        ]
+        lines += [
+            (
+                f"**Rotation** at {rotation['at']:.1f} s ({rotation['into_nemesis_s']:.1f} s into"
+                f" the nemesis; faults active then: {active}): {len(rotation['certificates'])}"
+                " certificates re-issued in place from the same CA with new keys"
+                f" ({', '.join(rotation['certificates'])}), and token signing key"
+                f" {rotation['token_key_generation']} added to the brokers' key bundle; tokens"
+                f" signed with it from {rotation['signing_with_new_key_at']:.1f} s."
+            ),
+            "",
+            (
+                f"{len(took)} of {len(presented)} TLS listeners presented their new certificate"
+                f" within {max(took, default=0.0):.1f} s of the rotation (median"
+                f" {sorted(took)[len(took) // 2] if took else 0.0:.1f} s)"
+                + (f"; not within the wait: {', '.join(late)}" if late else "")
+                + ". No process was restarted for it: each took its new files at its next"
+                " connection"
+                + (f"; {', '.join(down)} came back on them" if down else "")
+                + (f" (faults begun while waiting for them: {', '.join(during)})" if during else "")
+                + "."
+            ),
+            "",
+        ]
+    final: dict[str, bool] = security.get("final_certificates", {})
+    if final:
+        stale = sorted(label for label, ok in final.items() if not ok)
+        lines += [
+            (
+                f"At the end, {len(final) - len(stale)} of {len(final)} TLS listeners presented"
+                " the rotated certificate" + (f"; not: {', '.join(stale)}." if stale else ".")
+            ),
+            "",
+        ]
+    by_key = ", ".join(
+        f"{count} signed with key {key}"
+        for key, count in sorted(security.get("tokens_by_key", {}).items())
+    )
+    brokers: dict[str, int] = security.get("broker_log_events", {})
+    bookies: dict[str, int] = security.get("bookie_log_events", {})
+    lines += [
+        (
+            f"Tokens: {security.get('tokens_issued', 0)} handed out by the workload's supplier"
+            f" ({by_key or 'by key: not recorded'}), each valid {security.get('token_expiry_s')}"
+            " s; open streams refreshed in band"
+            f" {brokers.get('stream_credentials_refreshed', 0)} times (challenged"
+            f" {brokers.get('stream_credentials_expired', 0)} times)."
+        ),
+        "",
+        "| logged by | " + " | ".join(sorted({*brokers, *bookies})) + " |",
+        "|---|" + "---:|" * len({*brokers, *bookies}),
+        "| brokers | "
+        + " | ".join(str(brokers.get(k, "-")) for k in sorted({*brokers, *bookies}))
+        + " |",
+        "| bookies | "
+        + " | ".join(str(bookies.get(k, "-")) for k in sorted({*brokers, *bookies}))
+        + " |",
+        "",
+    ]
+    return lines
 
 
 _RESULT_ROWS = (
@@ -184,6 +277,7 @@ def summary_markdown(history: History, verdict: Verdict) -> str:
         "| check | count |",
         "|---|---:|",
         *(f"| {name} | {summary[name]} |" for name in _RESULT_ROWS),
+        *([f"| security_problems | {summary['security_problems']} |"] if verdict.secure else []),
         "",
         "Delivered per subscription: "
         + ", ".join(f"{k} {v}" for k, v in verdict.delivered.items()),
@@ -228,6 +322,7 @@ def summary_markdown(history: History, verdict: Verdict) -> str:
         ),
         "",
     ]
+    lines += _security_lines(history)
     if verdict.samples:
         lines += ["## Samples", ""]
         for rule, examples in verdict.samples.items():

@@ -8,6 +8,10 @@
 4. Keep producing ``settle_s`` more (the recovered cluster must serve), then drain: stop
    producing, let every subscription catch up, read every partition from its start.
 5. Check the history and write the report.
+
+With ``secure`` (``magnetar verify --secure``, :mod:`magnetar.verify.secure`) every hop runs
+TLS and authentication, and halfway through the nemesis every certificate and the token
+signing key are rotated, while the faults go on.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 from magnetar.testing import LocalCluster
 from magnetar.testing.cluster import tmpfs_unsupported_reason
@@ -28,6 +34,15 @@ from magnetar.verify.checker import Verdict, check
 from magnetar.verify.history import History
 from magnetar.verify.nemesis import FAULT_KINDS, Nemesis, describe, plan, supported_kinds
 from magnetar.verify.report import write_report
+from magnetar.verify.secure import (
+    HOPS,
+    NAMESPACE,
+    SecureCluster,
+    SecureSetup,
+    count_log_events,
+    prepare_namespace,
+    wait_presenting_current,
+)
 from magnetar.verify.workload import SUBSCRIPTIONS, Clock, Workload, WorkloadConfig
 
 
@@ -66,6 +81,11 @@ class VerifyConfig:
     keep: bool = False
     """Keep the work directory (it is kept anyway when the run fails)."""
     save_history: bool = False
+    secure: bool = False
+    """TLS and authentication on every hop, and one rotation of every certificate and of the
+    token signing key halfway through the nemesis (:mod:`magnetar.verify.secure`)."""
+    token_expiry_s: int = 10
+    """Secure runs: how long each of the workload's tokens is valid (refreshed in band)."""
     command: str = ""
     """The command line, for the report's replay line."""
 
@@ -83,6 +103,8 @@ class VerifyConfig:
             raise ValueError(f"verify needs at least 1 broker, got {self.brokers}")
         if self.etcd_members < 1:
             raise ValueError(f"verify needs at least 1 etcd member, got {self.etcd_members}")
+        if self.token_expiry_s < 2:
+            raise ValueError(f"token expiry must be >= 2 seconds, got {self.token_expiry_s}")
 
 
 @dataclass
@@ -103,26 +125,33 @@ async def run_verify(config: VerifyConfig, say: Callable[[str], None]) -> Outcom
     tmpfs_reason = tmpfs_unsupported_reason()
     isolated = 1 if netns_reason is None and any(k.startswith("cut-") for k in config.faults) else 0
     use_tmpfs = tmpfs_reason is None and "fill-disk" in config.faults
-    cluster = LocalCluster(
-        work_dir / "cluster",
-        bookies=config.bookies,
-        brokers=config.brokers,
-        etcd_members=config.etcd_members,
-        bookie_args=["--session-ttl-s", str(config.session_ttl_s)],
-        broker_args=[
+    options: dict[str, Any] = {
+        "bookies": config.bookies,
+        "brokers": config.brokers,
+        "etcd_members": config.etcd_members,
+        "bookie_args": ["--session-ttl-s", str(config.session_ttl_s)],
+        "broker_args": [
             "--session-ttl-s",
             str(config.session_ttl_s),
             *("--managed-ledger-ensemble-size", "3"),
             *("--managed-ledger-write-quorum", "2"),
             *("--managed-ledger-ack-quorum", "2"),
         ],
-        fixed_broker_ports=True,
-        bookie_tmpfs_mb=config.bookie_disk_mb if use_tmpfs else None,
-        isolated_brokers=isolated,
-    )
+        "fixed_broker_ports": True,
+        "bookie_tmpfs_mb": config.bookie_disk_mb if use_tmpfs else None,
+        "isolated_brokers": isolated,
+    }
+    secure: SecureSetup | None = None
+    cluster: LocalCluster
+    if config.secure:
+        secure = SecureSetup(work_dir / "security", token_expiry_s=config.token_expiry_s)
+        cluster = SecureCluster(work_dir / "cluster", secure, **options)
+    else:
+        cluster = LocalCluster(work_dir / "cluster", **options)
     subscriptions = [name for name, _, _ in SUBSCRIPTIONS]
     history = History(seed=config.seed)
     workload: Workload | None = None
+    rotation: asyncio.Task[None] | None = None
     passed = False
     try:
         say(f"starting the cluster in {work_dir}")
@@ -172,13 +201,30 @@ async def run_verify(config: VerifyConfig, say: Callable[[str], None]) -> Outcom
             "message_size": config.message_size,
             "dedup": True,
             "subscriptions": subscriptions,
+            "secure": config.secure,
             "kinds": kinds,
             "unsupported": unsupported,
             "python": sys.version.split()[0],
         }
-        topic = f"persistent://public/default/verify-{config.seed}-{random.getrandbits(24):06x}"
+
+        def service_url() -> str:
+            # a secure cluster's brokers have no plaintext port: magnetar+ssl:// only
+            return cluster.tls_service_url if secure is not None else cluster.service_url
+
+        namespace = "public/default"
+        client_settings: Callable[[], dict[str, Any]] | None = None
+        admin_settings: Callable[[], dict[str, Any]] | None = None
+        if isinstance(cluster, SecureCluster) and secure is not None:
+            await prepare_namespace(service_url(), secure)
+            namespace = NAMESPACE
+            client_settings = secure.client_settings
+            admin_settings = partial(secure.client_settings, admin=True)
+            history.config["token_expiry_s"] = config.token_expiry_s
+            history.security = {"secure": True, "hops": list(HOPS)}
+            say("secure: " + "; ".join(HOPS))
+        topic = f"persistent://{namespace}/verify-{config.seed}-{random.getrandbits(24):06x}"
         workload = Workload(
-            lambda: cluster.service_url,
+            service_url,
             WorkloadConfig(
                 topic=topic,
                 partitions=config.partitions,
@@ -190,6 +236,8 @@ async def run_verify(config: VerifyConfig, say: Callable[[str], None]) -> Outcom
             history,
             clock,
             config.seed,
+            client_settings=client_settings,
+            admin_settings=admin_settings,
         )
         await workload.start()
         history.phases["workload"] = clock.now()
@@ -197,6 +245,9 @@ async def run_verify(config: VerifyConfig, say: Callable[[str], None]) -> Outcom
         await asyncio.sleep(config.warmup_s)
         nemesis = Nemesis(cluster, history, clock, say=say)
         history.phases["nemesis"] = clock.now()
+        if isinstance(cluster, SecureCluster):
+            midway = history.phases["nemesis"] + config.duration_s / 2
+            rotation = asyncio.create_task(_rotate(cluster, history, clock, midway, say))
         await nemesis.run(schedule)
         # the schedule may end early; the nemesis phase lasts its whole duration
         remaining = history.phases["nemesis"] + config.duration_s - clock.now()
@@ -210,6 +261,10 @@ async def run_verify(config: VerifyConfig, say: Callable[[str], None]) -> Outcom
         await asyncio.sleep(config.settle_s)
         history.phases["drain"] = clock.now()
         await workload.drain(config.drain_timeout_s)
+        if rotation is not None:
+            await rotation
+        if isinstance(cluster, SecureCluster):
+            await _check_after_run(cluster, history, clock, say)
         history.phases["end"] = clock.now()
         for error in workload.errors[:20]:
             say(f"workload: {error}")
@@ -221,11 +276,122 @@ async def run_verify(config: VerifyConfig, say: Callable[[str], None]) -> Outcom
         passed = verdict.ok
         return Outcome(verdict, history, paths, work_dir, lines)
     finally:
+        if rotation is not None and not rotation.done():
+            rotation.cancel()
         if workload is not None:
             await workload.close()
         await cluster.aclose()
         if passed and not config.keep and config.work_dir is None:
             shutil.rmtree(work_dir, ignore_errors=True)
+
+
+async def _rotate(
+    cluster: SecureCluster,
+    history: History,
+    clock: Clock,
+    at: float,
+    say: Callable[[str], None],
+) -> None:
+    """At ``at``: re-issue every certificate in place and add a new token key, then sign with
+    it; wait until every server presents its new certificate (a process that is down or
+    paused then does once it is back)."""
+    setup = cluster.security
+    delay = at - clock.now()
+    if delay > 0:
+        await asyncio.sleep(delay)
+    started = clock.now()
+    history.phases["rotation"] = started
+    active = [
+        f"#{f.index} {f.kind}:{f.target}"
+        for f in history.faults
+        if f.started_at is not None and f.ended_at is None
+    ]
+    tokens_before = setup.tokens_issued
+    names = await asyncio.to_thread(setup.rotate_certificates)
+    generation = await asyncio.to_thread(setup.add_token_key)
+    written = clock.now()
+    say(
+        f"{started:8.2f}s rotation: {len(names)} certificates re-issued, token key"
+        f" {generation} added; faults active: {', '.join(active) or 'none'}"
+    )
+    probing = asyncio.create_task(
+        wait_presenting_current(cluster, started, clock.now, timeout_s=90)
+    )
+    try:
+        # every broker looks at its key bundle at most once a second: only then sign with
+        # the new key
+        await asyncio.sleep(3)
+        await asyncio.to_thread(setup.sign_with_newest_key)
+        signing = clock.now()
+        presented = await probing
+    finally:
+        probing.cancel()
+    during = [
+        f"#{f.index} {f.kind}:{f.target} at {f.started_at:.1f}s"
+        for f in history.faults
+        if f.started_at is not None and started < f.started_at <= clock.now()
+    ]
+    late = sorted(label for label, took in presented.items() if took is None)
+    slowest = max((t for t in presented.values() if t is not None), default=0.0)
+    say(
+        f"{clock.now():8.2f}s rotation: {len(presented) - len(late)} of {len(presented)} TLS"
+        f" listeners present their new certificate (the last after {slowest:.1f}s)"
+        + (f"; not yet: {', '.join(late)}" if late else "")
+    )
+    history.security["rotation"] = {
+        "at": round(started, 3),
+        "into_nemesis_s": round(started - history.phases["nemesis"], 3),
+        "files_written_at": round(written, 3),
+        "signing_with_new_key_at": round(signing, 3),
+        "certificates": names,
+        "token_key_generation": generation,
+        "faults_active": active,
+        "faults_started_while_waiting": during,
+        "tokens_issued_before": tokens_before,
+        "presented_new_after_s": presented,
+    }
+
+
+async def _check_after_run(
+    cluster: SecureCluster, history: History, clock: Clock, say: Callable[[str], None]
+) -> None:
+    """Which certificate every server presents now, and what the servers logged."""
+    setup = cluster.security
+    final = await wait_presenting_current(cluster, clock.now(), clock.now, timeout_s=30)
+    history.security["final_certificates"] = {k: v is not None for k, v in final.items()}
+    history.security["tokens_issued"] = setup.tokens_issued
+    history.security["tokens_by_key"] = {str(k): v for k, v in setup.tokens_by_key.items()}
+    history.security["token_expiry_s"] = setup.token_expiry_s
+    root = cluster.root
+    broker_logs = [b.log_path for b in cluster.brokers]
+    history.security["broker_log_events"] = count_log_events(
+        broker_logs,
+        (
+            "stream_credentials_refreshed",
+            "stream_credentials_expired",
+            "authentication_failed",
+            "authorization_denied",
+            "token_key_reloaded",
+            "tls_certificate_reloaded",
+            "tls_certificate_reload_failed",
+        ),
+    )
+    history.security["bookie_log_events"] = count_log_events(
+        [b.log_path for b in cluster.bookies],
+        (
+            "tls_certificate_reloaded",
+            "tls_certificate_reload_failed",
+            "authentication_failed",
+            "authorization_denied",
+        ),
+    )
+    history.security["etcd_logs"] = str(root / "etcd")
+    stale = sorted(k for k, v in final.items() if v is None)
+    say(
+        f"{clock.now():8.2f}s certificates at the end: {len(final) - len(stale)} of"
+        f" {len(final)} TLS listeners present the rotated one"
+        + (f"; not: {', '.join(stale)}" if stale else "")
+    )
 
 
 def verify_main(config: VerifyConfig, *, as_json: bool) -> int:
@@ -239,12 +405,19 @@ def verify_main(config: VerifyConfig, *, as_json: bool) -> int:
     verdict = outcome.verdict
     if as_json:
         body = {"seed": config.seed, **verdict.summary(), "report": str(outcome.paths["json"])}
+        if config.secure:
+            body["rotated_at_s"] = outcome.history.security.get("rotation", {}).get("at")
         print(json.dumps(body, separators=(",", ":")), flush=True)
     else:
         summary = verdict.summary()
         word = "PASSED" if verdict.ok else "FAILED"
+        secure = ""
+        if config.secure:
+            rotation = outcome.history.security.get("rotation", {})
+            secure = f" (secure; rotated at {rotation.get('at', float('nan')):.1f}s)"
         print(
-            f"{word}: seed {config.seed}, {summary['faults']} faults, {summary['acked']} acked,"
+            f"{word}{secure}: seed {config.seed}, {summary['faults']} faults,"
+            f" {summary['acked']} acked,"
             f" {summary['lost']} lost, {summary['duplicates']} duplicates,"
             f" {summary['reordered']} reordered,"
             f" {summary['unexplained_redeliveries_after_ack']} unexplained redeliveries;"

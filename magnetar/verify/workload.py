@@ -21,10 +21,11 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import structlog
 
-from magnetar.aio import Client, Consumer, Message, Producer
+from magnetar.aio import AdminClient, Client, Consumer, Message, Producer
 from magnetar.aio.message import received_monotonic
 from magnetar.aio.message_id import MessageId
 from magnetar.common.errors import (
@@ -110,8 +111,16 @@ class Workload:
         history: History,
         clock: Clock,
         seed: int,
+        *,
+        client_settings: Callable[[], dict[str, Any]] | None = None,
+        admin_settings: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
+        """``client_settings`` gives the workload's ``Client`` its keyword settings (TLS and
+        authentication in a secure run); ``admin_settings``, when given, are those of a
+        separate client that creates the topic (a role the workload's own may not be)."""
         self._service_url = service_url
+        self._client_settings = client_settings or dict
+        self._admin_settings = admin_settings
         self.config = config
         self.history = history
         self.clock = clock
@@ -131,14 +140,8 @@ class Workload:
 
     async def start(self) -> None:
         """Create the topic and the subscriptions, then start consuming and producing."""
-        self.client = Client(self._url(), operation_timeout_s=60)
-        # keep every ledger (retention -1): consumed ones would otherwise be deleted, and the
-        # final read must see everything that was ever stored
-        await self.client.admin().create_topic(
-            self.config.topic,
-            self.config.partitions,
-            policies={"retention_time_ms": -1, "retention_size_bytes": -1, "deduplication": True},
-        )
+        self.client = Client(self._url(), operation_timeout_s=60, **self._client_settings())
+        await self._create_topic()
         for name, kind, count in self.config.subscriptions:
             for index in range(count):
                 consumer = await self._subscribe(name, kind, index)
@@ -148,6 +151,31 @@ class Workload:
         for index in range(self.config.producers):
             producer = await self._open_producer(index)
             self._producer_tasks.append(asyncio.create_task(self._produce(index, producer)))
+
+    async def _create_topic(self) -> None:
+        assert self.client is not None
+        if self._admin_settings is None:
+            admin = self.client.admin()
+        else:
+            settings = self._admin_settings()
+            admin = AdminClient(
+                self._url(),
+                authentication=settings.pop("authentication", None),
+                operation_timeout_s=60,
+                **settings,
+            )
+        async with admin:
+            # keep every ledger (retention -1): consumed ones would otherwise be deleted, and
+            # the final read must see everything that was ever stored
+            await admin.create_topic(
+                self.config.topic,
+                self.config.partitions,
+                policies={
+                    "retention_time_ms": -1,
+                    "retention_size_bytes": -1,
+                    "deduplication": True,
+                },
+            )
 
     # --- producing ---------------------------------------------------------------------------
 
