@@ -323,6 +323,8 @@ class _PartitionConsumer(PartitionStream):
         """Counts streams: permits of messages from an earlier stream are not given back."""
         self.active = False
         """Failover: the broker made this consumer the partition's active one."""
+        self.flow_sent = False
+        """A Flow was queued since the receive path last let the writer run."""
         self._acks = AckGroup()
         self._ack_timer: asyncio.TimerHandle | None = None
         self._ack_waiters: list[asyncio.Future[None]] = []
@@ -435,6 +437,7 @@ class _PartitionConsumer(PartitionStream):
         if self._consumed >= self._refill_at and self.connected:
             self._send(broker_pb2.ConsumeRequest(flow=broker_pb2.Flow(permits=self._consumed)))
             self._consumed = 0
+            self.flow_sent = True
 
     def acknowledge(self, message_id: MessageId) -> asyncio.Future[None] | None:
         """:meth:`ack` of a message id."""
@@ -1096,6 +1099,12 @@ class Consumer:
             await queue.wait(None if timeout_millis is None else timeout_millis / 1000)
         owner, message = queue.take_one()
         owner.taken_one(message)
+        if owner.flow_sent:
+            # A receive that finds messages queued never suspends, so a loop of them would
+            # empty the queue before the writer put the Flow on the wire, and then wait a
+            # whole round trip for more: let the writer run now.
+            owner.flow_sent = False
+            await asyncio.sleep(0)
         return message
 
     def _loop_queue(self) -> _ReceiveQueue:
@@ -1153,6 +1162,10 @@ class Consumer:
             owner.taken(run)
             messages.extend(run)
             size += run_size
+        if any(p.flow_sent for p in self._partitions.values()):
+            for partition in self._partitions.values():
+                partition.flow_sent = False
+            await asyncio.sleep(0)  # the Flow goes out before the caller works through these
         return messages
 
     def __aiter__(self) -> Consumer:

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeAlias, TypeVar, U
 from magnetar.aio.codec import BatchBuilder, SealedBatch, encode_extras, message_size
 from magnetar.aio.config import ClientConfig, ProducerConfig
 from magnetar.aio.connection import ConnectionPool, is_transient
-from magnetar.aio.message_id import MessageId
+from magnetar.aio.message_id import MessageId, make_message_id
 from magnetar.aio.names import TopicName
 from magnetar.aio.routing import PartitionRouter
 from magnetar.aio.send_options import (
@@ -89,6 +89,9 @@ ManyCallback = Callable[[MagnetarError | None, "SendReceipt | None"], None]
 _T = TypeVar("_T")
 _Single = tuple["asyncio.Future[MessageId]", SendCallback | None]
 _Handle: TypeAlias = "_Single | _ManySend | _RunPart"
+_Future = asyncio.Future
+_PLAIN_OVERHEAD = message_size(b"", None, None)
+"""What a message adds to its batch beyond its value when it has nothing else."""
 _DEFAULT_MAX_MESSAGE_BYTES = 5 * 1024 * 1024
 _ENVELOPE_ROOM_BYTES = 1024
 """Kept free under the broker's max_message_bytes for the entry envelope around a batch."""
@@ -501,6 +504,23 @@ class _PartitionProducer(PartitionStream):
         elif len(builder) == 1:
             self._arm_seal_timer()
 
+    def add_plain(self, content: bytes, handle: _Handle, size: int) -> None:
+        """:meth:`add` of a message with nothing but its value (the per-message fast path)."""
+        builder = self._builder
+        count = builder._count
+        if count and (
+            count >= builder.max_messages
+            or builder._bytes + size > builder.max_bytes
+            or builder._deliver_at_ms
+        ):
+            self.seal()
+            count = 0
+        builder.add_plain(content, handle, size)
+        if count + 1 >= builder.max_messages or builder._bytes >= builder.max_bytes:
+            self.seal()
+        elif not count:
+            self._arm_seal_timer()
+
     def add_many(
         self,
         contents: Sequence[bytes],
@@ -711,7 +731,7 @@ class _PartitionProducer(PartitionStream):
                     handle.confirmed(ledger_id, entry_id, index, count, size)
                 else:
                     future, callback = handle
-                    message_id = MessageId(ledger_id, entry_id, index, partition, size)
+                    message_id = make_message_id((ledger_id, entry_id, index, partition, size))
                     if callback is not None:
                         _run_callback(callback, None, message_id)
                     if not future.done():
@@ -788,6 +808,7 @@ class Producer:
         self._router = PartitionRouter(1)
         self._closed = False
         self._on_close = on_close
+        self._loop = asyncio.get_running_loop()
 
     # --- creation ----------------------------------------------------------------------------
 
@@ -874,6 +895,20 @@ class Producer:
         :class:`~magnetar.aio.send_options.SendFields`: ``properties``, ``partition_key``,
         ``event_timestamp``, ``deliver_after_ms``, ``deliver_at_ms`` (see :meth:`send`).
         """
+        if not fields and type(content) is bytes and not self._closed:
+            # the common case, kept short: no options, bytes, room
+            capacity = self.capacity
+            if capacity.used < capacity.limit and not capacity._waiters:
+                partition = self._partitions[self._router.partition_for(None)]
+                size = len(content) + _PLAIN_OVERHEAD
+                if (
+                    partition.error is None
+                    and size <= partition.max_message_bytes - _ENVELOPE_ROOM_BYTES
+                ):
+                    capacity.used += 1
+                    future: asyncio.Future[MessageId] = _Future(loop=self._loop)
+                    partition.add_plain(content, (future, callback), size)
+                    return future
         options, error = self._options(fields)
         if error is None and not self.capacity.try_acquire():
             error = self._queue_full()
@@ -1026,7 +1061,7 @@ class Producer:
     ) -> asyncio.Future[MessageId]:
         """A message's future: failed with ``error``, or the message added (its pending slot
         already taken)."""
-        future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[MessageId] = _Future(loop=self._loop)
         handle: _Handle = (future, callback)
         if error is not None:
             _fail_handle(handle, error)
