@@ -134,11 +134,13 @@ PRODUCE, END_TO_END = "produce", "end-to-end"
 class Workload:
     """One ``magnetar perf`` load on a fresh 1-partition topic, 100 B messages.
 
-    - ``produce``: ``perf produce --rate 0`` with the client's default settings, sends in runs
-      with ``send_many_async`` (the suite's ``max-1p-100B``), or with ``per_message`` one
-      ``send_async`` call, future and callback per message (the loop users write);
-    - ``end-to-end``: ``perf end-to-end --rate 2000``: one producer and one consumer in the
-      process, latency send -> receive on one clock (the suite's ``rate2000-1p-100B``).
+    - ``produce``: ``perf produce --rate 0 --batch-api`` with the client's default settings,
+      sends in runs with ``send_many_async`` (the suite's ``max-1p-100B-batch``), or with
+      ``per_message`` one ``send_async`` call, future and callback per message (the loop users
+      write, perf's default since issue 22; the suite's ``max-1p-100B``);
+    - ``end-to-end``: ``perf end-to-end --rate 2000 --batch-api``: one producer and one
+      consumer in the process, latency send -> receive on one clock (the suite's
+      ``rate2000-1p-100B`` as it was before perf's default became the per-message calls).
     """
 
     key: str
@@ -205,8 +207,8 @@ def perf_args(
     ]
     if warmup_s > 0:
         args += ["--warmup-s", f"{warmup_s:g}"]
-    if workload.per_message:
-        args.append("--per-message")
+    # what this benchmark measured when the batch calls were perf's default
+    args.append("--per-message" if workload.per_message else "--batch-api")
     return args
 
 
@@ -1164,11 +1166,10 @@ def render_markdown(results: dict[str, Any]) -> str:
         (
             "- **msg/s** (produce): messages receipted by the broker per second over the"
             " measured time, perf's own figure; one producer, at most 10,000 sends pending,"
-            " batches of up to 1,000 messages / 128 KiB / 1 ms. *send_many (suite)* is perf's"
-            " default loop (runs of up to 500 messages per `send_many_async` call, one future"
-            " per run), the suite's `max-1p-100B`; *send_async per message* is `perf"
-            " --per-message`, one call, future and callback per message, as most programs"
-            " write it."
+            " batches of up to 1,000 messages / 128 KiB / 1 ms. *send_many (suite)* is `perf"
+            " --batch-api` (runs of up to 500 messages per `send_many_async` call, one future"
+            " per run), the suite's `max-1p-100B-batch`; *send_async per message* is perf's"
+            " default, one call, future and callback per message, as most programs write it."
         ),
         (
             "- **publish latency** (produce): send call -> broker receipt; at max rate it is"

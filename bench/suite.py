@@ -131,17 +131,36 @@ class Workload:
     - backlog: ``magnetar perf produce --rate 0 --num-messages N``, then ``magnetar perf consume
       --subscription suite-drain --num-messages N``: one consumer draining the backlog through
       the subscription created (at the earliest message) before the produce.
+
+    perf makes one client call per message by default (``send_async``; ``receive`` then
+    ``acknowledge``); a ``batch_api`` workload runs it with ``--batch-api`` (``send_many_async``
+    runs; ``batch_receive``, one acknowledgement per batch), its key ending in ``-batch``.
     """
 
     kind: str
     partitions: int
     message_bytes: int
     rate: int = 0
+    batch_api: bool = False
 
     @property
     def key(self) -> str:
         head = {MAX_RATE: "max", BACKLOG: "backlog"}.get(self.kind, f"rate{self.rate}")
-        return f"{head}-{self.partitions}p-{_size_name(self.message_bytes).replace(' ', '')}"
+        size = _size_name(self.message_bytes).replace(" ", "")
+        return f"{head}-{self.partitions}p-{size}{'-batch' if self.batch_api else ''}"
+
+    @property
+    def api(self) -> str:
+        """The client calls perf makes, as its summaries name them (phases joined by ``, then``)."""
+        send = "send_many_async" if self.batch_api else "send_async"
+        receive = (
+            "batch_receive + acknowledge_cumulative" if self.batch_api else "receive + acknowledge"
+        )
+        if self.kind == MAX_RATE:
+            return send
+        if self.kind == FIXED_RATE:
+            return f"{send}; {receive}"
+        return f"{send}, then {receive}"
 
     @property
     def topic(self) -> str:
@@ -153,21 +172,28 @@ class Workload:
             self.kind, f"{self.rate:,} msg/s"
         )
         partitions = f"{self.partitions} partition{'s' * (self.partitions > 1)}"
-        return f"{what}, {partitions}, {_size_name(self.message_bytes)}"
+        calls = ", batch API" if self.batch_api else ""
+        return f"{what}, {partitions}, {_size_name(self.message_bytes)}{calls}"
 
 
 PARTITIONS = (1, 16)
 MESSAGE_SIZES = (100, 1 * KIB)
 FIXED_RATES = (2_000, 50_000)
 WORKLOADS: tuple[Workload, ...] = (
-    *(Workload(MAX_RATE, p, s) for s in MESSAGE_SIZES for p in PARTITIONS),
+    # the per-message calls (perf's default) and the batch calls side by side
+    *(
+        Workload(MAX_RATE, p, s, batch_api=batch)
+        for s in MESSAGE_SIZES
+        for p in PARTITIONS
+        for batch in (False, True)
+    ),
     *(
         Workload(FIXED_RATE, p, s, r)
         for r in FIXED_RATES
         for s in MESSAGE_SIZES
         for p in PARTITIONS
     ),
-    *(Workload(BACKLOG, p, 100) for p in PARTITIONS),
+    *(Workload(BACKLOG, p, 100, batch_api=batch) for p in PARTITIONS for batch in (False, True)),
 )
 GROW_KEY = "grow"
 
@@ -198,6 +224,8 @@ def perf_phases(
     """(phase, perf arguments, timeout in seconds) of a workload, in order. A timed phase runs
     ``warmup_s`` first, left out of its figures (``perf --warmup-s``)."""
     size = ["--size", str(workload.message_bytes)]
+    if workload.batch_api:
+        size.append("--batch-api")
     topic = ["--partitions", str(workload.partitions)]
     timed = ["--duration", f"{duration_s:g}"]
     if warmup_s > 0:
@@ -224,6 +252,7 @@ def perf_phases(
                 BACKLOG_SUBSCRIPTION,
                 "--receiver-queue-size",
                 str(CONSUMER_QUEUE),
+                *(["--batch-api"] if workload.batch_api else []),
                 *count,
             ],
             timeout_s,
@@ -362,6 +391,17 @@ def checks(
         good = [w for w in selected if w["ok"]]
         return max(good, key=lambda w: w["msg_per_s"], default=None), bool(selected)
 
+    def per_api(kind: str, size: int) -> dict[str, dict[str, Any]]:
+        """The best workload of each set of client calls: per message and batch side by side."""
+        found: dict[str, dict[str, Any]] = {}
+        for w in workloads:
+            if w["kind"] != kind or w["message_bytes"] != size or not w["ok"]:
+                continue
+            api = w.get("api") or "?"
+            if api not in found or w["msg_per_s"] > found[api]["msg_per_s"]:
+                found[api] = {"workload": w["key"], "msg_per_s": w["msg_per_s"]}
+        return found
+
     producer, selected = best(MAX_RATE, 100)
     check: dict[str, Any] = {
         "name": f"one producer, 100 B messages: >= {TARGET_PRODUCE_MSG_PER_S:,} msg/s",
@@ -375,9 +415,11 @@ def checks(
         check.update(
             {
                 "workload": producer["key"],
+                "api": producer.get("api"),
                 "measured_msg_per_s": producer["msg_per_s"],
                 "ratio": producer["msg_per_s"] / TARGET_PRODUCE_MSG_PER_S,
                 "verdict": _verdict(producer["msg_per_s"] >= TARGET_PRODUCE_MSG_PER_S),
+                "per_api": per_api(MAX_RATE, 100),
             }
         )
     out.append(check)
@@ -398,10 +440,12 @@ def checks(
         check.update(
             {
                 "workload": consumer["key"],
+                "api": consumer.get("api"),
                 "measured_msg_per_s": consumer["msg_per_s"],
                 "backlog_messages": consumer["backlog_messages"],
                 "ratio": consumer["msg_per_s"] / TARGET_BACKLOG_MSG_PER_S,
                 "verdict": _verdict(consumer["msg_per_s"] >= TARGET_BACKLOG_MSG_PER_S),
+                "per_api": per_api(BACKLOG, 100),
             }
         )
         if consumer["backlog_messages"] < TARGET_BACKLOG_MESSAGES:
@@ -835,6 +879,7 @@ async def run_workload(
         "partitions": workload.partitions,
         "message_bytes": workload.message_bytes,
         "rate": workload.rate,
+        "batch_api": workload.batch_api,
         "topic": workload.topic,
         "phases": [],
     }
@@ -869,6 +914,8 @@ async def run_workload(
                 "messages": summary["messages"],
                 "latency_ms": summary["latency_ms"],
                 "latency_clock": summary.get("latency_clock"),
+                # the client calls behind the figures, as perf named them
+                "api": summary.get("api"),
             }
         )
         if workload.kind == FIXED_RATE:
@@ -877,6 +924,7 @@ async def run_workload(
             produced = result["phases"][0]["summary"]
             result["produce_msg_per_s"] = produced["msg_per_s"]
             result["produce_latency_ms"] = produced["latency_ms"]
+            result["produce_api"] = produced.get("api")
     except Exception as e:  # noqa: BLE001 - one failed workload is reported, the rest still run
         result.update({"ok": False, "error": f"{e}" if isinstance(e, RuntimeError) else f"{e!r}"})
         with contextlib.suppress(Exception):
@@ -1020,7 +1068,9 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
             "rss_bound_mib": args.rss_bound_mib,
             "raw_s": args.raw_s,
             "perf": "defaults: 1 producer, batches of up to 1,000 messages / 128 KiB / 1 ms,"
-            " 10,000 pending; consumer receiver queue 1,000",
+            " 10,000 pending; consumer receiver queue 1,000; one send_async / receive +"
+            " acknowledge call per message, or with --batch-api (the -batch workloads)"
+            " send_many_async runs and batch_receive",
             "grow_gb": args.grow_gb,
             "grow_message_bytes": args.grow_message_bytes,
             "grow_partitions": args.grow_partitions,
@@ -1290,9 +1340,14 @@ def _check_lines(results: dict[str, Any]) -> list[str]:
             lines.append(f"{head}: {c['why']}.")
         elif "measured_msg_per_s" in c:
             note = f"; {c['note']}" if "note" in c else ""
+            others = "; ".join(
+                f"`{api}` {best['msg_per_s']:,.0f} msg/s ({best['workload']})"
+                for api, best in c.get("per_api", {}).items()
+            )
             lines.append(
                 f"{head}: **{c['measured_msg_per_s']:,.0f} msg/s** ({c['workload']},"
-                f" {c['ratio']:.1%} of the target{note})."
+                f" `{c.get('api') or '?'}`, {c['ratio']:.1%} of the target{note})."
+                + (f" Best of each set of client calls: {others}." if others else "")
             )
         elif "workloads" in c:
             parts = []
@@ -1372,6 +1427,7 @@ def _summary_table(results: dict[str, Any]) -> list[str]:
             if summary is None:
                 lines.append(f"| {label} | FAILED (below) |" + " |" * 10)
                 continue
+            label += f", `{summary.get('api') or '?'}`"
             latency = summary["latency_ms"]
             cpu = phase.get("cpu") or {}
             is_key = phase is w["phases"][-1]
@@ -1426,6 +1482,7 @@ def _workload_detail(results: dict[str, Any], w: dict[str, Any]) -> list[str]:
         lines += [
             "| figure | measured | raw limit, same run (start / end) |",
             "|---|---|---|",
+            f"| client calls | `{summary.get('api') or '?'}` | |",
             (
                 f"| {phase['phase']}: messages/s | **{summary['msg_per_s']:,.0f}**"
                 f" ({summary['messages']:,} in {summary['duration_s']:,.1f} s)"
@@ -1565,6 +1622,10 @@ def render_markdown(results: dict[str, Any]) -> str:
             f" (`{' '.join(p['broker_args'])}`), ledgers {p['quorum']}. Each workload is one run"
             " of the real `magnetar perf` command (a process of its own, default client"
             " settings) on a fresh topic; before each, the page cache is written back (`sync`)."
+            " perf makes one client call per message (`send_async`; `receive` then"
+            " `acknowledge`) except in the `-batch` workloads (`--batch-api`: `send_many_async`"
+            " runs; `batch_receive` with one acknowledgement per batch); every figure is named"
+            " with the calls that produced it."
             f" Max-rate and fixed-rate workloads run {p['duration_s']:g} s; a backlog is"
             f" {p['backlog_messages']:,} messages produced at max rate, then drained by one"
             " consumer from the earliest message. Figures are perf's own summary over its whole"
@@ -1644,7 +1705,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             " processes, 1 broker process, E3/Qw2/Qa2, fdatasync on every group commit), each"
             " run by the real `magnetar perf` command on a fresh topic: 1 and 16 partitions,"
             " 100 B and 1 KiB messages, max rate (produce), fixed 2,000 and 50,000 msg/s"
-            " (end-to-end latency), and a backlog drained by one consumer. The raw limits of"
+            " (end-to-end latency), and a backlog drained by one consumer; produce and backlog"
+            " each with perf's per-message calls (send_async; receive + acknowledge) and with"
+            " --batch-api (send_many_async; batch_receive), labelled. The raw limits of"
             " this machine (4 KiB append+fdatasync ops/s, 1 MiB and 4 MiB append+fdatasync MB/s,"
             " loopback gRPC round trip) are measured at the start and the end. Writes"
             " suite-<date>.json, .md, -throughput.png and -latency.png to --out, with PASS/MISS"

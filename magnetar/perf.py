@@ -4,14 +4,21 @@ Three modes, each one asyncio process driving the asyncio client (:mod:`magnetar
 
 - ``produce``: P producers send fixed-size messages as fast as allowed (a token bucket, refilled
   in chunks) while at most ``--max-pending`` sends per producer wait for their receipt. Latency is
-  per message, from the ``send_async`` call to the broker's receipt (the message is durable).
-- ``consume``: one consumer drains the topic with ``batch_receive`` and acknowledges (cumulatively
-  where the subscription type allows). Latency is now minus the message's publish timestamp: the
-  broker's wall clock against this process's, so it means something only on one machine (or with
-  well synchronised clocks), and for a backlog it is the age of the message.
+  per message, from the send call to the broker's receipt (the message is durable).
+- ``consume``: one consumer drains the topic and acknowledges. Latency is now minus the message's
+  publish timestamp: the broker's wall clock against this process's, so it means something only
+  on one machine (or with well synchronised clocks), and for a backlog it is the age of the
+  message.
 - ``end-to-end``: one producer and one consumer in this process; each payload carries its send
   time (``time.perf_counter_ns`` in its first 8 bytes), so the latency is send -> receive on one
   clock.
+
+By default every mode makes the calls most programs write, one per message, as pulsar-perf
+does: ``send_async(content, callback)`` to publish, ``receive()`` then ``acknowledge(message)``
+to consume. ``--batch-api`` measures the batch calls instead: runs of messages with
+``send_many_async`` (one future per run), ``batch_receive`` with one acknowledgement per batch
+(cumulative where the subscription type allows). The summary names the calls that produced its
+figures (``api``), so a figure is never read as the other path's.
 
 Latencies go into :class:`LatencyHistogram`, a log-linear (HdrHistogram-style) histogram kept in
 this module. A line of progress per second goes to stderr, the summary to stdout (``--json``: one
@@ -202,6 +209,27 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _add_api_choice(
+    parser: argparse.ArgumentParser, *, batch: str, alias: str | None = None
+) -> None:
+    """``--batch-api`` (and a mode's own alias for it) against the per-message default."""
+    choice = parser.add_mutually_exclusive_group()
+    choice.add_argument(
+        "--batch-api",
+        *([alias] if alias else []),
+        dest="batch_api",
+        action="store_true",
+        help=f"measure the batch calls instead: {batch} (default: one call per message, as"
+        " most programs make them)",
+    )
+    choice.add_argument(
+        "--per-message",
+        dest="batch_api",
+        action="store_false",
+        help="one call per message: the default, accepted for scripts that name it",
+    )
+
+
 def _add_common(parser: argparse.ArgumentParser, *, num_messages: bool = True) -> None:
     parser.add_argument("topic", metavar="TOPIC", help="tenant/namespace/topic, or a bare name")
     add_client_options(parser)
@@ -279,12 +307,6 @@ def _add_producer_options(parser: argparse.ArgumentParser, *, default_rate: floa
         help="... or this long after its first message (default 1)",
     )
     parser.add_argument(
-        "--per-message",
-        action="store_true",
-        help="send each message with its own send_async call, future and callback (the"
-        " default sends runs of messages with send_many_async: one receipt per run)",
-    )
-    parser.add_argument(
         "--max-pending",
         type=_positive_int,
         default=10_000,
@@ -305,11 +327,17 @@ def add_perf_command(commands: argparse._SubParsersAction[argparse.ArgumentParse
     produce = modes.add_parser(
         "produce",
         help="publish load; latency = send call -> broker receipt",
-        description="Publish fixed-size messages from --producers producers; per-message latency"
-        " from the send call to the broker's receipt (the message is durable).",
+        description="Publish fixed-size messages from --producers producers, one send_async call"
+        " per message (--batch-api: runs with send_many_async); per-message latency from the"
+        " send call to the broker's receipt (the message is durable).",
     )
     _add_common(produce)
     _add_producer_options(produce, default_rate=0)
+    _add_api_choice(
+        produce,
+        batch="runs of messages with send_many_async, one future and receipt per run",
+        alias="--send-many",
+    )
     produce.add_argument(
         "-p", "--producers", type=_positive_int, default=1, help="producers (default 1)"
     )
@@ -317,10 +345,17 @@ def add_perf_command(commands: argparse._SubParsersAction[argparse.ArgumentParse
     consume = modes.add_parser(
         "consume",
         help="consume load; latency = now - publish timestamp (same machine clock)",
-        description="Receive (batch_receive) and acknowledge; latency is now minus the broker's"
-        " publish timestamp: two wall clocks, meaningful on one machine only.",
+        description="Receive and acknowledge, one receive and one acknowledge call per message"
+        " (--batch-api: batch_receive, one acknowledgement per batch); latency is now minus the"
+        " broker's publish timestamp: two wall clocks, meaningful on one machine only.",
     )
     _add_common(consume)
+    _add_api_choice(
+        consume,
+        batch="batch_receive, acknowledged once per batch (cumulatively for exclusive and"
+        " failover subscriptions, each message for shared and key_shared)",
+        alias="--batch-receive",
+    )
     consume.add_argument(
         "-s",
         "--subscription",
@@ -356,10 +391,16 @@ def add_perf_command(commands: argparse._SubParsersAction[argparse.ArgumentParse
         "end-to-end",
         help="producer and consumer in one process; latency = send -> receive, one clock",
         description="One producer and one consumer (a fresh subscription at latest, deleted at"
-        " the end) in this process; each payload carries its send time in its first 8 bytes.",
+        " the end) in this process; each payload carries its send time in its first 8 bytes."
+        " send_async, receive and acknowledge per message (--batch-api: send_many_async runs,"
+        " batch_receive and a cumulative acknowledgement per batch).",
     )
     _add_common(end_to_end, num_messages=False)
     _add_producer_options(end_to_end, default_rate=2000)
+    _add_api_choice(
+        end_to_end,
+        batch="send_many_async runs, batch_receive and a cumulative acknowledgement per batch",
+    )
 
 
 def run_perf(args: argparse.Namespace) -> int:
@@ -860,6 +901,18 @@ def _shares(total: int | None, parts: int) -> list[int | None]:
     return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
 
 
+def _send_api(args: argparse.Namespace) -> str:
+    """The producer call that made the figures."""
+    return "send_many_async" if args.batch_api else "send_async"
+
+
+def _receive_api(args: argparse.Namespace, *, cumulative: bool) -> str:
+    """The consumer calls that made the figures."""
+    if not args.batch_api:
+        return "receive + acknowledge"
+    return f"batch_receive + {'acknowledge_cumulative' if cumulative else 'acknowledge'}"
+
+
 def _producer_settings(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "batching_max_messages": args.batch_max_messages,
@@ -886,7 +939,7 @@ async def _produce(run: _Run, client: Client) -> int:
             size=args.size,
             max_pending=args.max_pending,
             stamped=False,
-            per_message=args.per_message,
+            per_message=not args.batch_api,
         )
         for producer, quota in zip(
             producers, _shares(args.num_messages, args.producers), strict=True
@@ -899,6 +952,7 @@ async def _produce(run: _Run, client: Client) -> int:
     sent = sum(load.sent for load in loads)
     unconfirmed = sum(load.in_flight for load in loads)
     summary = run.summary(
+        api=_send_api(args),
         sent=sent,
         unconfirmed=unconfirmed,
         size=args.size,
@@ -958,36 +1012,37 @@ def _ack_batch(consumer: Consumer, batch: list[Message], *, cumulative: bool) ->
     return asyncio.gather(*(consumer.acknowledge(m) for m in batch))
 
 
-async def _consume(run: _Run, client: Client) -> int:
+@dataclass
+class _Drained:
+    """How a consume loop ended."""
+
+    last_message_at: float
+    timed_out: bool = False
+    idle: bool = False
+
+
+def _receive_timeout_ms(remaining_s: float) -> int:
+    return 100 if remaining_s > 0.1 else max(1, int(remaining_s * 1000))
+
+
+async def _consume_batches(run: _Run, consumer: Consumer, *, cumulative: bool) -> _Drained:
+    """``--batch-api``: batch_receive, one acknowledgement (call) per batch."""
     args = run.args
-    subscription = args.subscription or f"perf-{uuid.uuid4().hex[:10]}"
-    consumer = await client.subscribe(
-        args.topic,
-        subscription,
-        args.subscription_type,
-        initial_position=args.position,
-        receiver_queue_size=args.receiver_queue_size,
-    )
-    cumulative = args.subscription_type in ("exclusive", "failover")
     loop = asyncio.get_running_loop()
     meter = run.meter
     wanted = args.num_messages
-    run.start_measuring(pending=lambda: len(consumer.queue))
     deadline = run.deadline
-    last_message_at = run.started_at
-    timed_out = idle = False
+    out = _Drained(run.started_at)
     while not run.stop.is_set():
         now = loop.time()
         if now >= deadline:
-            timed_out = wanted is not None
+            out.timed_out = wanted is not None
             break
-        if wanted is not None and now - last_message_at >= args.idle_timeout_s:
-            timed_out = idle = True
+        if wanted is not None and now - out.last_message_at >= args.idle_timeout_s:
+            out.timed_out = out.idle = True
             break
         limit = 1000 if wanted is None else min(1000, wanted - meter.messages)
-        remaining_s = deadline - now
-        timeout_ms = 100 if remaining_s > 0.1 else max(1, int(remaining_s * 1000))
-        batch = await _receive_some(consumer, limit, timeout_ms)
+        batch = await _receive_some(consumer, limit, _receive_timeout_ms(deadline - now))
         if not batch:
             continue
         now_ms = time.time_ns() // 1_000_000
@@ -1007,28 +1062,93 @@ async def _consume(run: _Run, client: Client) -> int:
         record((now_ms - published) * 1000, same)
         meter.messages += len(batch)
         meter.bytes += size
-        last_message_at = loop.time()
+        out.last_message_at = loop.time()
         await _ack_batch(consumer, batch, cumulative=cumulative)
         if wanted is not None and meter.messages >= wanted:
             break
+    return out
+
+
+async def _consume_each(run: _Run, consumer: Consumer) -> _Drained:
+    """The default: ``message = await receive()``, then ``await acknowledge(message)``, one
+    message at a time, as most programs consume."""
+    from magnetar.common.errors import ReceiveTimeoutError  # noqa: PLC0415
+
+    args = run.args
+    loop = asyncio.get_running_loop()
+    meter = run.meter
+    wanted = math.inf if args.num_messages is None else args.num_messages
+    idle_timeout_s = math.inf if args.num_messages is None else args.idle_timeout_s
+    deadline = run.deadline
+    receive = consumer.receive
+    acknowledge = consumer.acknowledge
+    clock = loop.time
+    wall_ns = time.time_ns
+    out = _Drained(run.started_at)
+    while not run.stop.is_set():
+        now = clock()
+        if now >= deadline:
+            out.timed_out = args.num_messages is not None
+            break
+        if now - out.last_message_at >= idle_timeout_s:
+            out.timed_out = out.idle = True
+            break
+        try:
+            message = await receive(_receive_timeout_ms(deadline - now))
+        except ReceiveTimeoutError:
+            continue
+        # the histogram of the current second: the progress line swaps it every second
+        meter.interval.record((wall_ns() // 1_000_000 - message.publish_timestamp()) * 1000)
+        meter.messages += 1
+        meter.bytes += len(message.data())
+        out.last_message_at = clock()
+        await acknowledge(message)
+        if meter.messages >= wanted:
+            break
+    return out
+
+
+async def _consume(run: _Run, client: Client) -> int:
+    args = run.args
+    subscription = args.subscription or f"perf-{uuid.uuid4().hex[:10]}"
+    consumer = await client.subscribe(
+        args.topic,
+        subscription,
+        args.subscription_type,
+        initial_position=args.position,
+        receiver_queue_size=args.receiver_queue_size,
+    )
+    cumulative = args.subscription_type in ("exclusive", "failover")
+    meter = run.meter
+    wanted = args.num_messages
+    run.start_measuring(pending=lambda: len(consumer.queue))
+    if args.batch_api:
+        drained = await _consume_batches(run, consumer, cumulative=cumulative)
+    else:
+        drained = await _consume_each(run, consumer)
     # waiting in vain is not consuming: rates are over the time up to the last message
-    await run.stop_measuring(last_message_at if idle else None)
+    await run.stop_measuring(drained.last_message_at if drained.idle else None)
     await consumer.close()
     if args.subscription is None:
         await _delete_subscription(run, client, subscription)
     summary = run.summary(
+        api=_receive_api(args, cumulative=cumulative),
         subscription=subscription if args.subscription else f"{subscription} (deleted)",
         subscription_type=args.subscription_type,
         latency_clock="now - broker publish timestamp: two wall clocks (same machine)",
     )
     _print_summary(run, summary, "now - broker publish timestamp, wall clocks: same machine only")
-    if timed_out and not run.interrupted:
+    if drained.timed_out and not run.interrupted:
         print(
             f"magnetar perf consume: got {meter.messages:,} of {wanted:,} messages before"
-            + (f" {args.idle_timeout_s:g} s passed without one" if idle else " --duration ended"),
+            + (
+                f" {args.idle_timeout_s:g} s passed without one"
+                if drained.idle
+                else " --duration ended"
+            ),
             file=sys.stderr,
         )
-    return _exit_code(run, reached=not timed_out)
+    return _exit_code(run, reached=not drained.timed_out)
 
 
 async def _end_to_end(run: _Run, client: Client) -> int:
@@ -1050,7 +1170,7 @@ async def _end_to_end(run: _Run, client: Client) -> int:
         size=args.size,
         max_pending=args.max_pending,
         stamped=True,
-        per_message=args.per_message,
+        per_message=not args.batch_api,
     )
     meter = run.meter
     all_received = asyncio.Event()
@@ -1060,7 +1180,7 @@ async def _end_to_end(run: _Run, client: Client) -> int:
         if sending_done and load.idle.is_set() and meter.messages >= publish_meter.messages:
             all_received.set()
 
-    async def receive() -> None:
+    async def receive_batches() -> None:
         clock = time.perf_counter_ns
         unpack = _STAMP.unpack_from
         while True:
@@ -1079,7 +1199,29 @@ async def _end_to_end(run: _Run, client: Client) -> int:
                 await _ack_batch(consumer, batch, cumulative=True)
             check_all_received()
 
+    async def receive_each() -> None:
+        from magnetar.common.errors import ReceiveTimeoutError  # noqa: PLC0415
+
+        clock = time.perf_counter_ns
+        unpack = _STAMP.unpack_from
+        receive = consumer.receive
+        acknowledge = consumer.acknowledge
+        while True:
+            try:
+                message = await receive(100)
+            except ReceiveTimeoutError:
+                check_all_received()
+                continue
+            data = message.data()
+            if len(data) >= _STAMP.size:
+                meter.interval.record((clock() - unpack(data)[0]) // 1000)
+            meter.messages += 1
+            meter.bytes += len(data)
+            await acknowledge(message)
+            check_all_received()
+
     run.start_measuring(pending=lambda: publish_meter.messages + load.in_flight - meter.messages)
+    receive = receive_batches if args.batch_api else receive_each
     receiver = asyncio.create_task(receive(), name="perf-receive")
     try:
         await load.run()
@@ -1100,6 +1242,7 @@ async def _end_to_end(run: _Run, client: Client) -> int:
     meter.error_examples += publish_meter.error_examples
     sent = publish_meter.messages
     summary = run.summary(
+        api=f"{_send_api(args)}; {_receive_api(args, cumulative=True)}",
         sent=sent,
         missing=max(0, sent - meter.messages),
         rate_target=args.rate,

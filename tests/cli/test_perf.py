@@ -95,6 +95,7 @@ async def test_produce_sends_exactly_the_messages_asked_for(
 ) -> None:
     name, summary, wall_ms = produced
     assert summary["mode"] == "produce"
+    assert summary["api"] == "send_async"  # the per-message call is the default
     assert summary["topic"] == name
     assert summary["messages"] == 20000
     assert summary["bytes"] == 20000 * 100
@@ -124,6 +125,7 @@ async def test_consume_from_earliest_gets_every_produced_message(
     assert code == 0, err
     summary = one_json_line(out)
     assert summary["mode"] == "consume"
+    assert summary["api"] == "receive + acknowledge"
     assert summary["messages"] == 20000
     assert summary["bytes"] == 20000 * 100
     assert summary["errors"] == 0
@@ -170,6 +172,7 @@ async def test_end_to_end_receives_what_it_sent(node: StandaloneNode) -> None:
     assert code == 0, err
     summary = one_json_line(out)
     assert summary["mode"] == "end-to-end"
+    assert summary["api"] == "send_async; receive + acknowledge"
     assert summary["sent"] > 0
     assert summary["messages"] == summary["sent"]
     assert summary["missing"] == 0
@@ -196,9 +199,11 @@ async def test_warmup_is_left_out_and_json_progress_is_one_object_a_second(
         "2",
         "--json",
         "--json-progress",
+        "--batch-api",
     )
     assert code == 0, err
     summary = one_json_line(out)
+    assert summary["api"] == "send_many_async; batch_receive + acknowledge_cumulative"
     assert summary["warmup_s"] == 1.5
     assert summary["warmup_completed"] is True
     # every message counts as sent and received; the rate is over the 2 s after the warm-up
@@ -212,6 +217,56 @@ async def test_warmup_is_left_out_and_json_progress_is_one_object_a_second(
     assert {"t_s", "msg_per_s", "mb_per_s", "p50_ms", "p99_ms", "pending", "errors"} <= set(
         progress[-1]
     )
+
+
+async def test_batch_api_sends_runs_and_drains_in_batches_and_says_so(
+    node: StandaloneNode,
+) -> None:
+    name = topic()
+    code, out, err = await perf(
+        "produce", name, "--service-url", node.service_url, "-n", "5000", "--batch-api", "--json"
+    )
+    assert code == 0, err
+    summary = one_json_line(out)
+    assert summary["api"] == "send_many_async"
+    assert summary["messages"] == 5000
+    # shared subscriptions cannot acknowledge cumulatively: each message is acknowledged
+    for subscription_type, api in (
+        ("exclusive", "batch_receive + acknowledge_cumulative"),
+        ("shared", "batch_receive + acknowledge"),
+    ):
+        code, out, err = await perf(
+            "consume",
+            name,
+            "--service-url",
+            node.service_url,
+            "--position",
+            "earliest",
+            "-t",
+            subscription_type,
+            "-n",
+            "5000",
+            "--batch-receive",
+            "--json",
+        )
+        assert code == 0, err
+        summary = one_json_line(out)
+        assert summary["api"] == api
+        assert summary["messages"] == 5000
+        assert summary["errors"] == 0
+    # the human summary names the call too
+    code, out, err = await perf(
+        "produce", name, "--service-url", node.service_url, "-n", "10", "--quiet"
+    )
+    assert code == 0, err
+    assert "  api         send_async\n" in out
+
+
+async def test_batch_api_and_per_message_together_are_a_usage_error() -> None:
+    code, out, err = await perf("produce", "t", "--batch-api", "--per-message")
+    assert code == 2
+    assert out == ""
+    assert "not allowed with argument" in err
 
 
 async def test_partitions_creates_a_partitioned_topic(node: StandaloneNode) -> None:

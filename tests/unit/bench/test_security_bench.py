@@ -60,17 +60,18 @@ def test_perf_arguments_are_the_suites_workloads_and_parse_with_perfs_own_parser
     )
     assert (produce.perf_mode, produce.rate, produce.size) == ("produce", 0, 100)
     assert (produce.duration, produce.warmup_s) == (5, 1)
-    assert not produce.per_message
+    assert produce.batch_api  # send_many_async runs, as when that was perf's default
     assert produce.json
     assert produce.json_progress
     assert produce.service_url == "magnetar+ssl://h:1"
     per_message = _parse(
         sb.perf_args(sb.WORKLOAD_BY_KEY[PER_MESSAGE], topic, "u", duration_s=4, warmup_s=0)
     )
-    assert per_message.per_message
+    assert not per_message.batch_api
     assert per_message.warmup_s == 0
     e2e = _parse(sb.perf_args(sb.WORKLOAD_BY_KEY[E2E], topic, "u", duration_s=8, warmup_s=1))
     assert (e2e.perf_mode, e2e.rate) == ("end-to-end", 2000)
+    assert e2e.batch_api
 
 
 def test_help_renders(capsys: pytest.CaptureFixture[str]):

@@ -31,12 +31,19 @@ def test_the_table_covers_partitions_sizes_and_rates_once_each():
     for w in suite.WORKLOADS:
         by_kind.setdefault(w.kind, []).append(w)
     combos = {(p, s) for p in (1, 16) for s in (100, 1024)}
-    assert {(w.partitions, w.message_bytes) for w in by_kind["max-rate"]} == combos
+    # max rate and backlog: the per-message calls and the batch calls side by side
+    both = (False, True)
+    assert {(w.partitions, w.message_bytes, w.batch_api) for w in by_kind["max-rate"]} == {
+        (p, s, b) for p, s in combos for b in both
+    }
     for rate in (2_000, 50_000):
         at_rate = [w for w in by_kind["fixed-rate"] if w.rate == rate]
         assert {(w.partitions, w.message_bytes) for w in at_rate} == combos
-    assert {(w.partitions, w.message_bytes) for w in by_kind["backlog"]} == {(1, 100), (16, 100)}
-    assert len(suite.WORKLOADS) == 14
+        assert not any(w.batch_api for w in at_rate)
+    assert {(w.partitions, w.message_bytes, w.batch_api) for w in by_kind["backlog"]} == {
+        (p, 100, b) for p in (1, 16) for b in both
+    }
+    assert len(suite.WORKLOADS) == 20
 
 
 def test_keys_and_names_read_as_the_workload():
@@ -46,6 +53,20 @@ def test_keys_and_names_read_as_the_workload():
     assert w.topic == "suite-rate50000-16p-1KiB"
     assert suite.Workload("max-rate", 1, 100).key == "max-1p-100B"
     assert suite.Workload("backlog", 1, 100).name == "backlog drain, 1 partition, 100 B"
+    batch = suite.Workload("max-rate", 1, 100, batch_api=True)
+    assert batch.key == "max-1p-100B-batch"
+    assert batch.name == "max rate, 1 partition, 100 B, batch API"
+    assert batch.topic == "suite-max-1p-100B-batch"
+
+
+def test_each_workload_names_the_client_calls_perf_makes():
+    wl = suite.Workload
+    assert wl("max-rate", 1, 100).api == "send_async"
+    assert wl("max-rate", 1, 100, batch_api=True).api == "send_many_async"
+    assert wl("fixed-rate", 1, 100, 2_000).api == "send_async; receive + acknowledge"
+    assert wl("backlog", 1, 100, batch_api=True).api == (
+        "send_many_async, then batch_receive + acknowledge_cumulative"
+    )
 
 
 def test_max_rate_is_one_timed_produce_at_rate_zero():
@@ -62,7 +83,13 @@ def test_max_rate_is_one_timed_produce_at_rate_zero():
     assert "--duration 20" in text
     assert "--json" in args
     assert "--num-messages" not in args
+    assert "--batch-api" not in args  # perf's default: send_async per message
     assert timeout_s > 20
+    ((_, batch_args, _),) = suite.perf_phases(
+        suite.Workload("max-rate", 16, 100, batch_api=True), URL, duration_s=20, backlog_messages=1
+    )
+    assert "--batch-api" in batch_args
+    assert "suite-max-16p-100B-batch" in batch_args
 
 
 def test_fixed_rate_is_a_timed_end_to_end_run():
@@ -91,6 +118,12 @@ def test_a_backlog_is_produced_then_drained_by_the_subscription_made_before_it()
     # without it the broker would delete every rolled-over ledger as consumed
     assert f"--subscription {suite.BACKLOG_SUBSCRIPTION}" in consume
     assert phases[0][1][4] == phases[1][1][4]  # the same topic
+    assert "--batch-api" not in produce
+    assert "--batch-api" not in consume
+    batch = suite.perf_phases(
+        suite.Workload("backlog", 1, 100, batch_api=True), URL, duration_s=5, backlog_messages=1
+    )
+    assert all("--batch-api" in args for _, args, _ in batch)
 
 
 # --- what perf prints -------------------------------------------------------------------------
@@ -266,8 +299,9 @@ def _by_name(checks: list[dict[str, Any]], start: str) -> dict[str, Any]:
 def test_throughput_targets_take_the_better_partition_count():
     wl = suite.Workload
     workloads = [
-        _result(wl("max-rate", 1, 100), msg_per_s=400_000),
-        _result(wl("max-rate", 16, 100), msg_per_s=600_000),
+        _result(wl("max-rate", 1, 100), msg_per_s=100_000, api="send_async"),
+        _result(wl("max-rate", 1, 100, batch_api=True), msg_per_s=400_000, api="send_many_async"),
+        _result(wl("max-rate", 16, 100, batch_api=True), msg_per_s=600_000, api="send_many_async"),
         _result(wl("max-rate", 1, 1024), msg_per_s=900_000),  # 1 KiB does not count
         _result(wl("backlog", 1, 100), msg_per_s=700_000),
         _result(wl("backlog", 16, 100), ok=False),
@@ -275,8 +309,14 @@ def test_throughput_targets_take_the_better_partition_count():
     checks = suite.checks(workloads, rss_bound_mib=512, grow=None)
     producer = _by_name(checks, "one producer")
     assert producer["verdict"] == "PASS"
-    assert producer["workload"] == "max-16p-100B"
+    assert producer["workload"] == "max-16p-100B-batch"
+    assert producer["api"] == "send_many_async"
     assert producer["measured_msg_per_s"] == 600_000
+    # the best of each set of calls is kept beside it: per message and batch
+    assert producer["per_api"] == {
+        "send_async": {"workload": "max-1p-100B", "msg_per_s": 100_000},
+        "send_many_async": {"workload": "max-16p-100B-batch", "msg_per_s": 600_000},
+    }
     consumer = _by_name(checks, "one consumer")
     assert consumer["verdict"] == "MISS"
     assert consumer["workload"] == "backlog-1p-100B"
@@ -380,6 +420,7 @@ def test_a_run_with_a_failed_workload_renders_with_its_error(tmp_path):
     wl = suite.Workload
     summary = {
         "mode": "produce",
+        "api": "send_async",
         "messages": 1000,
         "duration_s": 2.0,
         "msg_per_s": 500.0,
@@ -410,6 +451,7 @@ def test_a_run_with_a_failed_workload_renders_with_its_error(tmp_path):
             msg_per_s=500.0,
             latency_ms=summary["latency_ms"],
             phases=[good_phase],
+            api="send_async",
         ),
         _result(
             wl("fixed-rate", 1, 100, 2_000),
@@ -460,6 +502,9 @@ def test_a_run_with_a_failed_workload_renders_with_its_error(tmp_path):
     assert "# Benchmark suite, 2026-01-01 (test)" in text
     assert "**PASS** one producer" not in text  # 500 msg/s
     assert "**MISS** one producer" in text
+    assert "(max-1p-100B, `send_async`, 0.1% of the target)" in text
+    assert "| max rate, 1 partition, 100 B, `send_async` |" in text
+    assert "| client calls | `send_async` | |" in text
     assert "perf exited with 1" in text
     assert "boom" in text
     assert "broker said no" in text
