@@ -88,7 +88,12 @@ class Handoff(Generic[T]):
             if self._scheduled:
                 return
             self._scheduled = True
-        self._loop.call_soon_threadsafe(self.drain)
+        try:
+            self._loop.call_soon_threadsafe(self.drain)
+        except RuntimeError:  # the loop is closed: so is every later put
+            with self._lock:
+                self._scheduled = False
+            raise
 
     def drain(self) -> None:
         """Take what is waiting now (on the loop; also called directly before a flush)."""
@@ -367,11 +372,11 @@ class ThreadReceiveQueue:
         with self._lock:
             while len(taken) < limit:
                 if not self._count:
-                    if taken and not wait_for_more:
-                        break
+                    if taken and (not wait_for_more or in_client_thread()):
+                        break  # (the client's thread must not wait for more)
                     remaining = None if deadline is None else deadline - time.monotonic()
                     try:
-                        self._wait_locked(remaining, quiet=bool(taken) or wait_for_more)
+                        self._wait_locked(remaining)
                     except ReceiveTimeoutError:
                         if taken or wait_for_more:
                             break
@@ -394,7 +399,7 @@ class ThreadReceiveQueue:
             self._loop.call_soon_threadsafe(self.flush_taken)
         return taken
 
-    def _wait_locked(self, timeout_s: float | None, *, quiet: bool = False) -> None:
+    def _wait_locked(self, timeout_s: float | None) -> None:
         """Until the queue holds a message (lock held); raises the queue's error once it failed
         and is empty, :class:`ReceiveTimeoutError` after ``timeout_s``."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -407,8 +412,7 @@ class ThreadReceiveQueue:
                     f"no message within {(timeout_s or 0) * 1000:.0f} ms",
                     context={"timeout_ms": round((timeout_s or 0) * 1000)},
                 )
-            if not quiet:
-                refuse_wait_in_client_thread("receiving")
+            refuse_wait_in_client_thread("receiving")
             if self._unreported and not self._report_scheduled:
                 # the queue ran empty: the permits of what was taken must reach the broker
                 self._report_scheduled = True

@@ -11,7 +11,7 @@ takes no part in comparisons or hashing.
 from __future__ import annotations
 
 from operator import itemgetter
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from google.protobuf.message import DecodeError
 
@@ -38,14 +38,32 @@ class MessageId(tuple[int, int, int, int, int]):
 
     __slots__ = ()
 
-    ledger_id: int = property(itemgetter(0))  # type: ignore[assignment]
-    entry_id: int = property(itemgetter(1))  # type: ignore[assignment]
-    batch_index: int = property(itemgetter(2))  # type: ignore[assignment]
-    """Index in the batch; -1 addresses the whole entry."""
-    partition: int = property(itemgetter(3))  # type: ignore[assignment]
-    """Partition index; -1 for a non-partitioned topic."""
-    batch_size: int = property(itemgetter(4))  # type: ignore[assignment]
-    """Messages in the batch when known (0: unknown); not part of equality or order."""
+    if TYPE_CHECKING:  # read-only fields, as the type checker sees them
+
+        @property
+        def ledger_id(self) -> int: ...
+        @property
+        def entry_id(self) -> int: ...
+        @property
+        def batch_index(self) -> int:
+            """Index in the batch; -1 addresses the whole entry."""
+
+        @property
+        def partition(self) -> int:
+            """Partition index; -1 for a non-partitioned topic."""
+
+        @property
+        def batch_size(self) -> int:
+            """Messages in the batch when known (0: unknown); not part of equality or order."""
+
+    else:  # C-level getters
+        ledger_id = property(itemgetter(0))
+        entry_id = property(itemgetter(1))
+        batch_index = property(itemgetter(2), doc="Index in the batch; -1: the whole entry.")
+        partition = property(itemgetter(3), doc="Partition index; -1: not partitioned.")
+        batch_size = property(
+            itemgetter(4), doc="Messages in the batch when known (0: unknown); not compared."
+        )
 
     earliest: ClassVar[MessageId]
     latest: ClassVar[MessageId]
@@ -63,38 +81,33 @@ class MessageId(tuple[int, int, int, int, int]):
     def __getnewargs__(self) -> tuple[int, int, int, int, int]:
         return (self[0], self[1], self[2], self[3], self[4])
 
+    # Only ids compare with ids. A plain tuple is not an id: == is False and ordering raises,
+    # rather than letting tuple comparison look at batch_size.
+
     def __eq__(self, other: object) -> bool:
         if isinstance(other, MessageId):
             return self[:4] == other[:4]
-        return NotImplemented
+        return False if isinstance(other, tuple) else NotImplemented
 
     def __ne__(self, other: object) -> bool:
         if isinstance(other, MessageId):
             return self[:4] != other[:4]
-        return NotImplemented
+        return True if isinstance(other, tuple) else NotImplemented
 
     def __hash__(self) -> int:
         return hash(self[:4])
 
     def __lt__(self, other: Any) -> bool:
-        if isinstance(other, MessageId):
-            return self[:4] < other[:4]
-        return NotImplemented
+        return self[:4] < _key_of(other)
 
     def __le__(self, other: Any) -> bool:
-        if isinstance(other, MessageId):
-            return self[:4] <= other[:4]
-        return NotImplemented
+        return self[:4] <= _key_of(other)
 
     def __gt__(self, other: Any) -> bool:
-        if isinstance(other, MessageId):
-            return self[:4] > other[:4]
-        return NotImplemented
+        return self[:4] > _key_of(other)
 
     def __ge__(self, other: Any) -> bool:
-        if isinstance(other, MessageId):
-            return self[:4] >= other[:4]
-        return NotImplemented
+        return self[:4] >= _key_of(other)
 
     def serialize(self) -> bytes:
         """Bytes that :meth:`deserialize` turns back into an equal id (the wire ``MessageId``)."""
@@ -133,6 +146,12 @@ class MessageId(tuple[int, int, int, int, int]):
             f"MessageId(ledger_id={self[0]}, entry_id={self[1]}, batch_index={self[2]},"
             f" partition={self[3]}, batch_size={self[4]})"
         )
+
+
+def _key_of(other: object) -> tuple[int, ...]:
+    if isinstance(other, MessageId):
+        return other[:4]
+    raise TypeError(f"a MessageId compares only with a MessageId, not {type(other).__name__}")
 
 
 def make_message_id(fields: tuple[int, int, int, int, int]) -> MessageId:

@@ -110,7 +110,8 @@ def send_options(fields: Mapping[str, object]) -> SendOptions:
     if not properties and partition_key is None and event_timestamp is None and not deliver_at:
         return NO_OPTIONS
     return SendOptions(
-        properties=properties or None,  # type: ignore[arg-type]
+        # a copy: the caller may change its dict for the next message before this one is built
+        properties=dict(properties) if properties else None,  # type: ignore[call-overload]
         partition_key=partition_key,  # type: ignore[arg-type]
         event_timestamp=event_timestamp,  # type: ignore[arg-type]
         deliver_at_ms=deliver_at,

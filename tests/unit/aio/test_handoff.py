@@ -231,13 +231,6 @@ def test_a_put_on_a_closed_loop_raises() -> None:
         handoff.put("late")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: put sets _scheduled before call_soon_threadsafe raises and never clears it, so"
-    " every later put on the closed loop returns silently and its item is lost (the sync"
-    " consumer's acknowledge after the client closed raises ClientClosedError once, then drops"
-    " acknowledgements without a word)",
-)
 def test_every_put_on_a_closed_loop_raises_not_only_the_first() -> None:
     loop = asyncio.new_event_loop()
     loop.close()
@@ -732,12 +725,6 @@ def test_a_taker_on_the_clients_own_thread_is_refused_rather_than_wait(
     assert offsets(in_thread(queue.take, 5, None, client=True).result(WAIT_S)) == [1, 2]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a gathering take (wait_for_more, the sync batch_receive) waits quietly even on"
-    " the client's own thread, blocking the loop that would deliver for the whole timeout (for"
-    " ever with None) and then returning []; it should refuse as take_one does",
-)
 def test_a_gathering_take_on_the_clients_own_thread_is_refused_rather_than_block_the_loop(
     queue: ThreadReceiveQueue,
 ) -> None:

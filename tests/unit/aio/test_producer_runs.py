@@ -289,12 +289,6 @@ async def test_a_sink_that_raises_is_logged_and_the_runs_other_batches_are_still
     assert len(failures) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the sync producer keeps the caller's properties dict (send_options does not"
-    " copy it) and encodes the run on the loop later, so mutating the dict after send_async"
-    " returned changes messages already sent: all five go out with seq=4",
-)
 async def test_a_properties_dict_reused_between_sync_sends_does_not_change_earlier_messages(
     cluster: FakeCluster, client: Client
 ) -> None:

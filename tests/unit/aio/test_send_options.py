@@ -124,13 +124,6 @@ def test_equal_arguments_give_equal_options_and_different_ones_do_not() -> None:
     assert options(**same) != NO_OPTIONS
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: send_options keeps a reference to the caller's properties mapping; the sync"
-    " producer encodes a run on the loop after send_async returned, so a dict the application"
-    " reuses (props['seq'] = str(i); send_async(..., properties=props)) sends every message of"
-    " the run with the last value (seen end to end against the fake broker)",
-)
 def test_options_do_not_change_when_the_callers_properties_change_after_the_call() -> None:
     properties = {"seq": "1"}
     options = send_options({"properties": properties})
