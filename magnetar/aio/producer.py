@@ -243,18 +243,20 @@ class _RunSend:
     """A run of messages whose outcomes go one by one to a :class:`RunSink` (the sync
     client's ``send_async`` calls, handed to the loop together)."""
 
-    __slots__ = ("partition", "sink")
+    __slots__ = ("base", "partition", "sink")
 
-    def __init__(self, sink: RunSink) -> None:
+    def __init__(self, sink: RunSink, base: int = 0) -> None:
         self.sink = sink
+        self.base = base
+        """Where these messages start in the run the sink knows (a run split in pieces)."""
         self.partition = -1
 
     def part(self, offset: int) -> _RunPart:
-        return _RunPart(self, offset)
+        return _RunPart(self, self.base + offset)
 
     def fail(self, error: MagnetarError, count: int) -> None:
         """The run failed before any of it was added to a batch."""
-        _RunPart(self, 0).fail(error, count)
+        _RunPart(self, self.base).fail(error, count)
 
 
 class _RunPart:
@@ -1171,6 +1173,31 @@ class Producer:
             deliver_at_ms=options.deliver_at_ms,
         )
 
+    def _add_run_in_pieces(
+        self, contents: Sequence[bytes], run: _RunSend, options: SendOptions, max_bytes: int
+    ) -> None:
+        """Add a run some of whose messages are over the broker's limit: each of those fails
+        alone, the others go in order as shorter runs."""
+        overhead = message_size(b"", options.partition_key, options.properties)
+        start = 0
+        for index in range(len(contents) + 1):
+            if index < len(contents) and _fits(contents[index], overhead, max_bytes):
+                continue
+            if start < index:
+                self._add_many(contents[start:index], _RunSend(run.sink, run.base + start), options)
+            if index < len(contents):
+                size = len(contents[index]) + overhead
+                self.capacity.release(1)
+                _RunSend(run.sink, run.base + index).fail(
+                    MessageTooLargeError(
+                        f"a message of about {size} bytes is over the broker's limit of"
+                        f" {max_bytes} bytes per entry on {self._topic}",
+                        context={"size": size, "max_message_bytes": max_bytes},
+                    ),
+                    1,
+                )
+            start = index + 1
+
     def _add_many(
         self, contents: Sequence[bytes], handle: _ManySend | _RunSend, options: SendOptions
     ) -> None:
@@ -1188,6 +1215,10 @@ class Producer:
                 f" {partition.max_message_bytes} bytes per entry on {partition.partition_topic}",
                 context={"size": largest, "max_message_bytes": partition.max_message_bytes},
             )
+        if isinstance(error, MessageTooLargeError) and isinstance(handle, _RunSend):
+            # separate send_async calls: only the messages that are too large fail
+            self._add_run_in_pieces(contents, handle, options, partition.max_message_bytes)
+            return
         if error is not None:
             self.capacity.release(count)
             handle.fail(error, count)
@@ -1203,6 +1234,10 @@ class Producer:
             overhead=overhead,
             deliver_at_ms=options.deliver_at_ms,
         )
+
+
+def _fits(content: bytes, overhead: int, max_message_bytes: int) -> bool:
+    return len(content) + overhead <= max_message_bytes - _ENVELOPE_ROOM_BYTES
 
 
 def _many_contents(contents: object, limit: int) -> tuple[Sequence[bytes], MagnetarError | None]:
