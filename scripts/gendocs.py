@@ -128,15 +128,43 @@ def render() -> str:
 # `helm install` naming it. The settings the chart sets itself (ports, metadata URL, identity)
 # are left out of both.
 
-# Settings the chart writes from its own values or from the pod, per component.
+# Settings the chart writes from its own values or from the pod, per component. Besides these,
+# the chart sets every setting that names a file (see chart_managed): it mounts the files
+# (certificates, keys, tokens) and points the settings at them, following its tls.*/auth.*
+# values, so a file path in `config` could only name a file the pod does not have.
 CHART_MANAGED: dict[str, frozenset[str]] = {
     "bookie": frozenset(
-        {"data_dir", "metadata", "port", "http_port", "bind_host", "advertised_host", "bookie_id"}
+        {
+            "data_dir",
+            "metadata",
+            "port",
+            "http_port",
+            "bind_host",
+            "advertised_host",
+            "bookie_id",
+            # the chart's auth.bookie: certificate roles, on with the bookies' TLS
+            "authentication_enabled",
+            "authentication_providers",
+            "etcd_user",
+        }
     ),
     "broker": frozenset(
-        {"metadata", "port", "http_port", "bind_host", "advertised_host", "broker_id"}
+        {
+            "metadata",
+            "port",
+            "tls_port",
+            "http_port",
+            "bind_host",
+            "advertised_host",
+            "broker_id",
+            # the chart's auth.enabled and auth.authorization: tokens, from its key
+            "authentication_enabled",
+            "authentication_providers",
+            "authorization_enabled",
+            "etcd_user",
+        }
     ),
-    "autorecovery": frozenset({"metadata", "name", "http_port", "bind_host"}),
+    "autorecovery": frozenset({"metadata", "name", "http_port", "bind_host", "etcd_user"}),
 }
 
 COMPONENTS: dict[str, type] = {
@@ -150,8 +178,19 @@ END = "    # <<< generated"
 WIDTH = 100
 
 
+def names_a_file(setting: Setting) -> bool:
+    return setting.type.removesuffix(" (optional)") == "path"
+
+
+def chart_managed(component: str) -> set[str]:
+    """Every setting of ``component`` the chart sets itself (refused in its ``config``)."""
+    return set(CHART_MANAGED[component]) | {
+        s.name for s in settings(COMPONENTS[component]) if names_a_file(s)
+    }
+
+
 def chart_settings(component: str) -> list[Setting]:
-    managed = CHART_MANAGED[component]
+    managed = chart_managed(component)
     return [s for s in settings(COMPONENTS[component]) if s.name not in managed]
 
 

@@ -3,6 +3,7 @@ the objects it makes, for the chart's tests."""
 
 from __future__ import annotations
 
+import base64
 import re
 import tomllib
 from collections.abc import Iterator
@@ -90,3 +91,59 @@ def container_env(container: dict[str, Any], pod_fields: dict[str, str]) -> dict
         else:
             env[item["name"]] = pod_fields[item["valueFrom"]["fieldRef"]["fieldPath"]]
     return env
+
+
+def secret_files(secret: dict[str, Any]) -> dict[str, bytes]:
+    """A rendered Secret's files (key -> content)."""
+    files = {k: base64.b64decode(v) for k, v in secret.get("data", {}).items()}
+    files.update({k: v.encode() for k, v in secret.get("stringData", {}).items()})
+    return files
+
+
+@dataclass
+class Mounts:
+    """A container's Secret and ConfigMap volumes, written under a directory of this machine as
+    the kubelet projects them; :meth:`local` rewrites the container's paths to them."""
+
+    paths: dict[str, Path]
+    """mountPath in the container -> where it is here."""
+
+    def local(self, text: str) -> str:
+        for mount_path in sorted(self.paths, key=len, reverse=True):
+            text = text.replace(mount_path, str(self.paths[mount_path]))
+        return text
+
+
+def mount(rendered: Rendered, pod: dict[str, Any], container: dict[str, Any], root: Path) -> Mounts:
+    """Write the Secret and ConfigMap volumes ``container`` mounts (their ``items``, or every
+    key) under ``root``, owner-only; emptyDir and claimed volumes are left out. Paths in the
+    ConfigMaps' files (a config file naming a certificate) are rewritten to the local ones."""
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    paths: dict[str, Path] = {}
+    config_files: list[Path] = []
+    for volume_mount in container.get("volumeMounts", []):
+        volume = volumes.get(volume_mount["name"])
+        if volume is None or not ("secret" in volume or "configMap" in volume):
+            continue
+        if "secret" in volume:
+            source = volume["secret"]
+            files = secret_files(rendered.get("Secret", source["secretName"]))
+        else:
+            source = volume["configMap"]
+            data = rendered.get("ConfigMap", source["name"])["data"]
+            files = {k: v.encode() for k, v in data.items()}
+        items = source.get("items") or [{"key": k, "path": k} for k in files]
+        directory = root / volume["name"]
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for item in items:
+            target = directory / item["path"]
+            target.write_bytes(files[item["key"]])
+            target.chmod(0o600)
+            if "configMap" in volume:
+                config_files.append(target)
+        sub_path = volume_mount.get("subPath")
+        paths[volume_mount["mountPath"]] = directory / sub_path if sub_path else directory
+    mounts = Mounts(paths)
+    for config_file in config_files:
+        config_file.write_text(mounts.local(config_file.read_text()))
+    return mounts

@@ -1,13 +1,21 @@
 """The Helm chart, rendered offline by Helm's own engine: lint, Kubernetes schemas, and what the
 objects must say (bookies keep volumes, brokers none; probes on the ports the processes listen
-on; replica counts apart; etcd endpoints = members; non-root everywhere; bad values refused)."""
+on; replica counts apart; etcd endpoints = members; non-root everywhere; bad values refused), and
+its security: TLS on every connection with generated certificates that name what clients connect
+to, kept across upgrades; authentication and authorization; NetworkPolicies; each part off."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import json
 import re
+import shlex
+import shutil
+import subprocess
+import tempfile
+import time
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -16,6 +24,9 @@ import helm_python
 import kubernetes_validate
 import pytest
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from bookie.autorecovery import AutorecoveryConfig
 from bookie.process import LIVENESS_SERVICE as BOOKIE_LIVENESS
@@ -24,15 +35,28 @@ from broker.process import LIVENESS_SERVICE as BROKER_LIVENESS
 from broker.service.config import BrokerConfig
 from magnetar.cli import build_parser
 from magnetar.common.config import load_config
-from tests.helm.chart import CHART_DIR, CI_VALUES, NAMESPACE, RELEASE, ROOT, ci_values, render
+from tests.helm.chart import (
+    CHART_DIR,
+    CI_VALUES,
+    NAMESPACE,
+    RELEASE,
+    ROOT,
+    ci_values,
+    container_env,
+    render,
+    secret_files,
+)
 
 # Oldest the chart supports (gRPC probes are GA from 1.27), and newer ones up to the newest
 # kubernetes-validate knows.
 KUBE_VERSIONS = ("1.27.0", "1.30.0", "1.33.0", "1.37.0")
-# Prometheus Operator resources: no schema ships with kubernetes-validate; checked by hand below.
+# Prometheus Operator and cert-manager resources: no schema ships with kubernetes-validate; checked
+# by hand below.
 CUSTOM_KINDS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
     ("monitoring.coreos.com/v1", "PodMonitor"),
+    ("cert-manager.io/v1", "Certificate"),
+    ("cert-manager.io/v1", "Issuer"),
 }
 
 FULL = CHART_DIR / "ci" / "full-values.yaml"
@@ -42,6 +66,8 @@ BROKER = f"{RELEASE}-magnetar-broker"
 BOOKIE = f"{RELEASE}-magnetar-bookie"
 ETCD = f"{RELEASE}-magnetar-etcd"
 AUTORECOVERY = f"{RELEASE}-magnetar-autorecovery"
+INIT = f"{RELEASE}-magnetar-init"
+TEST_POD = f"{RELEASE}-magnetar-test"
 
 
 def ids(paths: list[Path]) -> list[str]:
@@ -78,11 +104,10 @@ def test_helm_lint_strict_passes(values_file: Path, kube_version: str) -> None:
 @pytest.mark.parametrize("values_file", CI_VALUES, ids=ids(CI_VALUES))
 def test_every_object_is_valid_for_each_kubernetes_version(values_file: Path) -> None:
     rendered = render(ci_values(values_file))
-    custom = []
+    custom = [o for o in rendered.objects if (o["apiVersion"], o["kind"]) in CUSTOM_KINDS]
     for version in KUBE_VERSIONS:
         for obj in rendered.objects:
             if (obj["apiVersion"], obj["kind"]) in CUSTOM_KINDS:
-                custom.append(obj)
                 continue
             try:
                 kubernetes_validate.validate(obj, version, strict=True)
@@ -92,7 +117,47 @@ def test_every_object_is_valid_for_each_kubernetes_version(values_file: Path) ->
                     f"{exc.message} at {'.'.join(map(str, exc.path))}"
                 )
     for obj in custom:
-        check_monitor(obj, rendered)
+        if obj["apiVersion"].startswith("cert-manager.io/"):
+            check_cert_manager(obj, rendered)
+        else:
+            check_monitor(obj, rendered)
+
+
+def secret_volumes(rendered: Any) -> set[str]:
+    """Every Secret a pod of the release mounts."""
+    return {
+        v["secret"]["secretName"]
+        for _, pod in rendered.workloads()
+        for v in pod.get("volumes", [])
+        if "secret" in v
+    }
+
+
+def check_cert_manager(obj: dict[str, Any], rendered: Any) -> None:
+    """A Certificate fills a Secret pods mount (or the CA an Issuer of the release uses), from
+    an issuer of the release or one named in the values; an Issuer is self-signed or a CA's."""
+    spec = obj["spec"]
+    if obj["kind"] == "Issuer":
+        assert set(spec) in ({"selfSigned"}, {"ca"})
+        if "ca" in spec:
+            assert any(
+                c["spec"]["secretName"] == spec["ca"]["secretName"] and c["spec"]["isCA"]
+                for c in rendered.of_kind("Certificate")
+            )
+        return
+    issuers = {i["metadata"]["name"] for i in rendered.of_kind("Issuer")}
+    issuer = spec["issuerRef"]
+    assert issuer["kind"] in ("Issuer", "ClusterIssuer")
+    assert issuer["group"] == "cert-manager.io"
+    assert issuer["kind"] == "ClusterIssuer" or issuer["name"] in issuers
+    cas = {i["spec"]["ca"]["secretName"] for i in rendered.of_kind("Issuer") if "ca" in i["spec"]}
+    assert spec["secretName"] in secret_volumes(rendered) | cas
+    assert spec["commonName"]
+    assert spec["privateKey"]["algorithm"] == "ECDSA"
+    if not spec.get("isCA"):
+        assert {"server auth", "client auth"} <= set(spec["usages"])
+        for duration in ("duration", "renewBefore"):
+            assert re.fullmatch(r"(\d+h)?(\d+m)?(\d+s)?", spec[duration]), duration
 
 
 def check_monitor(monitor: dict[str, Any], rendered: Any) -> None:
@@ -120,6 +185,15 @@ def check_monitor(monitor: dict[str, Any], rendered: Any) -> None:
         assert endpoint["port"] in ports
         assert endpoint["path"] == "/metrics"
         assert re.fullmatch(r"\d+[smh]", endpoint["interval"])
+        # over HTTPS while the HTTP ports are: trusting the CA of the component's certificate
+        # (in a Secret its pods mount), checking the name of its Service
+        if "scheme" in endpoint:
+            assert endpoint["scheme"] == "https"
+            tls = endpoint["tlsConfig"]
+            assert tls["ca"]["secret"]["key"] == "ca.crt"
+            assert tls["ca"]["secret"]["name"] in secret_volumes(rendered)
+            component = labels["app.kubernetes.io/component"]
+            assert tls["serverName"] == f"{RELEASE}-magnetar-{component}.{NAMESPACE}.svc"
 
 
 # --- storage: bookies keep volumes, brokers have none -----------------------------------------
@@ -191,9 +265,27 @@ def test_brokers_get_time_to_hand_their_partitions_over() -> None:
 # --- probes on the ports the processes listen on ----------------------------------------------
 
 
-@pytest.mark.parametrize("values_file", CI_VALUES, ids=ids(CI_VALUES))
-def test_probes_point_at_ports_the_processes_listen_on(values_file: Path) -> None:
-    rendered = render(ci_values(values_file))
+PLAIN = {"tls": {"enabled": False}}
+"""TLS off as a whole: the gRPC probes, on plaintext ports."""
+
+
+def listening_ports(config: dict[str, Any], component: str) -> dict[str, int]:
+    """The ports a process listens on, by the chart's port names, as its config file says."""
+    ports = {"http": config["http_port"]}
+    if config["port"] != "":  # an empty port: no plaintext listener
+        ports["grpc"] = config["port"]
+    if component == "broker" and "tls_cert_file" in config:
+        ports["grpc-tls"] = config["tls_port"]
+    return ports
+
+
+@pytest.mark.parametrize(
+    "values",
+    [*(ci_values(f) for f in CI_VALUES), PLAIN],
+    ids=[*ids(CI_VALUES), "tls-off"],
+)
+def test_probes_point_at_ports_the_processes_listen_on(values: dict[str, Any]) -> None:
+    rendered = render(values)
     for kind, name, component, liveness in (
         ("StatefulSet", BOOKIE, "bookie", BOOKIE_LIVENESS),
         ("Deployment", BROKER, "broker", BROKER_LIVENESS),
@@ -202,29 +294,47 @@ def test_probes_point_at_ports_the_processes_listen_on(values_file: Path) -> Non
         config = rendered.config_toml(component)
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
         # the process listens where its config file says, on every interface
-        assert ports == {"grpc": config["port"], "http": config["http_port"]}
+        assert ports == listening_ports(config, component)
         assert config["bind_host"] == "0.0.0.0"
         assert container["args"][:1] == [component]
         config_path = container["args"][container["args"].index("--config") + 1]
         mount = next(m for m in container["volumeMounts"] if m["mountPath"] == config_path)
         assert mount["subPath"] == f"{component}.toml"
-        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-            grpc_probe = container[probe]["grpc"]
-            assert grpc_probe["port"] == config["port"], f"{name} {probe}"
-        # liveness and startup ask for the service that answers while the process runs;
-        # readiness asks for the overall status, which follows the metadata session
-        assert container["startupProbe"]["grpc"]["service"] == liveness
-        assert container["livenessProbe"]["grpc"]["service"] == liveness
-        assert "service" not in container["readinessProbe"]["grpc"]
+        grpc_is_tls = "tls_cert_file" in config
+        if grpc_is_tls:
+            # a kubelet gRPC probe cannot speak TLS: HTTP(S) on the status port instead, with
+            # the same meanings: /health is readiness (and the end of start-up), /metrics
+            # answers while the process runs
+            scheme = "HTTPS" if "http_tls_cert_file" in config else "HTTP"
+            for probe, path in (
+                ("startupProbe", "/health"),
+                ("livenessProbe", "/metrics"),
+                ("readinessProbe", "/health"),
+            ):
+                assert container[probe]["httpGet"] == {
+                    "path": path,
+                    "port": "http",
+                    "scheme": scheme,
+                }, f"{name} {probe}"
+        else:
+            for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+                grpc_probe = container[probe]["grpc"]
+                assert grpc_probe["port"] == config["port"], f"{name} {probe}"
+            # liveness and startup ask for the service that answers while the process runs;
+            # readiness asks for the overall status, which follows the metadata session
+            assert container["startupProbe"]["grpc"]["service"] == liveness
+            assert container["livenessProbe"]["grpc"]["service"] == liveness
+            assert "service" not in container["readinessProbe"]["grpc"]
         # Services and scrape annotations use the same ports
         service_ports = {p["name"]: p for p in rendered.get("Service", name)["spec"]["ports"]}
-        assert {n: p["targetPort"] for n, p in service_ports.items()} == {
-            "grpc": "grpc",
-            "http": "http",
-        }
+        assert {n: p["targetPort"] for n, p in service_ports.items()} == {n: n for n in ports}
+        for port_name, port in service_ports.items():
+            assert port["port"] == ports[port_name]
         annotations = rendered.get(kind, name)["spec"]["template"]["metadata"]["annotations"]
         if "prometheus.io/port" in annotations:
             assert annotations["prometheus.io/port"] == str(config["http_port"])
+            scheme = "https" if "http_tls_cert_file" in config else "http"
+            assert annotations["prometheus.io/scheme"] == scheme
 
 
 @pytest.mark.parametrize("values_file", CI_VALUES, ids=ids(CI_VALUES))
@@ -240,7 +350,12 @@ def test_autorecovery_is_probed_on_its_http_port(values_file: Path) -> None:
     }
     assert config["bind_host"] == "0.0.0.0"
     # readiness follows the metadata session (/health); liveness only that the process answers
-    assert container["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    scheme = "HTTPS" if "http_tls_cert_file" in config else "HTTP"
+    assert container["readinessProbe"]["httpGet"] == {
+        "path": "/health",
+        "port": "http",
+        "scheme": scheme,
+    }
     assert container["livenessProbe"]["tcpSocket"] == {"port": "http"}
     assert container["startupProbe"]["tcpSocket"] == {"port": "http"}
     service = rendered.get("Service", AUTORECOVERY)["spec"]
@@ -248,13 +363,23 @@ def test_autorecovery_is_probed_on_its_http_port(values_file: Path) -> None:
 
 
 def test_changed_ports_move_probes_services_and_config_together() -> None:
-    rendered = render({"broker": {"ports": {"grpc": 7650, "http": 9080}}})
+    rendered = render({"broker": {"ports": {"grpc": 7650, "grpcTls": 7651, "http": 9080}}})
     container = rendered.container("Deployment", BROKER)
-    assert rendered.config_toml("broker")["port"] == 7650
-    assert container["readinessProbe"]["grpc"]["port"] == 7650
+    assert rendered.config_toml("broker")["tls_port"] == 7651
+    assert container["readinessProbe"]["httpGet"]["port"] == "http"
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
+        "grpc-tls": 7651,
+        "http": 9080,
+    }
     service = {p["name"]: p["port"] for p in rendered.get("Service", BROKER)["spec"]["ports"]}
+    assert service == {"grpc-tls": 7651, "http": 9080}
+    assert ":7651" in rendered.notes
+    plain = render({**PLAIN, "broker": {"ports": {"grpc": 7650, "http": 9080}}})
+    assert plain.config_toml("broker")["port"] == 7650
+    assert plain.container("Deployment", BROKER)["readinessProbe"]["grpc"]["port"] == 7650
+    service = {p["name"]: p["port"] for p in plain.get("Service", BROKER)["spec"]["ports"]}
     assert service == {"grpc": 7650, "http": 9080}
-    assert ":7650" in rendered.notes
+    assert ":7650" in plain.notes
 
 
 # --- replicas ---------------------------------------------------------------------------------
@@ -309,6 +434,11 @@ def test_the_autoscaler_owns_the_broker_count_when_on() -> None:
 # --- etcd -------------------------------------------------------------------------------------
 
 
+def etcd_flags(container: dict[str, Any]) -> dict[str, str]:
+    """etcd's --flag=value arguments by flag ("" for a flag without a value)."""
+    return dict(a.removeprefix("--").partition("=")[::2] for a in container["args"])
+
+
 def metadata_urls(rendered: Any) -> set[str]:
     """Every metadata URL the release hands to a process."""
     urls = {rendered.config_toml(c)["metadata"] for c in ("broker", "bookie")}
@@ -336,10 +466,14 @@ def test_the_etcd_endpoints_are_the_etcd_members(members: int) -> None:
     (url,) = metadata_urls(rendered)
     assert url == "etcd://" + ",".join(expected)
     # each member advertises exactly that address, and the initial cluster lists them all
-    args = dict(a.removeprefix("--").split("=", 1) for a in container["args"])
-    assert args["advertise-client-urls"] == f"http://$(POD_NAME).{domain}:{client_port}"
+    args = etcd_flags(container)
+    assert args["advertise-client-urls"] == f"https://$(POD_NAME).{domain}:{client_port}"
     peers = args["initial-cluster"].split(",")
     assert [p.split("=")[0] for p in peers] == [f"{ETCD}-{i}" for i in range(members)]
+    peer_port = next(p["containerPort"] for p in container["ports"] if p["name"] == "peer")
+    assert [p.split("=")[1] for p in peers] == [
+        f"https://{ETCD}-{i}.{domain}:{peer_port}" for i in range(members)
+    ]
     assert rendered.get("PodDisruptionBudget", ETCD)["spec"]["maxUnavailable"] == 1
 
 
@@ -387,27 +521,547 @@ def test_every_container_runs_as_non_root(values_file: Path) -> None:
     assert not rendered.of_kind("ClusterRole")
 
 
-def test_tls_and_auth_secrets_are_mounted_and_flagged_as_not_yet_enforced() -> None:
-    rendered = render(
+MAGNETAR_WORKLOADS = (
+    ("Deployment", BROKER, "broker"),
+    ("StatefulSet", BOOKIE, "bookie"),
+    ("Deployment", AUTORECOVERY, "autorecovery"),
+    ("Job", INIT, "init"),
+)
+TLS_DIR = "/etc/magnetar/tls"
+
+
+def pod_spec(rendered: Any, kind: str, name: str) -> dict[str, Any]:
+    obj = rendered.get(kind, name)
+    return dict(obj["spec"] if kind == "Pod" else obj["spec"]["template"]["spec"])
+
+
+def mounted_secrets(rendered: Any, kind: str, name: str) -> dict[str, tuple[str, dict[str, Any]]]:
+    """mountPath -> (Secret name, the volume's secret source) of a pod's first container."""
+    pod = pod_spec(rendered, kind, name)
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    mounted = {}
+    for volume_mount in pod["containers"][0].get("volumeMounts", []):
+        source = volumes.get(volume_mount["name"], {}).get("secret")
+        if source is not None:
+            mounted[volume_mount["mountPath"]] = (source["secretName"], source)
+    return mounted
+
+
+def certificate(rendered: Any, secret: str) -> x509.Certificate:
+    return x509.load_pem_x509_certificate(secret_files(rendered.get("Secret", secret))["tls.crt"])
+
+
+def names(cert: x509.Certificate) -> list[str]:
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:  # a client certificate only: the init Job's
+        return []
+    return [
+        *san.get_values_for_type(x509.DNSName),
+        *map(str, san.get_values_for_type(x509.IPAddress)),
+    ]
+
+
+def common_name(cert: x509.Certificate) -> str:
+    return str(cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value)
+
+
+def covers(cert: x509.Certificate, host: str) -> bool:
+    """Whether the certificate names ``host`` (a wildcard stands for one leftmost label)."""
+    for name in names(cert):
+        if name.startswith("*."):
+            label, _, rest = host.partition(".")
+            if label and rest == name[2:]:
+                return True
+        elif name == host:
+            return True
+    return False
+
+
+def test_every_connection_is_tls_by_default() -> None:
+    """Each process's settings point at files of its mounted certificate, and no plaintext
+    listener is left: brokers (client port, HTTPS, to bookies, to etcd, to each other), bookies
+    (mutual TLS), autorecovery, the init Job and etcd (clients and peers)."""
+    rendered = render()
+    for kind, name, component in MAGNETAR_WORKLOADS:
+        mounted = mounted_secrets(rendered, kind, name)
+        assert mounted[TLS_DIR][0] == f"{name}-tls", component
+    broker = rendered.config_toml("broker")
+    assert broker["port"] == ""  # no plaintext listener
+    assert broker["tls_port"] == 6651
+    assert "tls_trust_certs_file" not in broker  # token clients need no certificate
+    bookie = rendered.config_toml("bookie")
+    assert bookie["tls_trust_certs_file"] == f"{TLS_DIR}/ca.crt"  # mutual TLS
+    autorecovery = rendered.config_toml("autorecovery")
+    for config in (broker, bookie, autorecovery):
+        assert config["http_tls_cert_file"] == f"{TLS_DIR}/tls.crt"
+        assert config["http_tls_key_file"] == f"{TLS_DIR}/tls.key"
+        assert config["etcd_trust_certs_file"] == f"{TLS_DIR}/ca.crt"
+        assert config["etcd_cert_file"] == f"{TLS_DIR}/tls.crt"
+        assert config["etcd_key_file"] == f"{TLS_DIR}/tls.key"
+    for config in (broker, autorecovery):
+        assert config["ledger"] == {
+            "tls_trust_certs_file": f"{TLS_DIR}/ca.crt",
+            "tls_cert_file": f"{TLS_DIR}/tls.crt",
+            "tls_key_file": f"{TLS_DIR}/tls.key",
+        }
+    for config in (broker, bookie):
+        assert config["tls_cert_file"] == f"{TLS_DIR}/tls.crt"
+        assert config["tls_key_file"] == f"{TLS_DIR}/tls.key"
+    assert broker["broker_client_trust_certs_file"] == f"{TLS_DIR}/ca.crt"
+    args = rendered.container("Job", INIT)["args"]
+    for flag, file in (("trust-certs", "ca.crt"), ("cert", "tls.crt"), ("key", "tls.key")):
+        assert args[args.index(f"--etcd-{flag}-file") + 1] == f"{TLS_DIR}/{file}"
+    # etcd: TLS for clients (certificates required) and for peers (of common name etcd)
+    etcd = etcd_flags(rendered.container("StatefulSet", ETCD))
+    mounted = mounted_secrets(rendered, "StatefulSet", ETCD)
+    assert mounted["/etc/etcd/tls"][0] == f"{ETCD}-tls"
+    for flag in ("listen-client-urls", "advertise-client-urls", "listen-peer-urls"):
+        assert etcd[flag].startswith("https://"), flag
+    assert etcd["initial-advertise-peer-urls"].startswith("https://")
+    assert {f: etcd[f] for f in ("cert-file", "peer-cert-file")} == {
+        "cert-file": "/etc/etcd/tls/tls.crt",
+        "peer-cert-file": "/etc/etcd/tls/tls.crt",
+    }
+    assert etcd["trusted-ca-file"] == etcd["peer-trusted-ca-file"] == "/etc/etcd/tls/ca.crt"
+    assert etcd["client-cert-auth"] == etcd["peer-client-cert-auth"] == ""
+    assert etcd["peer-cert-allowed-cn"] == "etcd"
+    # the broker Service offers only the TLS port
+    service = rendered.get("Service", BROKER)["spec"]["ports"]
+    assert {p["name"]: p["port"] for p in service} == {"grpc-tls": 6651, "http": 8080}
+    assert "magnetar+ssl://" in rendered.notes
+
+
+@pytest.mark.parametrize("values_file", CI_VALUES, ids=ids(CI_VALUES))
+def test_secrets_are_mounted_read_only_and_only_where_needed(values_file: Path) -> None:
+    rendered = render(ci_values(values_file))
+    for obj, pod in rendered.workloads():
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        for container in pod["containers"]:
+            for volume_mount in container.get("volumeMounts", []):
+                volume = volumes.get(volume_mount["name"], {})
+                if "secret" in volume:
+                    where = f"{obj['metadata']['name']} {volume_mount['mountPath']}"
+                    assert volume_mount.get("readOnly") is True, where
+                    assert volume["secret"]["defaultMode"] == 0o440, where
+    # the private keys of the tokens stay with the brokers; the test pod gets the CA alone
+    for kind, name, _ in MAGNETAR_WORKLOADS[1:]:
+        if rendered.has(kind, name):
+            assert "/etc/magnetar/token-key" not in mounted_secrets(rendered, kind, name)
+            assert "/etc/magnetar/superuser" not in mounted_secrets(rendered, kind, name)
+    test_pod = mounted_secrets(rendered, "Pod", TEST_POD)
+    if TLS_DIR in test_pod:
+        assert [i["key"] for i in test_pod[TLS_DIR][1]["items"]] == ["ca.crt"]
+
+
+def test_the_generated_certificates_come_from_one_ca_with_the_roles_and_names_needed() -> None:
+    rendered = render()
+    secrets = {s["metadata"]["name"]: s for s in rendered.of_kind("Secret")}
+    ca = certificate(rendered, f"{RELEASE}-magnetar-ca")
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    server_and_client = {ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH}
+    for component in ("broker", "bookie", "autorecovery", "init", "etcd"):
+        secret = secrets[f"{RELEASE}-magnetar-{component}-tls"]
+        assert secret["type"] == "kubernetes.io/tls"
+        files = secret_files(secret)
+        assert files["ca.crt"] == secret_files(secrets[f"{RELEASE}-magnetar-ca"])["tls.crt"]
+        cert = x509.load_pem_x509_certificate(files["tls.crt"])
+        cert.verify_directly_issued_by(ca)
+        assert common_name(cert) == component  # the role the bookies and etcd see
+        usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+        assert server_and_client <= set(usages)
+        key = serialization.load_pem_private_key(files["tls.key"], password=None)
+        spki = (serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        assert key.public_key().public_bytes(*spki) == cert.public_key().public_bytes(*spki)
+    # the names clients connect to: the broker Service, each broker's advertised pod name
+    broker = certificate(rendered, f"{BROKER}-tls")
+    for host in (
+        f"{BROKER}.{NAMESPACE}.svc.cluster.local",
+        f"{BROKER}.{NAMESPACE}.svc",
+        advertised_broker_host("10.1.2.3"),
+        "localhost",
+        "127.0.0.1",
+    ):
+        assert covers(broker, host), host
+    # each bookie at the host it advertises
+    bookie = certificate(rendered, f"{BOOKIE}-tls")
+    env = container_env(rendered.container("StatefulSet", BOOKIE), {"metadata.name": f"{BOOKIE}-3"})
+    assert covers(bookie, env["MAGNETAR_ADVERTISED_HOST"])
+    # each etcd member at its client URL and its peer URL
+    etcd = certificate(rendered, f"{ETCD}-tls")
+    (url,) = metadata_urls(rendered)
+    for endpoint in url.removeprefix("etcd://").split(","):
+        assert covers(etcd, endpoint.rsplit(":", 1)[0]), endpoint
+    peers = etcd_flags(rendered.container("StatefulSet", ETCD))["initial-cluster"].split(",")
+    for peer in peers:
+        assert covers(etcd, peer.split("://")[1].rsplit(":", 1)[0]), peer
+    assert covers(etcd, f"{ETCD}.{NAMESPACE}.svc.cluster.local")
+    # the Prometheus Operator checks the name of each component's Service
+    monitored = render({"monitoring": {"serviceMonitor": {"enabled": True}}})
+    for monitor in monitored.of_kind("ServiceMonitor"):
+        endpoint = monitor["spec"]["endpoints"][0]
+        secret = endpoint["tlsConfig"]["ca"]["secret"]["name"]
+        assert covers(certificate(monitored, secret), endpoint["tlsConfig"]["serverName"])
+
+
+def advertised_broker_host(pod_ip: str, values: dict[str, Any] | None = None) -> str:
+    """The host a broker advertises: what its container's command makes of its pod IP."""
+    container = render(values).container("Deployment", BROKER)
+    with tempfile.TemporaryDirectory() as bin_dir:
+        fake = Path(bin_dir) / "magnetar"  # stands for the image's entrypoint
+        fake.write_text('#!/bin/sh\necho "$MAGNETAR_ADVERTISED_HOST $*"\n')
+        fake.chmod(0o755)
+        env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "POD_IP": pod_ip}
+        out = subprocess.run(
+            [*container["command"], *container["args"]],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+    assert out[1:] == container["args"]  # the arguments reach magnetar untouched
+    return out[0]
+
+
+def test_brokers_advertise_their_pod_dns_name_which_their_certificate_holds() -> None:
+    assert advertised_broker_host("10.1.2.3") == f"10-1-2-3.{NAMESPACE}.pod.cluster.local"
+    assert advertised_broker_host("fd00::5") == f"fd00--5.{NAMESPACE}.pod.cluster.local"
+    other = {"clusterDomain": "k8s.example"}
+    assert advertised_broker_host("10.0.0.1", other) == f"10-0-0-1.{NAMESPACE}.pod.k8s.example"
+    # without TLS on the client port: the pod IP, as before
+    plain = render(PLAIN).container("Deployment", BROKER)
+    assert "command" not in plain
+    env = container_env(plain, {"metadata.name": "b", "status.podIP": "10.1.2.3"})
+    assert env["MAGNETAR_ADVERTISED_HOST"] == "10.1.2.3"
+
+
+def test_brokers_and_bookies_authenticate_and_authorize_by_default() -> None:
+    rendered = render()
+    broker = rendered.config_toml("broker")
+    assert broker["authentication_enabled"] is True
+    assert broker["authorization_enabled"] is True
+    assert broker["authentication_providers"] == ["token"]
+    assert broker["superuser_roles"] == ["superuser"]
+    assert broker["token_secret_key_file"] == "/etc/magnetar/token-key/secret.key"
+    assert broker["token_static_file"] == "/etc/magnetar/superuser/static-tokens"
+    # admin calls forwarded between brokers go as the superuser
+    assert broker["broker_client_auth_token_file"] == "/etc/magnetar/superuser/token"
+    mounted = mounted_secrets(rendered, "Deployment", BROKER)
+    assert mounted["/etc/magnetar/token-key"][0] == f"{RELEASE}-magnetar-token-key"
+    assert mounted["/etc/magnetar/superuser"][0] == f"{RELEASE}-magnetar-superuser"
+    key = secret_files(rendered.get("Secret", f"{RELEASE}-magnetar-token-key"))["secret.key"]
+    assert len(key) == 32
+    superuser = secret_files(rendered.get("Secret", f"{RELEASE}-magnetar-superuser"))
+    token = superuser["token"].decode()
+    assert len(token) >= 32
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    assert superuser["static-tokens"].decode() == f"superuser {digest}\n"
+    # the helm test pod acts as the superuser, over TLS
+    env = container_env(rendered.get("Pod", TEST_POD)["spec"]["containers"][0], {})
+    assert env["MAGNETAR_AUTH_TOKEN_FILE"] == "/etc/magnetar/superuser/token"
+    assert env["MAGNETAR_TLS_TRUST_CERTS_FILE"] == f"{TLS_DIR}/ca.crt"
+    assert env["MAGNETAR_SERVICE_URL"] == (
+        f"magnetar+ssl://{BROKER}.{NAMESPACE}.svc.cluster.local:6651"
+    )
+    # bookies: the client certificate's common name is the role
+    bookie = rendered.config_toml("bookie")
+    assert bookie["authentication_enabled"] is True
+    assert bookie["authentication_providers"] == ["tls"]
+    assert bookie["bookie_client_roles"] == ["broker", "autorecovery"]
+    # roles given in the config are added; bookies running autorecovery reach each other
+    more = render(
         {
-            "tls": {"enabled": True, "secretName": "tls-s"},
-            "auth": {"enabled": True, "secretName": "auth-s"},
+            "auth": {"superuserRole": "root"},
+            "broker": {"config": {"superuser_roles": ["ops", "root"]}},
+            "bookie": {"config": {"autorecovery": True, "bookie_client_roles": ["backup"]}},
         }
     )
-    for kind, name, wanted in (
-        ("Deployment", BROKER, {"tls": "tls-s", "auth": "auth-s"}),
-        ("StatefulSet", BOOKIE, {"tls": "tls-s"}),
-    ):
-        pod = rendered.get(kind, name)["spec"]["template"]["spec"]
-        secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
-        assert secrets == wanted
-        mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
-        for volume in wanted:
-            assert mounts[volume] == f"/etc/magnetar/{volume}"
-    assert "does not serve TLS yet" in rendered.notes
-    assert "does not check credentials yet" in rendered.notes
-    plain = render()
-    assert "WARNING" not in plain.notes
+    assert more.config_toml("broker")["superuser_roles"] == ["root", "ops"]
+    assert more.config_toml("bookie")["bookie_client_roles"] == [
+        "broker",
+        "autorecovery",
+        "bookie",
+        "backup",
+    ]
+    static = secret_files(more.get("Secret", f"{RELEASE}-magnetar-superuser"))["static-tokens"]
+    assert static.decode().startswith("root ")
+
+
+def policy_peers(rule: dict[str, Any]) -> list[str]:
+    """The components a NetworkPolicy rule lets in ("anyone" when it names no source)."""
+    if "from" not in rule:
+        return ["anyone"]
+    peers = []
+    for peer in rule["from"]:
+        labels = peer.get("podSelector", {}).get("matchLabels", {})
+        peers.append(labels.get("app.kubernetes.io/component", str(peer)))
+    return peers
+
+
+def policies(rendered: Any) -> dict[str, dict[int, list[str]]]:
+    """component -> port -> who may connect, from the rendered NetworkPolicies."""
+    found: dict[str, dict[int, list[str]]] = {}
+    for policy in rendered.of_kind("NetworkPolicy"):
+        spec = policy["spec"]
+        assert spec["policyTypes"] == ["Ingress"]
+        selected = spec["podSelector"]["matchLabels"]
+        # it selects exactly one component's pods, by the labels its workload gives them
+        (component,) = {
+            o["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
+            for o, _ in rendered.workloads()
+            if o["kind"] != "Pod"
+            and selected.items() <= o["spec"]["template"]["metadata"]["labels"].items()
+        }
+        ports = found.setdefault(component, {})
+        for rule in spec["ingress"]:
+            for port in rule["ports"]:
+                ports.setdefault(port["port"], []).extend(policy_peers(rule))
+    return found
+
+
+def test_network_policies_let_in_only_who_needs_each_port() -> None:
+    assert policies(render()) == {
+        "broker": {6651: ["anyone"], 8080: ["anyone"]},
+        "bookie": {3181: ["broker", "autorecovery"], 8000: ["anyone"]},
+        "autorecovery": {8001: ["anyone"]},
+        "etcd": {
+            2379: ["broker", "bookie", "autorecovery", "init"],
+            2380: ["etcd"],
+            2381: ["anyone"],
+        },
+    }
+    # restricted clients and scrapers; the plaintext port kept; bookies running autorecovery
+    clients = [{"namespaceSelector": {"matchLabels": {"team": "apps"}}}]
+    scrapers = [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]
+    found = policies(
+        render(
+            {
+                "networkPolicy": {"clientFrom": clients, "metricsFrom": scrapers},
+                "tls": {"broker": {"plaintextPort": True}},
+                "bookie": {"config": {"autorecovery": True}},
+            }
+        )
+    )
+    client_peers = [str(clients[0]), "broker", "test"]
+    scraper_peers = [str(scrapers[0])]
+    assert found["broker"] == {6650: client_peers, 6651: client_peers, 8080: scraper_peers}
+    assert found["bookie"][3181] == ["broker", "autorecovery", "bookie"]
+    assert found["etcd"][2381] == found["bookie"][8000] == scraper_peers
+    assert not render({"networkPolicy": {"enabled": False}}).of_kind("NetworkPolicy")
+
+
+def test_each_part_of_the_security_can_be_turned_off_and_notes_say_so() -> None:
+    assert "WARNING" not in render().notes
+    assert "not yet" not in render().notes
+    plain = render({"tls": {"enabled": False}})
+    assert [s["metadata"]["name"] for s in plain.of_kind("Secret")] == [
+        f"{RELEASE}-magnetar-token-key",
+        f"{RELEASE}-magnetar-superuser",
+    ]
+    for component in ("broker", "bookie", "autorecovery"):
+        config = plain.config_toml(component)
+        assert not [k for k in config if "tls" in k or k.startswith("etcd_")], component
+    assert plain.config_toml("bookie").get("authentication_enabled") is None  # needs TLS
+    assert "--etcd-cert-file" not in plain.container("Job", INIT)["args"]
+    assert "https" not in str(plain.container("StatefulSet", ETCD)["args"])
+    assert "TLS is off (tls.enabled)" in plain.notes
+
+    broker_plain = render({"tls": {"broker": {"enabled": False}}})
+    assert broker_plain.config_toml("broker")["port"] == 6650
+    assert "tls_cert_file" not in broker_plain.config_toml("broker")
+    assert "ledger" in broker_plain.config_toml("broker")  # to the bookies: still TLS
+    assert "tls.broker.enabled" in broker_plain.notes
+
+    kept = render({"tls": {"broker": {"plaintextPort": True}}})
+    assert kept.config_toml("broker")["port"] == 6650
+    assert kept.config_toml("broker")["tls_port"] == 6651
+    assert "tls.broker.plaintextPort" in kept.notes
+
+    bookies_plain = render({"tls": {"bookie": {"enabled": False}}})
+    bookie = bookies_plain.config_toml("bookie")
+    assert "tls_cert_file" not in bookie
+    assert "authentication_enabled" not in bookie
+    assert "ledger" not in bookies_plain.config_toml("broker")
+    assert "tls.bookie.enabled" in bookies_plain.notes
+
+    etcd_plain = render({"tls": {"etcd": {"enabled": False}}})
+    assert "etcd_cert_file" not in etcd_plain.config_toml("broker")
+    assert not etcd_plain.has("Secret", f"{ETCD}-tls")
+    assert not etcd_plain.has("Secret", f"{INIT}-tls")
+    assert "tls.etcd.enabled" in etcd_plain.notes
+
+    http_plain = render({"tls": {"http": {"enabled": False}}})
+    assert "http_tls_cert_file" not in http_plain.config_toml("broker")
+    probe = http_plain.container("Deployment", BROKER)["readinessProbe"]["httpGet"]
+    assert probe["scheme"] == "HTTP"
+    assert "tls.http.enabled" in http_plain.notes
+
+    open_brokers = render({"auth": {"enabled": False}})
+    broker = open_brokers.config_toml("broker")
+    assert not [k for k in broker if "auth" in k or "token" in k or "superuser" in k]
+    assert not open_brokers.has("Secret", f"{RELEASE}-magnetar-superuser")
+    assert "auth.enabled" in open_brokers.notes
+    assert "MAGNETAR_AUTH_TOKEN_FILE" not in str(open_brokers.get("Pod", TEST_POD))
+
+    no_authorization = render({"auth": {"authorization": False}})
+    assert "authorization_enabled" not in no_authorization.config_toml("broker")
+    assert "auth.authorization" in no_authorization.notes
+
+    bookies_open = render({"auth": {"bookie": {"enabled": False}}})
+    assert "authentication_enabled" not in bookies_open.config_toml("bookie")
+    assert "auth.bookie.enabled" in bookies_open.notes
+
+    assert "networkPolicy.enabled" in render({"networkPolicy": {"enabled": False}}).notes
+
+
+def chart_with_a_cluster(tmp_path: Path) -> helm_python.Chart:
+    """The chart with its Secret `lookup`s answered from the value `cluster` (name -> object)
+    instead of a cluster's API server, which offline rendering does not have."""
+    copy_dir = tmp_path / "magnetar"
+    shutil.copytree(CHART_DIR, copy_dir)
+    (copy_dir / "values.schema.json").unlink()  # `cluster` is no value of the real chart
+    replaced = 0
+    for template in (copy_dir / "templates" / "security").glob("*.yaml"):
+        text, count = re.subn(
+            r'lookup "v1" "Secret" \$namespace (\$\w+)',
+            r"(get $.Values.cluster \1 | default dict)",
+            template.read_text(),
+        )
+        template.write_text(text)
+        replaced += count
+    assert replaced == 4
+    return helm_python.Chart.load(copy_dir)
+
+
+def test_generated_secrets_are_kept_across_upgrades(tmp_path: Path) -> None:
+    chart = chart_with_a_cluster(tmp_path)
+
+    def secrets(values: dict[str, Any], cluster: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        manifests = chart.render(
+            {**values, "cluster": cluster}, name=RELEASE, namespace=NAMESPACE, is_upgrade=True
+        )
+        objects = [
+            o
+            for path, text in manifests.items()
+            if not path.endswith("NOTES.txt")
+            for o in yaml.safe_load_all(text)
+            if o
+        ]
+        return {o["metadata"]["name"]: o for o in objects if o.get("kind") == "Secret"}
+
+    installed = secrets({}, {})
+    assert len(installed) == 8  # token key, superuser token, CA and five certificates
+    # an upgrade finds them, and keeps every one as it is
+    assert secrets({}, installed) == installed
+    # a new name on the broker certificate: that one is made again, by the same CA
+    upgraded = secrets({"tls": {"broker": {"extraDnsNames": ["mq.example.com"]}}}, installed)
+    changed = {name for name in installed if upgraded[name] != installed[name]}
+    assert changed == {f"{BROKER}-tls"}
+    assert covers(certificate_of(upgraded[f"{BROKER}-tls"]), "mq.example.com")
+    # a certificate in its last 30 days is renewed; the others are kept
+    expiring = copy.deepcopy(installed)
+    soon = int(time.time()) + 10 * 86400
+    expiring[f"{BOOKIE}-tls"]["metadata"]["annotations"]["magnetar/expires"] = str(soon)
+    renewed = secrets({}, expiring)
+    assert {name for name in installed if renewed[name] != installed[name]} == {f"{BOOKIE}-tls"}
+    # a CA that is gone: a new one, and every certificate made again by it
+    without_ca = {n: s for n, s in installed.items() if n != f"{RELEASE}-magnetar-ca"}
+    remade = secrets({}, without_ca)
+    assert {name for name in installed if remade[name] != installed[name]} == {
+        f"{RELEASE}-magnetar-ca",
+        *(
+            f"{RELEASE}-magnetar-{c}-tls"
+            for c in ("broker", "bookie", "autorecovery", "init", "etcd")
+        ),
+    }
+
+
+def certificate_of(secret: dict[str, Any]) -> x509.Certificate:
+    return x509.load_pem_x509_certificate(secret_files(secret)["tls.crt"])
+
+
+def test_certificates_from_cert_manager() -> None:
+    rendered = render({"tls": {"source": "certManager"}})
+    assert {s["metadata"]["name"] for s in rendered.of_kind("Secret")} == {
+        f"{RELEASE}-magnetar-token-key",
+        f"{RELEASE}-magnetar-superuser",
+    }
+    certificates = {c["metadata"]["name"]: c["spec"] for c in rendered.of_kind("Certificate")}
+    issuers = {i["metadata"]["name"]: i["spec"] for i in rendered.of_kind("Issuer")}
+    # the chart's own CA: self-signed, and an Issuer of it
+    assert issuers[f"{RELEASE}-magnetar-selfsigned"] == {"selfSigned": {}}
+    assert certificates[f"{RELEASE}-magnetar-ca"]["isCA"] is True
+    assert issuers[f"{RELEASE}-magnetar-ca"] == {"ca": {"secretName": f"{RELEASE}-magnetar-ca"}}
+    generated = render()
+    for component in ("broker", "bookie", "autorecovery", "init", "etcd"):
+        spec = certificates[f"{RELEASE}-magnetar-{component}"]
+        assert spec["commonName"] == component
+        assert spec["secretName"] == f"{RELEASE}-magnetar-{component}-tls"
+        assert spec["issuerRef"]["name"] == f"{RELEASE}-magnetar-ca"
+        assert set(spec["usages"]) >= {"server auth", "client auth"}
+        # the same names as the certificates Helm generates
+        cert = certificate(generated, spec["secretName"])
+        assert spec.get("dnsNames", []) + spec.get("ipAddresses", []) == names(cert)
+    # the pods mount the same Secrets as with generated certificates
+    for kind, name, _ in MAGNETAR_WORKLOADS:
+        assert mounted_secrets(rendered, kind, name) == mounted_secrets(generated, kind, name)
+    own = render({"tls": {"source": "certManager", "certManager": {"issuerRef": {"name": "corp"}}}})
+    assert not own.of_kind("Issuer")
+    assert {c["spec"]["issuerRef"]["name"] for c in own.of_kind("Certificate")} == {"corp"}
+
+
+def test_certificates_from_secrets_you_name() -> None:
+    values = ci_values(EXTERNAL)
+    rendered = render(values)
+    assert not rendered.of_kind("Certificate")
+    generated = {s["metadata"]["name"] for s in rendered.of_kind("Secret")}
+    assert generated == {f"{RELEASE}-magnetar-token-key", f"{RELEASE}-magnetar-superuser"}
+    for kind, name, component in MAGNETAR_WORKLOADS[:3]:
+        mounted = mounted_secrets(rendered, kind, name)
+        assert mounted[TLS_DIR][0] == values["tls"][component]["secretName"]
+        # the external etcd: its CA and client certificate, and a user
+        assert mounted["/etc/magnetar/etcd-tls"][0] == "etcd-client-magnetar"
+        assert mounted["/etc/magnetar/etcd-password"][0] == "etcd-magnetar-password"
+        config = rendered.config_toml(component)
+        assert config["etcd_cert_file"] == "/etc/magnetar/etcd-tls/tls.crt"
+        assert config["etcd_trust_certs_file"] == "/etc/magnetar/etcd-tls/ca.crt"
+        assert config["etcd_user"] == "magnetar"
+        assert config["etcd_password_file"] == "/etc/magnetar/etcd-password/password"
+    # the init Job has no certificate of the chart: the external etcd's only
+    init = mounted_secrets(rendered, "Job", INIT)
+    assert set(init) == {"/etc/magnetar/etcd-tls", "/etc/magnetar/etcd-password"}
+    args = rendered.container("Job", INIT)["args"]
+    assert args[args.index("--etcd-user") + 1] == "magnetar"
+
+
+def test_your_own_token_key_and_superuser_token() -> None:
+    rendered = render(
+        {"auth": {"tokenKey": {"secretName": "k"}, "superuserToken": {"secretName": "t"}}}
+    )
+    assert not rendered.has("Secret", f"{RELEASE}-magnetar-token-key")
+    assert not rendered.has("Secret", f"{RELEASE}-magnetar-superuser")
+    mounted = mounted_secrets(rendered, "Deployment", BROKER)
+    assert mounted["/etc/magnetar/token-key"][0] == "k"
+    # a JWT of the superuser role, verified by the key: no static token
+    assert [i["key"] for i in mounted["/etc/magnetar/superuser"][1]["items"]] == ["token"]
+    assert "token_static_file" not in rendered.config_toml("broker")
+    assert mounted_secrets(rendered, "Pod", TEST_POD)["/etc/magnetar/superuser"][0] == "t"
+
+
+def test_notes_show_how_to_use_the_superuser_token_and_make_application_tokens() -> None:
+    notes = render().notes
+    url = "magnetar+ssl://localhost:6651"
+    flags = "--tls-trust-certs-file /etc/magnetar/tls/ca.crt --auth-token-file"
+    assert f"exec deploy/{BROKER} -- magnetar topics list --service-url {url} {flags}" in notes
+    assert f"get secret {RELEASE}-magnetar-superuser -o jsonpath='{{.data.token}}'" in notes
+    assert "magnetar tokens create --secret-key /etc/magnetar/token-key/secret.key" in notes
+    assert "magnetar namespaces grant-permission" in notes
+    # every command in the notes is one magnetar accepts
+    parser = build_parser()
+    for line in notes.splitlines():
+        if "-- magnetar " in line:
+            command = line.split("-- magnetar ", 1)[1].split(" > ")[0]
+            parser.parse_args(shlex.split(command))
 
 
 # --- config -----------------------------------------------------------------------------------
@@ -530,7 +1184,8 @@ def test_settings_of_every_type_reach_the_process_as_given(tmp_path: Path) -> No
     assert config.managed_ledger.ensemble_size == 3
     assert config.managed_ledger.write_quorum is None
     assert config.ledger.add_timeout_ms == 12000
-    assert config.port == 6650
+    assert config.port is None  # TLS only
+    assert config.tls_port == 6651
     assert config.http_port == 8080
     assert config.metadata.startswith("etcd://")
 
@@ -540,7 +1195,8 @@ def test_container_commands_are_commands_magnetar_accepts() -> None:
     for values_file in CI_VALUES:
         for obj, pod in render(ci_values(values_file)).workloads():
             for container in pod["containers"]:
-                if "command" in container:  # etcd, and the helm test pod's shell
+                wrapper = container.get("command", [""])[-1] == "magnetar"  # execs magnetar "$@"
+                if "command" in container and not wrapper:  # etcd, and the helm test pod's shell
                     continue
                 args = parser.parse_args(container["args"])
                 assert args.command in {"bookie", "broker", "autorecovery", "cluster"}, obj
@@ -563,6 +1219,27 @@ SCHEMA_VIOLATIONS = [
     ({"broker": {"ports": {"grpc": 70000}}}, "/broker/ports/grpc", "maximum"),
     ({"logging": {"level": "verbose"}}, "/logging/level", "one of"),
     ({"etcd": {"external": {"endpoints": ["etcd-0"]}}}, "/etcd/external/endpoints/0", "pattern"),
+    # the chart sets every file and the security switches from its tls and auth values
+    ({"broker": {"config": {"tls_cert_file": "/x"}}}, "/broker/config", "'tls_cert_file'"),
+    ({"broker": {"config": {"tls_port": 7000}}}, "/broker/config", "'tls_port'"),
+    (
+        {"broker": {"config": {"authentication_enabled": False}}},
+        "/broker/config",
+        "'authentication_enabled'",
+    ),
+    (
+        {"bookie": {"config": {"authentication_providers": ["token"]}}},
+        "/bookie/config",
+        "'authentication_providers'",
+    ),
+    (
+        {"autorecovery": {"config": {"ledger": {"tls_cert_file": "/x"}}}},
+        "/autorecovery/config/ledger",
+        "'tls_cert_file'",
+    ),
+    ({"tls": {"source": "vault"}}, "/tls/source", "'generate', 'secrets', 'certManager'"),
+    ({"tls": {"secretName": "old"}}, "additional properties 'secretName' not allowed", ""),
+    ({"auth": {"secretName": "old"}}, "additional properties 'secretName' not allowed", ""),
 ]
 
 
@@ -596,8 +1273,26 @@ RULE_VIOLATIONS = [
         {"broker": {"terminationGracePeriodSeconds": 60}},
         "broker.terminationGracePeriodSeconds: 60 s",
     ),
-    ({"tls": {"enabled": True}}, "tls.secretName"),
-    ({"auth": {"enabled": True}}, "auth.secretName"),
+    ({"tls": {"source": "secrets"}}, "tls.broker.secretName: name the Secret"),
+    (
+        {
+            "tls": {
+                "source": "secrets",
+                **{c: {"secretName": c} for c in ("broker", "autorecovery", "init", "etcd")},
+            }
+        },
+        "tls.bookie.secretName: name the Secret",
+    ),
+    ({"etcd": {"enabled": False, "external": {"endpoints": ["e:2379"]}}}, "etcd.external.tls"),
+    (
+        {
+            "etcd": {
+                "enabled": False,
+                "external": {"endpoints": ["e:2379"], "tls": {"secretName": "e"}, "user": "m"},
+            }
+        },
+        "etcd.external.passwordSecretName",
+    ),
     (
         {"broker": {"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 3}}},
         "minReplicas (5) is above maxReplicas (3)",
@@ -620,14 +1315,29 @@ def test_the_schema_lists_every_setting_the_chart_does_not_set_itself() -> None:
     assert "port" not in broker
     assert broker["managed_ledger"]["properties"]["retention_time_ms"]["type"] == "integer"
     fields = {f.name for f in dataclasses.fields(BrokerConfig)}
-    assert set(broker) == fields - {
+    # every setting that names a file: the chart mounts the files and points at them
+    files = {f.name for f in dataclasses.fields(BrokerConfig) if "Path" in str(f.type)}
+    assert "tls_cert_file" in files
+    assert "token_static_file" in files
+    assert set(broker) == fields - files - {
         "metadata",
         "port",
+        "tls_port",
         "http_port",
         "bind_host",
         "advertised_host",
         "broker_id",
+        "authentication_enabled",
+        "authentication_providers",
+        "authorization_enabled",
+        "etcd_user",
     }
+    ledger = broker["ledger"]["properties"]
+    assert "tls_cert_file" not in ledger
+    assert "ensemble_size" in ledger
+    bookie = schema["definitions"]["bookieConfig"]["properties"]
+    assert "bookie_client_roles" in bookie  # added to the chart's
+    assert "tls_trust_certs_file" not in bookie
 
 
 # --- the image --------------------------------------------------------------------------------
@@ -650,9 +1360,14 @@ def test_the_default_image_is_the_one_the_dockerfile_builds() -> None:
     assert rendered.container("Deployment", BROKER)["image"] == (
         f"{values['image']['repository']}:{project['version']}"
     )
-    # its entrypoint is the magnetar command, so the chart gives only a subcommand
+    # its entrypoint is the magnetar command, so the chart gives only a subcommand (the broker's
+    # shell wrapper, which computes its pod DNS name, execs magnetar with them)
     assert re.search(r'^ENTRYPOINT \["magnetar"\]$', text, re.M)
-    assert "command" not in rendered.container("Deployment", BROKER)
+    for kind, name, _ in MAGNETAR_WORKLOADS[1:]:
+        assert "command" not in rendered.container(kind, name)
+    shell, option, script, zeroth = rendered.container("Deployment", BROKER)["command"]
+    assert (shell, option, zeroth) == ("/bin/sh", "-c", "magnetar")
+    assert script.endswith('exec magnetar "$@"')
     # a slim Python the project supports, a non-root user the chart runs as
     bases = re.findall(r"^FROM (\S+)", text, re.M)
     assert bases

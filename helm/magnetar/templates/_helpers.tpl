@@ -76,7 +76,7 @@ endpoints. */}}
 {{- $fullname := include "magnetar.etcd.fullname" . -}}
 {{- $headless := include "magnetar.etcd.headless" . -}}
 {{- range $i := until (int .Values.etcd.replicaCount) -}}
-{{- $members = append $members (printf "%s-%d.%s.%s.svc.cluster.local:%d" $fullname $i $headless $.Release.Namespace (int $.Values.etcd.ports.client)) -}}
+{{- $members = append $members (printf "%s-%d.%s.%s.svc.%s:%d" $fullname $i $headless $.Release.Namespace $.Values.clusterDomain (int $.Values.etcd.ports.client)) -}}
 {{- end -}}
 {{- join "," $members -}}
 {{- else -}}
@@ -176,39 +176,13 @@ podAntiAffinity:
 {{- end }}
 {{- end -}}
 
-{{/* TLS and auth secrets, mounted for the security work (the processes do not read them yet). */}}
-{{- define "magnetar.securityVolumeMounts" -}}
-{{- if .ctx.Values.tls.enabled }}
-- name: tls
-  mountPath: /etc/magnetar/tls
-  readOnly: true
-{{- end }}
-{{- if and .ctx.Values.auth.enabled .auth }}
-- name: auth
-  mountPath: /etc/magnetar/auth
-  readOnly: true
-{{- end }}
-{{- end -}}
-
-{{- define "magnetar.securityVolumes" -}}
-{{- if .ctx.Values.tls.enabled }}
-- name: tls
-  secret:
-    secretName: {{ required "tls.secretName: name the secret holding tls.crt, tls.key and ca.crt when tls.enabled is true" .ctx.Values.tls.secretName }}
-{{- end }}
-{{- if and .ctx.Values.auth.enabled .auth }}
-- name: auth
-  secret:
-    secretName: {{ required "auth.secretName: name the secret holding the token signing key when auth.enabled is true" .ctx.Values.auth.secretName }}
-{{- end }}
-{{- end -}}
-
 {{/* prometheus.io annotations for a pod serving /metrics on `port`. */}}
 {{- define "magnetar.scrapeAnnotations" -}}
 {{- if .ctx.Values.monitoring.annotations }}
 prometheus.io/scrape: "true"
 prometheus.io/port: {{ .port | quote }}
 prometheus.io/path: /metrics
+prometheus.io/scheme: {{ include "magnetar.http.scheme" .ctx | lower }}
 {{- end }}
 {{- end -}}
 
