@@ -156,9 +156,7 @@ def test_send_from_several_threads_keeps_each_threads_order(client: magnetar.Cli
         name, i = value.split(":")
         per_thread[name].append(int(i))
     assert got[-1] == "last"
-    assert {name: values for name, values in per_thread.items()} == {
-        f"t{n}": list(range(500)) for n in range(4)
-    }
+    assert dict(per_thread.items()) == {f"t{n}": list(range(500)) for n in range(4)}
 
 
 def test_send_returns_the_id_and_send_many_a_receipt(client: magnetar.Client):
@@ -241,7 +239,7 @@ def test_bad_send_arguments_are_refused_by_name(client: magnetar.Client):
         with pytest.raises(InvalidArgumentError, match="not both"):
             producer.send(b"x", deliver_after_ms=10, deliver_at_ms=10)
         with pytest.raises(InvalidArgumentError, match="sequence of messages"):
-            producer.send_many(b"not a list")
+            producer.send_many(b"not a list")  # type: ignore[arg-type]
         assert producer.send(b"still fine") is not None
 
 
@@ -288,9 +286,8 @@ def test_receive_and_acknowledge_loop_consumes_everything_once(client: magnetar.
     with pytest.raises(ReceiveTimeoutError):
         consumer.receive(timeout_millis=200)
     consumer.close()  # flushes the grouped acks
-    with client.subscribe(topic, "s") as again:
-        with pytest.raises(ReceiveTimeoutError):
-            again.receive(timeout_millis=500)
+    with client.subscribe(topic, "s") as again, pytest.raises(ReceiveTimeoutError):
+        again.receive(timeout_millis=500)
 
 
 def test_cumulative_and_negative_acknowledgements_are_grouped_too(client: magnetar.Client):
@@ -339,7 +336,8 @@ def test_receive_from_two_threads_gives_each_message_to_one_of_them(client: magn
         worker.join()
     consumer.close()
     assert sorted(taken["a"] + taken["b"]) == list(range(2_000))
-    assert taken["a"] == sorted(taken["a"]) and taken["b"] == sorted(taken["b"])
+    assert taken["a"] == sorted(taken["a"])
+    assert taken["b"] == sorted(taken["b"])
 
 
 def test_a_consumer_that_does_not_acknowledge_holds_at_most_its_queue(client: magnetar.Client):
@@ -426,9 +424,7 @@ def test_message_listener_gets_every_message_in_order_and_a_raising_one_goes_on(
         if len(seen) == 200:
             finished.set()
 
-    consumer = client.subscribe(
-        topic, "s", initial_position="earliest", message_listener=listener
-    )
+    consumer = client.subscribe(topic, "s", initial_position="earliest", message_listener=listener)
     with pytest.raises(InvalidArgumentError, match="listener"):
         consumer.receive(timeout_millis=100)
     with client.create_producer(topic) as producer:
@@ -436,7 +432,8 @@ def test_message_listener_gets_every_message_in_order_and_a_raising_one_goes_on(
             producer.send_async(b"%d" % i)
     assert finished.wait(30)
     assert seen == list(range(200))
-    assert len(threads) == 1 and threading.current_thread().name not in threads
+    assert len(threads) == 1
+    assert threading.current_thread().name not in threads
     consumer.close()
     # the messages whose listener raised were never acknowledged: they come again
     with client.subscribe(topic, "s") as again:

@@ -62,7 +62,7 @@ def test_garbage_is_not_a_message_id() -> None:
 def test_ids_are_immutable_and_printable() -> None:
     message_id = MessageId(1, 2, 3, 4)
     with pytest.raises(AttributeError):
-        message_id.entry_id = 9
+        message_id.entry_id = 9  # type: ignore[misc]
     assert str(message_id) == "1:2:3:4"
     assert message_id.entry == (1, 2)
 
