@@ -20,9 +20,11 @@ except _metadata.PackageNotFoundError:  # running from a source tree that was no
 
 if TYPE_CHECKING:
     from magnetar.aio.auth import AuthenticationTLS, AuthenticationToken
+    from magnetar.aio.handoff import SendFuture
     from magnetar.aio.message import Message
     from magnetar.aio.message_id import MessageId
     from magnetar.aio.producer import SendReceipt
+    from magnetar.aio.send_options import SendFields
     from magnetar.client import AdminClient, Client, Consumer, Producer, Reader
     from magnetar.common.errors import (
         AuthenticationError,
@@ -54,6 +56,8 @@ _LAZY = {
     "Message": "magnetar.aio.message",
     "MessageId": "magnetar.aio.message_id",
     "SendReceipt": "magnetar.aio.producer",
+    "SendFuture": "magnetar.aio.handoff",
+    "SendFields": "magnetar.aio.send_options",
     "ClientConnectionError": "magnetar.common.errors",
     "IncompatibleSubscriptionError": "magnetar.common.errors",
     "InvalidServiceUrlError": "magnetar.common.errors",
@@ -86,6 +90,8 @@ __all__ = [
     "ProducerQueueFullError",
     "Reader",
     "ReceiveTimeoutError",
+    "SendFields",
+    "SendFuture",
     "SendReceipt",
     "TlsError",
     "TopicLookupError",

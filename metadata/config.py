@@ -70,8 +70,10 @@ class MetadataStoreConfig(EtcdSecuritySettings):
     request_timeout_ms: int = 5000
     """Deadline of one metadata request (etcd: per endpoint attempt)."""
 
-    connect_timeout_ms: int = 5000
-    """How long opening the store waits for an etcd endpoint to answer."""
+    connect_timeout_ms: int = 15000
+    """How long opening the store waits for an etcd endpoint to answer (etcd still starting,
+    a busy machine); a refusal that waiting cannot cure (a bad password or certificate) fails
+    at once."""
 
     max_value_bytes: int = 1_048_576
     """Largest value accepted (etcd's own request limit is 1.5 MiB by default)."""

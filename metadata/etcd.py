@@ -400,46 +400,69 @@ class EtcdMetadataStore(MetadataStore):
         return self._endpoints.current
 
     async def _check_reachable(self) -> None:
+        """Find an endpoint that answers, trying them all in turn until ``connect_timeout_ms``
+        has passed: an etcd that is still starting, or a machine too busy to finish a handshake
+        at once, is waited for. A refusal that waiting cannot cure (a bad password, a
+        certificate etcd rejects) fails at once."""
         timeout_s = self.config.connect_timeout_ms / 1000
         loop = asyncio.get_running_loop()
-        problems: list[str] = []
-        for endpoint in self._endpoints.endpoints:
-            host = endpoint.rsplit(":", 1)[0].strip("[]")
-            try:
-                await asyncio.wait_for(loop.getaddrinfo(host, None), timeout_s)
-            except (OSError, TimeoutError) as e:
-                problems.append(f"{endpoint}: host name {host!r} does not resolve ({e})")
-                continue
-            channel = self._endpoints.channel(endpoint)
-            tls_hint = (
-                " (TLS: check etcd_trust_certs_file, and etcd_cert_file/etcd_key_file if etcd"
-                " requires client certificates)"
-                if self._endpoints.credentials.tls is not None
-                else ""
-            )
-            try:
-                await rpc.MaintenanceStub(channel).Status(rpc.StatusRequest(), timeout=timeout_s)
-                # a wrong password fails here, at the start, not at the first write
-                await self._endpoints.credentials.metadata(channel, endpoint)
-            except grpc.aio.AioRpcError as e:
-                reason = (
-                    f"no answer within {timeout_s:g} s"
-                    if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-                    else (e.details() or e.code().name)
-                )
-                problems.append(f"{endpoint}: {reason}{tls_hint}")
-                continue
-            except MetadataUnavailableError as e:
-                problems.append(f"{endpoint}: {e.message}{tls_hint}")
-                continue
-            # start with an endpoint that answers
-            while self._endpoints.current != endpoint:
-                self._endpoints.rotate(self._endpoints.current)
-            return
+        deadline = loop.time() + timeout_s
+        while True:
+            problems: list[str] = []
+            final = False
+            for endpoint in self._endpoints.endpoints:
+                attempt_s = max(0.5, min(5.0, deadline - loop.time()))
+                problem, final_problem = await self._try_endpoint(endpoint, attempt_s)
+                if problem is None:
+                    # start with an endpoint that answers
+                    while self._endpoints.current != endpoint:
+                        self._endpoints.rotate(self._endpoints.current)
+                    return
+                problems.append(problem)
+                final = final or final_problem
+            if final or loop.time() >= deadline:
+                break
+            await asyncio.sleep(min(0.5, max(0.0, deadline - loop.time())))
         raise MetadataUnavailableError(
-            "cannot reach etcd at any endpoint of " + self.description + ": " + "; ".join(problems),
+            "cannot reach etcd at any endpoint of "
+            + self.description
+            + f" (tried for {timeout_s:g} s, connect_timeout_ms): "
+            + "; ".join(problems),
             context={"endpoints": ",".join(self._endpoints.endpoints)},
         )
+
+    async def _try_endpoint(self, endpoint: str, timeout_s: float) -> tuple[str | None, bool]:
+        """``(None, False)`` when ``endpoint`` answers, else what is wrong and whether waiting
+        cannot cure it."""
+        loop = asyncio.get_running_loop()
+        host = endpoint.rsplit(":", 1)[0].strip("[]")
+        try:
+            await asyncio.wait_for(loop.getaddrinfo(host, None), timeout_s)
+        except (OSError, TimeoutError) as e:
+            return f"{endpoint}: host name {host!r} does not resolve ({e})", False
+        channel = self._endpoints.channel(endpoint)
+        tls_hint = (
+            " (TLS: check etcd_trust_certs_file, and etcd_cert_file/etcd_key_file if etcd"
+            " requires client certificates)"
+            if self._endpoints.credentials.tls is not None
+            else ""
+        )
+        try:
+            await rpc.MaintenanceStub(channel).Status(rpc.StatusRequest(), timeout=timeout_s)
+            # a wrong password fails here, at the start, not at the first write
+            await self._endpoints.credentials.metadata(channel, endpoint)
+        except grpc.aio.AioRpcError as e:
+            code = e.code()
+            reason = (
+                f"no answer within {timeout_s:g} s"
+                if code == grpc.StatusCode.DEADLINE_EXCEEDED
+                else (e.details() or code.name)
+            )
+            transient = code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+            return f"{endpoint}: {reason}{tls_hint}", not transient
+        except MetadataUnavailableError as e:
+            return f"{endpoint}: {e.message}{tls_hint}", not e.retriable
+        return None, False
 
     # --- the call path ------------------------------------------------------------------------
 

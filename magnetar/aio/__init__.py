@@ -20,11 +20,12 @@ from magnetar.aio.admin import AdminClient
 from magnetar.aio.auth import Authentication, AuthenticationTLS, AuthenticationToken
 from magnetar.aio.client import Client
 from magnetar.aio.config import ClientConfig, ConsumerConfig, ProducerConfig
-from magnetar.aio.consumer import Consumer
+from magnetar.aio.consumer import Consumer, MessageListener
 from magnetar.aio.message import Message
 from magnetar.aio.message_id import MessageId
 from magnetar.aio.producer import ManyCallback, Producer, SendCallback, SendReceipt
 from magnetar.aio.reader import Reader
+from magnetar.aio.send_options import SendFields, SendOptions
 from magnetar.common.errors import (
     AuthenticationError,
     AuthorizationError,
@@ -71,6 +72,7 @@ __all__ = [
     "ManyCallback",
     "Message",
     "MessageId",
+    "MessageListener",
     "MessageTooLargeError",
     "OperationTimeoutError",
     "Producer",
@@ -81,6 +83,8 @@ __all__ = [
     "Reader",
     "ReceiveTimeoutError",
     "SendCallback",
+    "SendFields",
+    "SendOptions",
     "SendReceipt",
     "TlsError",
     "TopicLookupError",

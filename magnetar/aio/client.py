@@ -22,7 +22,8 @@ from magnetar.aio.config import (
     replace_config,
 )
 from magnetar.aio.connection import ConnectionPool
-from magnetar.aio.consumer import Consumer
+from magnetar.aio.consumer import Consumer, MessageListener
+from magnetar.aio.handoff import ThreadReceiveQueue
 from magnetar.aio.message_id import MessageId
 from magnetar.aio.names import parse_topic
 from magnetar.aio.producer import Producer
@@ -101,6 +102,7 @@ class Client:
         *,
         config: ConsumerConfig | None = None,
         on_active_change: Callable[[str, bool], None] | None = None,
+        message_listener: MessageListener[Consumer] | None = None,
         **settings: Any,
     ) -> Consumer:
         """A consumer of ``topic`` (every partition) on ``subscription_name``.
@@ -111,7 +113,37 @@ class Client:
         ``config``. ``on_active_change(partition_topic, is_active)`` hears a failover
         consumer become, or stop being, a partition's active consumer (see
         :meth:`Consumer.active_partitions`); it runs on the event loop and must not block.
+
+        ``message_listener(consumer, message)``: every message is handed to it, one at a time
+        in the order they arrive, on a task of the event loop (a coroutine function is awaited
+        before the next message); ``receive`` and ``batch_receive`` are then refused. It
+        acknowledges as a receiver would. One that raises is logged and delivery goes on (the
+        message stays unacknowledged and comes again); one that blocks holds up the event loop,
+        so a blocking listener belongs to the sync client, which gives each its own thread.
         """
+        consumer = await self._subscribe(
+            topic,
+            subscription_name,
+            subscription_type,
+            config=config,
+            on_active_change=on_active_change,
+            settings=settings,
+        )
+        if message_listener is not None:
+            consumer.start_listener(message_listener, consumer)
+        return consumer
+
+    async def _subscribe(
+        self,
+        topic: str,
+        subscription_name: str,
+        subscription_type: Literal["exclusive", "failover", "shared", "key_shared"],
+        *,
+        config: ConsumerConfig | None,
+        on_active_change: Callable[[str, bool], None] | None,
+        settings: dict[str, Any],
+        thread_queue: ThreadReceiveQueue | None = None,
+    ) -> Consumer:
         self._check_open()
         if config is None:
             config = build_config(
@@ -131,6 +163,7 @@ class Client:
             pool=self._pool,
             on_close=self._consumers.discard,
             on_active_change=on_active_change,
+            thread_queue=thread_queue,
         )
         await consumer._start()
         self._consumers.add(consumer)
@@ -146,6 +179,7 @@ class Client:
         reader_name: str | None = None,
         receiver_queue_size: int = 1000,
         start_message_id_inclusive: bool = False,
+        reader_listener: MessageListener[Reader] | None = None,
     ) -> Reader:
         """A reader of ``topic`` from exactly one of these starts:
 
@@ -156,7 +190,35 @@ class Client:
         - ``start_offset``: the first message at or after this offset, on every partition;
         - ``start_publish_time_ms``: the first message published at or after this time
           (milliseconds since the epoch), on every partition.
+
+        ``reader_listener(reader, message)``: every message is handed to it, as
+        ``message_listener`` does for :meth:`subscribe`.
         """
+        reader = await self._create_reader(
+            topic,
+            start_message_id,
+            start_offset=start_offset,
+            start_publish_time_ms=start_publish_time_ms,
+            reader_name=reader_name,
+            receiver_queue_size=receiver_queue_size,
+            start_message_id_inclusive=start_message_id_inclusive,
+        )
+        if reader_listener is not None:
+            reader._consumer.start_listener(reader_listener, reader)
+        return reader
+
+    async def _create_reader(
+        self,
+        topic: str,
+        start_message_id: MessageId | Literal["earliest", "latest"] | None,
+        *,
+        start_offset: int | None,
+        start_publish_time_ms: int | None,
+        reader_name: str | None,
+        receiver_queue_size: int,
+        start_message_id_inclusive: bool,
+        thread_queue: ThreadReceiveQueue | None = None,
+    ) -> Reader:
         self._check_open()
         given = [
             name
@@ -180,6 +242,7 @@ class Client:
                 receiver_queue_size=receiver_queue_size,
                 start_offset=start_offset,
                 start_publish_time_ms=start_publish_time_ms,
+                thread_queue=thread_queue,
             )
         if start_message_id == "earliest":
             start = MessageId.earliest
@@ -197,6 +260,7 @@ class Client:
             reader_name=reader_name,
             receiver_queue_size=receiver_queue_size,
             start_inclusive=start_message_id_inclusive,
+            thread_queue=thread_queue,
         )
 
     async def _open_reader(
@@ -209,6 +273,7 @@ class Client:
         start_inclusive: bool = False,
         start_offset: int | None = None,
         start_publish_time_ms: int | None = None,
+        thread_queue: ThreadReceiveQueue | None = None,
     ) -> Reader:
         if start_offset is not None and (isinstance(start_offset, bool) or start_offset < 0):
             raise InvalidArgumentError(f"start_offset is an offset >= 0, got {start_offset!r}")
@@ -227,6 +292,7 @@ class Client:
             pool=self._pool,
             durable=False,
             on_close=self._consumers.discard,
+            thread_queue=thread_queue,
         )
         await consumer._start(
             start_offset if start is None else start,

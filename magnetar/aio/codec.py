@@ -14,6 +14,7 @@ of Python time on each side, so one entry carries up to ``batching_max_messages`
 
 from __future__ import annotations
 
+import time
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -234,6 +235,21 @@ class BatchBuilder(Generic[H]):
         self._bytes += (
             size if size is not None else message_size(content, partition_key, properties)
         )
+
+    def add_plain(self, content: bytes, handle: H, size: int) -> None:
+        """:meth:`add` of a message with nothing but its value (no key, properties, event or
+        delivery time): the per-message fast path. ``size`` is :func:`message_size`'s."""
+        if not self._count:
+            self._first_added_at = time.monotonic()
+            self._deliver_at_ms = 0
+        length = len(content)
+        chunks = self._chunks
+        chunks.append(_HEADERS.get((length, 0)) or _header(length, 0))
+        chunks.append(content)
+        self._parts.append((handle, 1))
+        self._count += 1
+        self._keys.append(None)
+        self._bytes += size
 
     def add_many(
         self,

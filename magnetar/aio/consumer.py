@@ -41,19 +41,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import itertools
 import math
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from magnetar.aio.acks import AckGroup, BatchAckTracker, Entry, EntryAck, UnackedMessages
 from magnetar.aio.codec import decode_entry
 from magnetar.aio.config import ClientConfig, ConsumerConfig, ProducerConfig
 from magnetar.aio.connection import ConnectionPool, PartitionOwner
+from magnetar.aio.handoff import ThreadReceiveQueue
 from magnetar.aio.message import EntryFacts, Message
 from magnetar.aio.message_id import MessageId
 from magnetar.aio.names import TopicName, parse_topic
@@ -77,7 +79,7 @@ from proto.common.v1 import types_pb2
 if TYPE_CHECKING:
     from proto.broker.v1 import broker_pb2_grpc
 
-__all__ = ["ActiveChangeCallback", "Consumer", "start_position"]
+__all__ = ["ActiveChangeCallback", "Consumer", "MessageListener", "start_position"]
 
 log = get_library_logger("magnetar.aio.consumer", component="client")
 
@@ -98,6 +100,10 @@ Floor = tuple[int, int, int]
 """Messages whose ``(ledger_id, entry_id, batch_index)`` is below the floor are skipped."""
 
 ActiveChangeCallback = Callable[[str, bool], None]
+_Target = TypeVar("_Target")
+MessageListener = Callable[[_Target, Message], "Awaitable[object] | object"]
+"""``message_listener(consumer, message)`` (``reader_listener(reader, message)``): called for
+every message, one at a time; may be a coroutine function."""
 """``on_active_change(partition_topic, is_active)``: a failover consumer became (or stopped
 being) the active consumer of that partition."""
 
@@ -235,10 +241,24 @@ class _ReceiveQueue:
                     context={"timeout_ms": round((timeout_s or 0) * 1000)},
                 ) from None
 
-    async def get(self, timeout_s: float | None) -> tuple[_PartitionConsumer, Message]:
-        await self.wait(timeout_s)
-        owner, (message,), _size = self.take(1)
+    def take_one(self) -> tuple[_PartitionConsumer, Message]:
+        """The first queued message and its partition; the queue must not be empty."""
+        owner, messages = self._runs[0]
+        head = self._head
+        message = messages[head]
+        head += 1
+        if head == len(messages):
+            self._runs.popleft()
+            self._head = 0
+        else:
+            self._head = head
+        self._count -= 1
+        if not self._count and self._error is None:
+            self._nonempty.clear()
         return owner, message
+
+    def flush_taken(self) -> None:
+        """Nothing to do: the asyncio consumer tells its partitions at once what was taken."""
 
 
 @dataclass(slots=True, eq=False)
@@ -303,6 +323,8 @@ class _PartitionConsumer(PartitionStream):
         """Counts streams: permits of messages from an earlier stream are not given back."""
         self.active = False
         """Failover: the broker made this consumer the partition's active one."""
+        self.flow_sent = False
+        """A Flow was queued since the receive path last let the writer run."""
         self._acks = AckGroup()
         self._ack_timer: asyncio.TimerHandle | None = None
         self._ack_waiters: list[asyncio.Future[None]] = []
@@ -379,6 +401,18 @@ class _PartitionConsumer(PartitionStream):
 
     # --- the application's side ------------------------------------------------------------
 
+    @property
+    def generation(self) -> int:
+        """Counts this partition's streams (a message is from the stream it came on)."""
+        return self._generation
+
+    def taken_one(self, message: Message) -> None:
+        """:meth:`taken` of one message."""
+        if self._durable and not self._track_unacked:
+            self._credit(1)
+        else:
+            self.taken([message])
+
     def taken(self, messages: list[Message]) -> None:
         """The application received ``messages`` (in queue order): their permits come back."""
         if not self._durable:
@@ -403,8 +437,13 @@ class _PartitionConsumer(PartitionStream):
         if self._consumed >= self._refill_at and self.connected:
             self._send(broker_pb2.ConsumeRequest(flow=broker_pb2.Flow(permits=self._consumed)))
             self._consumed = 0
+            self.flow_sent = True
 
     def acknowledge(self, message_id: MessageId) -> asyncio.Future[None] | None:
+        """:meth:`ack` of a message id."""
+        return self.ack(message_id.entry, message_id.batch_index)
+
+    def ack(self, entry: Entry, batch_index: int) -> asyncio.Future[None] | None:
         """Mark one message; a waiter when acks wait for receipts and an ack was queued.
 
         Without receipts, the ack of a message inside a batch waits (in the tracker) for the
@@ -412,36 +451,38 @@ class _PartitionConsumer(PartitionStream):
         the ack is persisted, so the messages acknowledged so far go at once as a partial
         (batch-index) ack: otherwise a crash or failover before the batch completes would
         redeliver messages whose ack was confirmed."""
-        self._unacked.remove(message_id.entry, message_id.batch_index)
-        ack = self._tracker.ack(message_id.entry, message_id.batch_index)
+        if self._track_unacked:
+            self._unacked.remove(entry, batch_index)
+        ack = self._tracker.ack(entry, batch_index)
         if ack is None and self._config.ack_receipts:
-            ack = self._tracker.acked_so_far(message_id.entry)
+            ack = self._tracker.acked_so_far(entry)
         if ack is None:
             return None
         self._acks.add_individual(ack)
         return self._queue_ack()
 
-    def acknowledge_cumulative(self, message_id: MessageId) -> asyncio.Future[None] | None:
-        """Mark every message up to this one; as :meth:`acknowledge`, with receipts the part of
-        its batch acknowledged so far goes at once as a partial ack beside the cumulative ack
-        of the entries before it."""
-        self._unacked.remove_up_to(message_id.entry, message_id.batch_index)
-        entry = self._tracker.ack_cumulative(message_id.entry, message_id.batch_index)
+    def ack_cumulative(self, entry: Entry, batch_index: int) -> asyncio.Future[None] | None:
+        """Mark every message up to this one; as :meth:`ack`, with receipts the part of its
+        batch acknowledged so far goes at once as a partial ack beside the cumulative ack of
+        the entries before it."""
+        self._unacked.remove_up_to(entry, batch_index)
+        cumulative = self._tracker.ack_cumulative(entry, batch_index)
         partial = None
-        if self._config.ack_receipts and entry != message_id.entry:
-            partial = self._tracker.acked_so_far(message_id.entry)
-        if entry is None and partial is None:
+        if self._config.ack_receipts and cumulative != entry:
+            partial = self._tracker.acked_so_far(entry)
+        if cumulative is None and partial is None:
             return None
-        if entry is not None:
-            self._acks.set_cumulative(entry)
+        if cumulative is not None:
+            self._acks.set_cumulative(cumulative)
         if partial is not None:
             self._acks.add_individual(partial)
         return self._queue_ack()
 
-    def negative_acknowledge(self, message_id: MessageId) -> None:
-        self._unacked.remove(message_id.entry, message_id.batch_index)
-        self._give_back_entry(message_id.entry)
-        self._acks.add_nack(message_id.entry)
+    def nack(self, entry: Entry, batch_index: int) -> None:
+        """Ask for the message's entry again after the negative-ack delay."""
+        self._unacked.remove(entry, batch_index)
+        self._give_back_entry(entry)
+        self._acks.add_nack(entry)
         self._queue_ack(waiter=False)
 
     def _give_back_entry(self, entry: Entry) -> None:
@@ -784,6 +825,7 @@ class _PartitionConsumer(PartitionStream):
                 producer_name=decoded.producer_name,
                 sequence_id=decoded.sequence_id,
                 received_monotonic=received,
+                owner=self,
             )
             to_dead_letter = 0 < self._dead_letter_after < delivery.redelivery_count
             if not to_dead_letter and self._floor is None and self._offset_floor is None:
@@ -913,13 +955,18 @@ class Consumer:
         durable: bool = True,
         on_close: Callable[[Consumer], None] | None = None,
         on_active_change: ActiveChangeCallback | None = None,
+        thread_queue: ThreadReceiveQueue | None = None,
     ) -> None:
         self._topic = topic
         self.config = config
         self.client_config = client_config
         self.pool = pool
         self.durable = durable
-        self.queue = _ReceiveQueue()
+        self.queue: _ReceiveQueue | ThreadReceiveQueue = (
+            thread_queue if thread_queue is not None else _ReceiveQueue()
+        )
+        """Received messages; a :class:`ThreadReceiveQueue` when the sync client reads them."""
+        self._listener_task: asyncio.Task[None] | None = None
         self.request_ids = itertools.count(1)
         self._partitions: dict[int, _PartitionConsumer] = {}
         self._consumer_name = config.consumer_name or f"consumer-{uuid.uuid4().hex[:10]}"
@@ -1040,13 +1087,40 @@ class Consumer:
 
     async def receive(self, timeout_millis: int | None = None) -> Message:
         """The next message; :class:`ReceiveTimeoutError` when none comes in ``timeout_millis``."""
+        if self._listener_task is not None:
+            raise self._listener_refusal("receive")
+        return await self._receive(timeout_millis)
+
+    async def _receive(self, timeout_millis: int | None = None) -> Message:
         if self._closed:
             raise ConsumerClosedError(f"the consumer on {self._topic} is closed")
-        owner, message = await self.queue.get(
-            None if timeout_millis is None else timeout_millis / 1000
-        )
-        owner.taken([message])
+        queue = self._loop_queue()
+        if not queue._count:
+            await queue.wait(None if timeout_millis is None else timeout_millis / 1000)
+        owner, message = queue.take_one()
+        owner.taken_one(message)
+        if owner.flow_sent:
+            # A receive that finds messages queued never suspends, so a loop of them would
+            # empty the queue before the writer put the Flow on the wire, and then wait a
+            # whole round trip for more: let the writer run now.
+            owner.flow_sent = False
+            await asyncio.sleep(0)
         return message
+
+    def _loop_queue(self) -> _ReceiveQueue:
+        queue = self.queue
+        if not isinstance(queue, _ReceiveQueue):
+            raise InvalidArgumentError(
+                "this consumer belongs to the sync client: receive through magnetar.Client"
+            )
+        return queue
+
+    def _listener_refusal(self, call: str) -> InvalidArgumentError:
+        return InvalidArgumentError(
+            f"{call} is not allowed on a consumer with a message_listener: the listener gets"
+            " every message",
+            context={"topic": self._topic.full},
+        )
 
     async def batch_receive(
         self, max_messages: int | None = None, timeout_millis: int | None = None
@@ -1055,6 +1129,8 @@ class Consumer:
         ``batch_receive_max_messages``) or ``batch_receive_max_bytes`` are reached, or
         ``timeout_millis`` (default ``batch_receive_timeout_ms``) has passed; possibly none.
         Messages already queued are returned at once."""
+        if self._listener_task is not None:
+            raise self._listener_refusal("batch_receive")
         if self._closed:
             raise ConsumerClosedError(f"the consumer on {self._topic} is closed")
         limit = self.config.batch_receive_max_messages if max_messages is None else max_messages
@@ -1066,7 +1142,7 @@ class Consumer:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_ms / 1000
         max_bytes = self.config.batch_receive_max_bytes
-        queue = self.queue
+        queue = self._loop_queue()
         messages: list[Message] = []
         size = 0
         while len(messages) < limit and size < max_bytes:
@@ -1086,6 +1162,10 @@ class Consumer:
             owner.taken(run)
             messages.extend(run)
             size += run_size
+        if any(p.flow_sent for p in self._partitions.values()):
+            for partition in self._partitions.values():
+                partition.flow_sent = False
+            await asyncio.sleep(0)  # the Flow goes out before the caller works through these
         return messages
 
     def __aiter__(self) -> Consumer:
@@ -1100,27 +1180,46 @@ class Consumer:
     async def acknowledge(self, message: Message | MessageId) -> None:
         """Acknowledge one message. Returns once queued (acks are grouped), or once the broker
         confirmed when ``ack_receipts`` is on."""
-        message_id = self._ack_id_of(message)
-        waiter = self._partition_of(message_id).acknowledge(message_id)
+        owner, entry, index = self.ack_target(message)
+        waiter = owner.ack(entry, index)
         if waiter is not None:
             await self._wait_ack(waiter)
 
     async def acknowledge_cumulative(self, message: Message | MessageId) -> None:
         """Acknowledge this message and every earlier one of its partition."""
-        if self.config.subscription_type in ("shared", "key_shared"):
-            raise InvalidArgumentError(
-                f"cumulative acknowledgement is not allowed on a {self.config.subscription_type}"
-                " subscription (acknowledge messages individually)"
-            )
-        message_id = self._ack_id_of(message)
-        waiter = self._partition_of(message_id).acknowledge_cumulative(message_id)
+        self.check_cumulative_allowed()
+        owner, entry, index = self.ack_target(message)
+        waiter = owner.ack_cumulative(entry, index)
         if waiter is not None:
             await self._wait_ack(waiter)
 
     def negative_acknowledge(self, message: Message | MessageId) -> None:
         """Ask for the message again after ``negative_ack_redelivery_delay_ms``."""
+        owner, entry, index = self.ack_target(message)
+        owner.nack(entry, index)
+
+    def check_cumulative_allowed(self) -> None:
+        """Raise when the subscription type does not allow cumulative acknowledgement."""
+        if self.config.subscription_type in ("shared", "key_shared"):
+            raise InvalidArgumentError(
+                f"cumulative acknowledgement is not allowed on a {self.config.subscription_type}"
+                " subscription (acknowledge messages individually)"
+            )
+
+    def ack_target(self, message: Message | MessageId) -> tuple[_PartitionConsumer, Entry, int]:
+        """Where an (negative) acknowledgement of ``message`` goes: the partition consumer,
+        the entry and the batch index; raises a clear error for a closed consumer or an id
+        that names no stored message of this consumer's partitions. Safe from any thread (it
+        only reads)."""
+        if type(message) is Message:
+            facts = message._entry
+            owner = facts.owner
+            if isinstance(owner, _PartitionConsumer) and owner._consumer is self:
+                if self._closed:
+                    raise ConsumerClosedError(f"the consumer on {self._topic} is closed")
+                return owner, facts.entry, message._index
         message_id = self._ack_id_of(message)
-        self._partition_of(message_id).negative_acknowledge(message_id)
+        return self._partition_of(message_id), message_id.entry, message_id.batch_index
 
     async def seek(
         self, target: MessageId | int | None = None, *, publish_time_ms: int | None = None
@@ -1147,18 +1246,66 @@ class Consumer:
         """Flush acknowledgements, then close every partition's stream. Idempotent.
 
         Messages on their way to the dead-letter topic get up to the close timeout to be stored
-        and acknowledged; those that are not stay unacknowledged (they come again)."""
+        and acknowledged; those that are not stay unacknowledged (they come again). A
+        ``message_listener`` gets no message after this starts; one still running gets up to
+        the close timeout to finish (its acknowledgement still counts), then is cancelled."""
         if self._closed:
             return
         self._closed = True
         if self._on_close is not None:
             self._on_close(self)
         timeout_s = min(self.client_config.operation_timeout_s, 5.0)
+        await self._stop_listener(timeout_s)
+        self.queue.flush_taken()
         await self._stop_background(timeout_s)
         await asyncio.gather(*(p.close(timeout_s) for p in self._partitions.values()))
         await self._close_dead_letter_producer(timeout_s)
         self.queue.fail(ConsumerClosedError(f"the consumer on {self._topic} was closed"))
         log.info("consumer_closed", topic=self._topic.full, subscription=self.subscription_name())
+
+    # --- message listener --------------------------------------------------------------------
+
+    def start_listener(self, listener: MessageListener[Any], target: object) -> None:
+        """Hand every message to ``listener(target, message)`` from now on, one at a time in
+        arrival order, on a task of the event loop (a coroutine listener is awaited before the
+        next message). A listener that raises is logged and delivery goes on; its message is
+        left unacknowledged, so it comes again (ack timeout, negative ack, reconnect)."""
+        self._listener_task = asyncio.create_task(
+            self._listen(listener, target), name=f"message-listener:{self._topic}"
+        )
+
+    async def _listen(self, listener: MessageListener[Any], target: object) -> None:
+        while True:
+            try:
+                message = await self._receive()
+            except ConsumerClosedError:
+                return
+            except MagnetarError as e:
+                log.warning("message_listener_stopped", topic=self._topic.full, error=repr(e))
+                return
+            try:
+                result = listener(target, message)
+                if inspect.isawaitable(result):
+                    await result
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception(
+                    "message_listener_failed",
+                    topic=message.topic_name(),
+                    message_id=str(message.message_id()),
+                )
+
+    async def _stop_listener(self, timeout_s: float) -> None:
+        task = self._listener_task
+        if task is None or task is asyncio.current_task():
+            return  # closed from inside the listener: it ends once it returns
+        # the listener may be in the middle of a message: let it finish, then stop it
+        self.queue.fail(ConsumerClosedError(f"the consumer on {self._topic} was closed"))
+        done, _ = await asyncio.wait({task}, timeout=timeout_s)
+        if not done:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     async def __aenter__(self) -> Consumer:
         return self
@@ -1189,6 +1336,7 @@ class Consumer:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(tick_s)
+            self.queue.flush_taken()  # what other threads took is tracked from now
             handed_out_before = loop.time() - timeout_s
             for partition in self._partitions.values():
                 try:

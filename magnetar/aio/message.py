@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from magnetar.aio.message_id import MessageId
+from magnetar.aio.message_id import MessageId, make_message_id
 from proto.format.v1 import entry_pb2
 
 __all__ = ["EntryFacts", "Message", "received_monotonic"]
@@ -13,9 +13,11 @@ class EntryFacts:
 
     __slots__ = (
         "batch_size",
+        "entry",
         "entry_id",
         "first_offset",
         "ledger_id",
+        "owner",
         "partition",
         "producer_name",
         "publish_time_ms",
@@ -39,9 +41,14 @@ class EntryFacts:
         producer_name: str,
         sequence_id: int,
         received_monotonic: float = 0.0,
+        owner: object = None,
     ) -> None:
         self.ledger_id = ledger_id
         self.entry_id = entry_id
+        self.entry = (ledger_id, entry_id)
+        """``(ledger_id, entry_id)``, shared by the entry's messages."""
+        self.owner = owner
+        """The partition consumer that received the entry (acks of its messages go to it)."""
         self.partition = partition
         self.batch_size = batch_size
         self.first_offset = first_offset
@@ -50,9 +57,9 @@ class EntryFacts:
         self.topic = topic
         self.producer_name = producer_name
         self.sequence_id = sequence_id
+        """The producer's sequence id of the entry's first message."""
         self.received_monotonic = received_monotonic
         """When the client got the entry from the broker (``time.monotonic()``)."""
-        """The producer's sequence id of the entry's first message."""
 
 
 class Message:
@@ -92,8 +99,8 @@ class Message:
         message_id = self._id
         if message_id is None:
             entry = self._entry
-            message_id = self._id = MessageId(
-                entry.ledger_id, entry.entry_id, self._index, entry.partition, entry.batch_size
+            message_id = self._id = make_message_id(
+                (entry.ledger_id, entry.entry_id, self._index, entry.partition, entry.batch_size)
             )
         return message_id
 

@@ -10,8 +10,8 @@ takes no part in comparisons or hashing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import ClassVar
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from google.protobuf.message import DecodeError
 
@@ -23,34 +23,100 @@ __all__ = ["MessageId"]
 _INT64_MAX = 2**63 - 1
 
 
-@dataclass(frozen=True, order=True, slots=True)
-class MessageId:
+class MessageId(tuple[int, int, int, int, int]):
     """The id of one message: the entry holding its batch, and its index in that batch.
 
-    ``MessageId.earliest`` and ``MessageId.latest`` are sentinels for readers and seeks: before
-    the first and after the last message of a partition.
+    ``MessageId(ledger_id, entry_id, batch_index=-1, partition=-1, batch_size=0)``; immutable
+    and hashable. Equality, hashing and order use the first four fields (``batch_size`` is
+    carried along, not compared). ``MessageId.earliest`` and ``MessageId.latest`` are
+    sentinels for readers and seeks: before the first and after the last message of a
+    partition.
+
+    (A tuple underneath: the client builds one per message it confirms or hands out, and a
+    tuple is several times cheaper to make than a frozen dataclass.)
     """
 
-    ledger_id: int
-    entry_id: int
-    batch_index: int = -1
-    """Index in the batch; -1 addresses the whole entry."""
-    partition: int = -1
-    """Partition index; -1 for a non-partitioned topic."""
-    batch_size: int = field(default=0, compare=False)
-    """Messages in the batch when known (0: unknown); not part of equality or order."""
+    __slots__ = ()
+
+    if TYPE_CHECKING:  # read-only fields, as the type checker sees them
+
+        @property
+        def ledger_id(self) -> int: ...
+        @property
+        def entry_id(self) -> int: ...
+        @property
+        def batch_index(self) -> int:
+            """Index in the batch; -1 addresses the whole entry."""
+
+        @property
+        def partition(self) -> int:
+            """Partition index; -1 for a non-partitioned topic."""
+
+        @property
+        def batch_size(self) -> int:
+            """Messages in the batch when known (0: unknown); not part of equality or order."""
+
+    else:  # C-level getters
+        ledger_id = property(itemgetter(0))
+        entry_id = property(itemgetter(1))
+        batch_index = property(itemgetter(2), doc="Index in the batch; -1: the whole entry.")
+        partition = property(itemgetter(3), doc="Partition index; -1: not partitioned.")
+        batch_size = property(
+            itemgetter(4), doc="Messages in the batch when known (0: unknown); not compared."
+        )
 
     earliest: ClassVar[MessageId]
     latest: ClassVar[MessageId]
 
+    def __new__(
+        cls,
+        ledger_id: int,
+        entry_id: int,
+        batch_index: int = -1,
+        partition: int = -1,
+        batch_size: int = 0,
+    ) -> MessageId:
+        return tuple.__new__(cls, (ledger_id, entry_id, batch_index, partition, batch_size))
+
+    def __getnewargs__(self) -> tuple[int, int, int, int, int]:
+        return (self[0], self[1], self[2], self[3], self[4])
+
+    # Only ids compare with ids. A plain tuple is not an id: == is False and ordering raises,
+    # rather than letting tuple comparison look at batch_size.
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, MessageId):
+            return self[:4] == other[:4]
+        return False if isinstance(other, tuple) else NotImplemented
+
+    def __ne__(self, other: object) -> bool:
+        if isinstance(other, MessageId):
+            return self[:4] != other[:4]
+        return True if isinstance(other, tuple) else NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self[:4])
+
+    def __lt__(self, other: Any) -> bool:
+        return self[:4] < _key_of(other)
+
+    def __le__(self, other: Any) -> bool:
+        return self[:4] <= _key_of(other)
+
+    def __gt__(self, other: Any) -> bool:
+        return self[:4] > _key_of(other)
+
+    def __ge__(self, other: Any) -> bool:
+        return self[:4] >= _key_of(other)
+
     def serialize(self) -> bytes:
         """Bytes that :meth:`deserialize` turns back into an equal id (the wire ``MessageId``)."""
         return types_pb2.MessageId(
-            ledger_id=self.ledger_id,
-            entry_id=self.entry_id,
-            batch_index=self.batch_index,
-            partition=self.partition,
-            batch_size=self.batch_size,
+            ledger_id=self[0],
+            entry_id=self[1],
+            batch_index=self[2],
+            partition=self[3],
+            batch_size=self[4],
         ).SerializeToString()
 
     @classmethod
@@ -64,16 +130,37 @@ class MessageId:
     @property
     def entry(self) -> tuple[int, int]:
         """``(ledger_id, entry_id)``: the entry holding the message."""
-        return (self.ledger_id, self.entry_id)
+        return (self[0], self[1])
 
     def is_earliest(self) -> bool:
-        return (self.ledger_id, self.entry_id) == (-1, -1)
+        return self[0] == -1 and self[1] == -1
 
     def is_latest(self) -> bool:
-        return (self.ledger_id, self.entry_id) == (_INT64_MAX, _INT64_MAX)
+        return self[0] == _INT64_MAX and self[1] == _INT64_MAX
 
     def __str__(self) -> str:
-        return f"{self.ledger_id}:{self.entry_id}:{self.batch_index}:{self.partition}"
+        return f"{self[0]}:{self[1]}:{self[2]}:{self[3]}"
+
+    def __repr__(self) -> str:
+        return (
+            f"MessageId(ledger_id={self[0]}, entry_id={self[1]}, batch_index={self[2]},"
+            f" partition={self[3]}, batch_size={self[4]})"
+        )
+
+
+def _key_of(other: object) -> tuple[int, ...]:
+    if isinstance(other, MessageId):
+        return other[:4]
+    raise TypeError(f"a MessageId compares only with a MessageId, not {type(other).__name__}")
+
+
+def make_message_id(fields: tuple[int, int, int, int, int]) -> MessageId:
+    """``MessageId(*fields)`` without the keyword handling: the client's hot paths."""
+    message_id: MessageId = _tuple_new(MessageId, fields)
+    return message_id
+
+
+_tuple_new: Any = tuple.__new__
 
 
 MessageId.earliest = MessageId(-1, -1, -1, -1)

@@ -36,14 +36,21 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeAlias, TypeVar, Unpack
 
 from magnetar.aio.codec import BatchBuilder, SealedBatch, encode_extras, message_size
 from magnetar.aio.config import ClientConfig, ProducerConfig
 from magnetar.aio.connection import ConnectionPool, is_transient
-from magnetar.aio.message_id import MessageId
+from magnetar.aio.message_id import MessageId, make_message_id
 from magnetar.aio.names import TopicName
 from magnetar.aio.routing import PartitionRouter
+from magnetar.aio.send_options import (
+    NO_OPTIONS,
+    SendFields,
+    SendOptions,
+    deliver_time_ms,
+    send_options,
+)
 from magnetar.aio.stream import PartitionStream
 from magnetar.common.errors import (
     InvalidArgumentError,
@@ -62,7 +69,14 @@ if TYPE_CHECKING:
     from magnetar.aio.connection import PartitionOwner
     from proto.broker.v1 import broker_pb2_grpc
 
-__all__ = ["ManyCallback", "Producer", "SendCallback", "SendReceipt", "deliver_time_ms"]
+__all__ = [
+    "ManyCallback",
+    "Producer",
+    "RunSink",
+    "SendCallback",
+    "SendReceipt",
+    "deliver_time_ms",
+]
 
 log = get_library_logger("magnetar.aio.producer", component="client")
 
@@ -74,31 +88,13 @@ ManyCallback = Callable[[MagnetarError | None, "SendReceipt | None"], None]
 
 _T = TypeVar("_T")
 _Single = tuple["asyncio.Future[MessageId]", SendCallback | None]
-_Handle: TypeAlias = "_Single | _ManySend"
+_Handle: TypeAlias = "_Single | _ManySend | _RunPart"
+_Future = asyncio.Future
+_PLAIN_OVERHEAD = message_size(b"", None, None)
+"""What a message adds to its batch beyond its value when it has nothing else."""
 _DEFAULT_MAX_MESSAGE_BYTES = 5 * 1024 * 1024
 _ENVELOPE_ROOM_BYTES = 1024
 """Kept free under the broker's max_message_bytes for the entry envelope around a batch."""
-
-
-def deliver_time_ms(deliver_after_ms: int | None, deliver_at_ms: int | None) -> int:
-    """The delivery time of a message sent now (ms since the epoch; 0: at once) from
-    ``send``'s ``deliver_after_ms`` or ``deliver_at_ms``; :class:`InvalidArgumentError` when both
-    are given or one is not an int >= 0."""
-    if deliver_after_ms is None and deliver_at_ms is None:
-        return 0
-    if deliver_after_ms is not None and deliver_at_ms is not None:
-        raise InvalidArgumentError(
-            "give deliver_after_ms or deliver_at_ms, not both"
-            f" (got deliver_after_ms={deliver_after_ms!r}, deliver_at_ms={deliver_at_ms!r})"
-        )
-    for name, value in (("deliver_after_ms", deliver_after_ms), ("deliver_at_ms", deliver_at_ms)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-            raise InvalidArgumentError(f"{name} is an int (milliseconds), got {value!r}")
-        if value is not None and value < 0:
-            raise InvalidArgumentError(f"{name} must be >= 0, got {value}")
-    if deliver_after_ms:
-        return time.time_ns() // 1_000_000 + deliver_after_ms
-    return deliver_at_ms or 0
 
 
 def _run_callback(
@@ -113,11 +109,11 @@ def _run_callback(
         log.exception("send_callback_failed")
 
 
-def _fail_handle(handle: _Handle, error: MagnetarError) -> None:
-    if type(handle) is _ManySend:
-        handle.fail(error)
+def _fail_handle(handle: _Handle, error: MagnetarError, count: int = 1) -> None:
+    if not isinstance(handle, tuple):
+        handle.fail(error, count)
         return
-    future, callback = handle  # type: ignore[misc]
+    future, callback = handle
     if callback is not None:
         _run_callback(callback, error, None)
     if not future.done():
@@ -130,7 +126,7 @@ def _fail_parts(parts: list[tuple[_Handle, int]], error: MagnetarError) -> int:
     """Fail every handle of ``parts``; how many messages they held."""
     count = 0
     for handle, size in parts:
-        _fail_handle(handle, error)
+        _fail_handle(handle, error, size)
         count += size
     return count
 
@@ -215,7 +211,8 @@ class _ManySend:
             _run_callback(self.callback, None, receipt)
         self.future.set_result(receipt)
 
-    def fail(self, error: MagnetarError) -> None:
+    def fail(self, error: MagnetarError, count: int = 0) -> None:
+        del count  # the whole run fails with its first error
         if self.future.done():
             return
         if self.callback is not None:
@@ -223,6 +220,70 @@ class _ManySend:
         self.future.set_exception(error)
         if self.callback is not None:
             self.future.exception()
+
+    def part(self, offset: int) -> _ManySend:
+        """The handle of the run's messages from ``offset`` on (one for all of them)."""
+        del offset
+        return self
+
+
+class RunSink(Protocol):
+    """What hears the outcome of a run of messages handed over with
+    :meth:`Producer.try_add_run`, each message on its own (on the event loop): the messages
+    ``offset .. offset + count - 1`` of the run were stored as ``first_index ..`` of entry
+    ``(ledger_id, entry_id)`` (a batch of ``batch_size``) on ``partition`` (``where`` is
+    those five, in that order), or failed."""
+
+    def confirmed(self, offset: int, count: int, where: tuple[int, int, int, int, int]) -> None: ...
+
+    def failed(self, offset: int, count: int, error: MagnetarError) -> None: ...
+
+
+class _RunSend:
+    """A run of messages whose outcomes go one by one to a :class:`RunSink` (the sync
+    client's ``send_async`` calls, handed to the loop together)."""
+
+    __slots__ = ("base", "partition", "sink")
+
+    def __init__(self, sink: RunSink, base: int = 0) -> None:
+        self.sink = sink
+        self.base = base
+        """Where these messages start in the run the sink knows (a run split in pieces)."""
+        self.partition = -1
+
+    def part(self, offset: int) -> _RunPart:
+        return _RunPart(self, self.base + offset)
+
+    def fail(self, error: MagnetarError, count: int) -> None:
+        """The run failed before any of it was added to a batch."""
+        _RunPart(self, self.base).fail(error, count)
+
+
+class _RunPart:
+    """The messages of a run that went into one batch, from ``offset`` on."""
+
+    __slots__ = ("offset", "run")
+
+    def __init__(self, run: _RunSend, offset: int) -> None:
+        self.run = run
+        self.offset = offset
+
+    def confirmed(
+        self, ledger_id: int, entry_id: int, first_index: int, count: int, batch_size: int
+    ) -> None:
+        run = self.run
+        try:
+            run.sink.confirmed(
+                self.offset, count, (ledger_id, entry_id, first_index, batch_size, run.partition)
+            )
+        except Exception:  # the sink calls application callbacks: they must not break us
+            log.exception("send_callback_failed")
+
+    def fail(self, error: MagnetarError, count: int) -> None:
+        try:
+            self.run.sink.failed(self.offset, count, error)
+        except Exception:
+            log.exception("send_callback_failed")
 
 
 class _Capacity:
@@ -445,10 +506,27 @@ class _PartitionProducer(PartitionStream):
         elif len(builder) == 1:
             self._arm_seal_timer()
 
+    def add_plain(self, content: bytes, handle: _Handle, size: int) -> None:
+        """:meth:`add` of a message with nothing but its value (the per-message fast path)."""
+        builder = self._builder
+        count = builder._count
+        if count and (
+            count >= builder.max_messages
+            or builder._bytes + size > builder.max_bytes
+            or builder._deliver_at_ms
+        ):
+            self.seal()
+            count = 0
+        builder.add_plain(content, handle, size)
+        if count + 1 >= builder.max_messages or builder._bytes >= builder.max_bytes:
+            self.seal()
+        elif not count:
+            self._arm_seal_timer()
+
     def add_many(
         self,
         contents: Sequence[bytes],
-        handle: _ManySend,
+        handle: _ManySend | _RunSend,
         *,
         partition_key: str | None,
         properties: Mapping[str, str] | None,
@@ -469,7 +547,7 @@ class _PartitionProducer(PartitionStream):
             taken = builder.add_many(
                 contents,
                 start,
-                handle,
+                handle.part(start),
                 partition_key=partition_key,
                 properties=properties,
                 event_time_ms=event_time_ms,
@@ -651,11 +729,11 @@ class _PartitionProducer(PartitionStream):
             size = batch.num_messages
             index = 0
             for handle, count in batch.parts:
-                if type(handle) is _ManySend:
+                if not isinstance(handle, tuple):
                     handle.confirmed(ledger_id, entry_id, index, count, size)
                 else:
-                    future, callback = handle  # type: ignore[misc]
-                    message_id = MessageId(ledger_id, entry_id, index, partition, size)
+                    future, callback = handle
+                    message_id = make_message_id((ledger_id, entry_id, index, partition, size))
                     if callback is not None:
                         _run_callback(callback, None, message_id)
                     if not future.done():
@@ -732,6 +810,7 @@ class Producer:
         self._router = PartitionRouter(1)
         self._closed = False
         self._on_close = on_close
+        self._loop = asyncio.get_running_loop()
 
     # --- creation ----------------------------------------------------------------------------
 
@@ -808,153 +887,74 @@ class Producer:
         self,
         content: bytes,
         callback: SendCallback | None = None,
-        properties: Mapping[str, str] | None = None,
-        partition_key: str | None = None,
-        event_timestamp: int | None = None,
-        *,
-        deliver_after_ms: int | None = None,
-        deliver_at_ms: int | None = None,
+        **fields: Unpack[SendFields],
     ) -> asyncio.Future[MessageId]:
         """Queue a message; the future gives its id once the broker stored it durably.
 
         Never waits: when ``max_pending_messages`` are pending the future fails with
         :class:`ProducerQueueFullError` (``send`` waits for room instead). ``callback(error,
-        message_id)`` is called too, when given. ``deliver_after_ms`` / ``deliver_at_ms``: see
-        :meth:`send`.
+        message_id)`` is called too, when given. The keyword arguments are
+        :class:`~magnetar.aio.send_options.SendFields`: ``properties``, ``partition_key``,
+        ``event_timestamp``, ``deliver_after_ms``, ``deliver_at_ms`` (see :meth:`send`).
         """
-        error, deliver_at = self._check(deliver_after_ms, deliver_at_ms)
+        if not fields and type(content) is bytes and not self._closed:
+            # the common case, kept short: no options, bytes, room
+            capacity = self.capacity
+            if capacity.used < capacity.limit and not capacity._waiters:
+                partition = self._partitions[self._router.partition_for(None)]
+                size = len(content) + _PLAIN_OVERHEAD
+                if (
+                    partition.error is None
+                    and size <= partition.max_message_bytes - _ENVELOPE_ROOM_BYTES
+                ):
+                    capacity.used += 1
+                    future: asyncio.Future[MessageId] = _Future(loop=self._loop)
+                    partition.add_plain(content, (future, callback), size)
+                    return future
+        options, error = self._options(fields)
         if error is None and not self.capacity.try_acquire():
             error = self._queue_full()
-        return self._queue(
-            error,
-            content,
-            callback,
-            properties=properties,
-            partition_key=partition_key,
-            event_timestamp=event_timestamp,
-            deliver_at_ms=deliver_at,
-        )
+        return self._queue(error, content, callback, options)
 
     async def send_async_when_room(
         self,
         content: bytes,
         callback: SendCallback | None = None,
-        properties: Mapping[str, str] | None = None,
-        partition_key: str | None = None,
-        event_timestamp: int | None = None,
-        *,
-        deliver_after_ms: int | None = None,
-        deliver_at_ms: int | None = None,
+        **fields: Unpack[SendFields],
     ) -> asyncio.Future[MessageId]:
         """:meth:`send_async` that first waits for room in the pending queue when
-        ``block_if_queue_full`` is on (the sync client's ``send_async``). A delay
-        (``deliver_after_ms``) counts from the call, not from when room was found."""
+        ``block_if_queue_full`` is on. A delay (``deliver_after_ms``) counts from the call, not
+        from when room was found."""
         if not self.config.block_if_queue_full:
-            return self.send_async(
-                content,
-                callback,
-                properties,
-                partition_key,
-                event_timestamp,
-                deliver_after_ms=deliver_after_ms,
-                deliver_at_ms=deliver_at_ms,
-            )
-        error, deliver_at = self._check(deliver_after_ms, deliver_at_ms)
+            return self.send_async(content, callback, **fields)
+        options, error = self._options(fields)
         if error is None:
             await self.capacity.acquire()
             error = self._unusable()
             if error is not None:
                 self.capacity.release(1)
-        return self._queue(
-            error,
-            content,
-            callback,
-            properties=properties,
-            partition_key=partition_key,
-            event_timestamp=event_timestamp,
-            deliver_at_ms=deliver_at,
-        )
+        return self._queue(error, content, callback, options)
 
-    def _check(
-        self, deliver_after_ms: int | None, deliver_at_ms: int | None
-    ) -> tuple[MagnetarError | None, int]:
-        """Why a message cannot be sent now (or None), and its delivery time."""
-        error = self._unusable()
-        if error is not None:
-            return error, 0
-        try:
-            return None, deliver_time_ms(deliver_after_ms, deliver_at_ms)
-        except InvalidArgumentError as e:
-            return e, 0
-
-    def _queue(
-        self,
-        error: MagnetarError | None,
-        content: bytes,
-        callback: SendCallback | None,
-        *,
-        properties: Mapping[str, str] | None,
-        partition_key: str | None,
-        event_timestamp: int | None,
-        deliver_at_ms: int,
-    ) -> asyncio.Future[MessageId]:
-        """A message's future: failed with ``error``, or the message added (its pending slot
-        already taken)."""
-        future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
-        handle: _Handle = (future, callback)
-        if error is not None:
-            _fail_handle(handle, error)
-        else:
-            self._add(
-                content,
-                handle,
-                properties=properties,
-                partition_key=partition_key,
-                event_timestamp=event_timestamp,
-                deliver_at_ms=deliver_at_ms,
-            )
-        return future
-
-    async def send(
-        self,
-        content: bytes,
-        properties: Mapping[str, str] | None = None,
-        partition_key: str | None = None,
-        event_timestamp: int | None = None,
-        *,
-        deliver_after_ms: int | None = None,
-        deliver_at_ms: int | None = None,
-    ) -> MessageId:
+    async def send(self, content: bytes, **fields: Unpack[SendFields]) -> MessageId:
         """Publish a message and wait until the broker stored it durably; its id.
 
         Waits for room while ``max_pending_messages`` are pending (back-pressure).
 
-        Delayed delivery: ``deliver_after_ms`` (from now, by this process's wall clock) or
-        ``deliver_at_ms`` (ms since the epoch), not both; the broker holds the message until
-        then on shared and key_shared subscriptions (exclusive and failover ones get it at
-        once). 0 or None: at once.
+        Keyword arguments: ``properties`` (str -> str), ``partition_key`` (routing, and order per
+        key on key_shared subscriptions), ``event_timestamp`` (ms since the epoch), and delayed
+        delivery: ``deliver_after_ms`` (from now, by this process's wall clock) or
+        ``deliver_at_ms`` (ms since the epoch), not both; the broker holds the message until then
+        on shared and key_shared subscriptions (exclusive and failover ones get it at once). 0 or
+        None: at once.
         """
-        queued = await self.send_async_when_room(
-            content,
-            None,
-            properties,
-            partition_key,
-            event_timestamp,
-            deliver_after_ms=deliver_after_ms,
-            deliver_at_ms=deliver_at_ms,
-        )
+        queued = await self.send_async_when_room(content, None, **fields)
         return await queued
 
     def send_many_async(
         self,
         contents: Sequence[bytes],
         callback: ManyCallback | None = None,
-        properties: Mapping[str, str] | None = None,
-        partition_key: str | None = None,
-        event_timestamp: int | None = None,
-        *,
-        deliver_after_ms: int | None = None,
-        deliver_at_ms: int | None = None,
+        **fields: Unpack[SendFields],
     ) -> asyncio.Future[SendReceipt]:
         """Queue a run of messages that share key, properties, event time and delivery time;
         one future for the whole run, giving a :class:`SendReceipt` once every message of it is
@@ -967,128 +967,123 @@ class Producer:
         run. If a batch of the run fails, the future fails with that error; the run's other
         batches still go their way (with deduplication on, sending the run again is safe).
         """
-        messages, error, deliver_at = self._check_many(
-            contents, properties, partition_key, event_timestamp, deliver_after_ms, deliver_at_ms
-        )
+        messages, options, error = self._check_many(contents, fields)
         if error is None and not self.capacity.try_acquire(len(messages)):
             error = self._queue_full()
-        return self._queue_many(
-            error,
-            messages,
-            callback,
-            properties=properties,
-            partition_key=partition_key,
-            event_timestamp=event_timestamp,
-            deliver_at_ms=deliver_at,
-        )
+        return self._queue_many(error, messages, callback, options)
 
     async def send_many(
-        self,
-        contents: Sequence[bytes],
-        properties: Mapping[str, str] | None = None,
-        partition_key: str | None = None,
-        event_timestamp: int | None = None,
-        *,
-        deliver_after_ms: int | None = None,
-        deliver_at_ms: int | None = None,
+        self, contents: Sequence[bytes], **fields: Unpack[SendFields]
     ) -> SendReceipt:
         """:meth:`send_many_async`, waiting for room for the run when ``block_if_queue_full``
         is on (as :meth:`send` does for one message), then for its receipt."""
-        return await (
-            await self.send_many_async_when_room(
-                contents,
-                None,
-                properties,
-                partition_key,
-                event_timestamp,
-                deliver_after_ms=deliver_after_ms,
-                deliver_at_ms=deliver_at_ms,
-            )
-        )
+        return await (await self.send_many_async_when_room(contents, None, **fields))
 
     async def send_many_async_when_room(
         self,
         contents: Sequence[bytes],
         callback: ManyCallback | None = None,
-        properties: Mapping[str, str] | None = None,
-        partition_key: str | None = None,
-        event_timestamp: int | None = None,
-        *,
-        deliver_after_ms: int | None = None,
-        deliver_at_ms: int | None = None,
+        **fields: Unpack[SendFields],
     ) -> asyncio.Future[SendReceipt]:
         """:meth:`send_many_async` that first waits for room for the whole run when
         ``block_if_queue_full`` is on."""
         if not self.config.block_if_queue_full:
-            return self.send_many_async(
-                contents,
-                callback,
-                properties,
-                partition_key,
-                event_timestamp,
-                deliver_after_ms=deliver_after_ms,
-                deliver_at_ms=deliver_at_ms,
-            )
-        messages, error, deliver_at = self._check_many(
-            contents, properties, partition_key, event_timestamp, deliver_after_ms, deliver_at_ms
-        )
+            return self.send_many_async(contents, callback, **fields)
+        messages, options, error = self._check_many(contents, fields)
         if error is None:
             await self.capacity.acquire(len(messages))
             error = self._unusable()
             if error is not None:
                 self.capacity.release(len(messages))
-        return self._queue_many(
-            error,
-            messages,
-            callback,
-            properties=properties,
-            partition_key=partition_key,
-            event_timestamp=event_timestamp,
-            deliver_at_ms=deliver_at,
-        )
+        return self._queue_many(error, messages, callback, options)
 
-    def _check_many(  # noqa: PLR0917 - send_many's arguments, checked together
-        self,
-        contents: Sequence[bytes],
-        properties: Mapping[str, str] | None,
-        partition_key: str | None,
-        event_timestamp: int | None,
-        deliver_after_ms: int | None,
-        deliver_at_ms: int | None,
-    ) -> tuple[Sequence[bytes], MagnetarError | None, int]:
-        """A run's messages as bytes, why it cannot be sent (or None), and its delivery time."""
+    def try_add_run(self, contents: Sequence[bytes], options: SendOptions, sink: RunSink) -> bool:
+        """Add a run of messages sharing ``options`` (checked already), each told its outcome
+        through ``sink``, if the pending queue has room for all of them now; False (and nothing
+        done) if not. No future or callback per message: this is how the sync client hands a
+        run of ``send_async`` calls to the loop in one go."""
+        count = len(contents)
+        error = self._unusable()
+        if error is None and not self.capacity.try_acquire(count):
+            if count <= self.config.max_pending_messages and self.config.block_if_queue_full:
+                return False
+            error = self._queue_full()
+        run = _RunSend(sink)
+        if error is not None:
+            run.fail(error, count)
+        else:
+            self._add_many(contents, run, options)
+        return True
+
+    async def add_run_when_room(
+        self, contents: Sequence[bytes], options: SendOptions, sink: RunSink
+    ) -> None:
+        """:meth:`try_add_run`, waiting for room for the run first (``block_if_queue_full``)."""
+        count = len(contents)
+        run = _RunSend(sink)
+        error = self._unusable()
+        if error is None and count > self.config.max_pending_messages:
+            error = self._queue_full()
+        if error is None:
+            await self.capacity.acquire(count)
+            error = self._unusable()
+            if error is not None:
+                self.capacity.release(count)
+        if error is not None:
+            run.fail(error, count)
+        else:
+            self._add_many(contents, run, options)
+
+    def _options(self, fields: SendFields) -> tuple[SendOptions, MagnetarError | None]:
+        """The checked options of a send call, or why it cannot be sent now."""
+        error = self._unusable()
+        if error is not None:
+            return NO_OPTIONS, error
+        try:
+            return send_options(fields), None
+        except MagnetarError as e:
+            return NO_OPTIONS, e
+
+    def _check_many(
+        self, contents: Sequence[bytes], fields: SendFields
+    ) -> tuple[Sequence[bytes], SendOptions, MagnetarError | None]:
+        """A run's messages as bytes, its options, and why it cannot be sent (or None)."""
         messages, error = _many_contents(contents, self.config.max_pending_messages)
-        deliver_at = 0
+        options = NO_OPTIONS
         if error is None:
-            error, deliver_at = self._check(deliver_after_ms, deliver_at_ms)
-        if error is None:
-            error = _check_fields(properties, partition_key, event_timestamp)
-        return messages, error, deliver_at
+            options, error = self._options(fields)
+        return messages, options, error
+
+    def _queue(
+        self,
+        error: MagnetarError | None,
+        content: bytes,
+        callback: SendCallback | None,
+        options: SendOptions,
+    ) -> asyncio.Future[MessageId]:
+        """A message's future: failed with ``error``, or the message added (its pending slot
+        already taken)."""
+        future: asyncio.Future[MessageId] = _Future(loop=self._loop)
+        handle: _Handle = (future, callback)
+        if error is not None:
+            _fail_handle(handle, error)
+        else:
+            self._add(content, handle, options)
+        return future
 
     def _queue_many(
         self,
         error: MagnetarError | None,
         contents: Sequence[bytes],
         callback: ManyCallback | None,
-        *,
-        properties: Mapping[str, str] | None,
-        partition_key: str | None,
-        event_timestamp: int | None,
-        deliver_at_ms: int,
+        options: SendOptions,
     ) -> asyncio.Future[SendReceipt]:
         future: asyncio.Future[SendReceipt] = asyncio.get_running_loop().create_future()
         handle = _ManySend(future, callback, len(contents), -1)
         if error is not None:
             handle.fail(error)
         else:
-            self._add_many(
-                contents,
-                handle,
-                properties=properties,
-                partition_key=partition_key,
-                event_timestamp=event_timestamp,
-                deliver_at_ms=deliver_at_ms,
-            )
+            self._add_many(contents, handle, options)
         return future
 
     async def flush(self) -> None:
@@ -1140,16 +1135,7 @@ class Producer:
             )
         return None
 
-    def _add(
-        self,
-        content: bytes,
-        handle: _Handle,
-        *,
-        properties: Mapping[str, str] | None,
-        partition_key: str | None,
-        event_timestamp: int | None,
-        deliver_at_ms: int,
-    ) -> None:
+    def _add(self, content: bytes, handle: _Handle, options: SendOptions) -> None:
         given: object = content
         if not isinstance(given, bytes):
             if not isinstance(given, bytearray | memoryview):
@@ -1162,12 +1148,8 @@ class Producer:
                 )
                 return
             content = bytes(given)
-        if properties or partition_key is not None or event_timestamp:
-            field_error = _check_fields(properties, partition_key, event_timestamp)
-            if field_error is not None:
-                self.capacity.release(1)
-                _fail_handle(handle, field_error)
-                return
+        partition_key = options.partition_key
+        properties = options.properties
         partition = self._partitions[self._router.partition_for(partition_key)]
         error = partition.error
         size = message_size(content, partition_key, properties)
@@ -1186,22 +1168,42 @@ class Producer:
             handle,
             partition_key=partition_key,
             properties=properties,
-            event_time_ms=event_timestamp or 0,
+            event_time_ms=options.event_timestamp or 0,
             size=size,
-            deliver_at_ms=deliver_at_ms,
+            deliver_at_ms=options.deliver_at_ms,
         )
 
+    def _add_run_in_pieces(
+        self, contents: Sequence[bytes], run: _RunSend, options: SendOptions, max_bytes: int
+    ) -> None:
+        """Add a run some of whose messages are over the broker's limit: each of those fails
+        alone, the others go in order as shorter runs."""
+        overhead = message_size(b"", options.partition_key, options.properties)
+        start = 0
+        for index in range(len(contents) + 1):
+            if index < len(contents) and _fits(contents[index], overhead, max_bytes):
+                continue
+            if start < index:
+                self._add_many(contents[start:index], _RunSend(run.sink, run.base + start), options)
+            if index < len(contents):
+                size = len(contents[index]) + overhead
+                self.capacity.release(1)
+                _RunSend(run.sink, run.base + index).fail(
+                    MessageTooLargeError(
+                        f"a message of about {size} bytes is over the broker's limit of"
+                        f" {max_bytes} bytes per entry on {self._topic}",
+                        context={"size": size, "max_message_bytes": max_bytes},
+                    ),
+                    1,
+                )
+            start = index + 1
+
     def _add_many(
-        self,
-        contents: Sequence[bytes],
-        handle: _ManySend,
-        *,
-        properties: Mapping[str, str] | None,
-        partition_key: str | None,
-        event_timestamp: int | None,
-        deliver_at_ms: int,
+        self, contents: Sequence[bytes], handle: _ManySend | _RunSend, options: SendOptions
     ) -> None:
         count = len(contents)
+        partition_key = options.partition_key
+        properties = options.properties
         partition = self._partitions[self._router.partition_for(partition_key)]
         handle.partition = partition.partition
         error = partition.error
@@ -1213,11 +1215,15 @@ class Producer:
                 f" {partition.max_message_bytes} bytes per entry on {partition.partition_topic}",
                 context={"size": largest, "max_message_bytes": partition.max_message_bytes},
             )
+        if isinstance(error, MessageTooLargeError) and isinstance(handle, _RunSend):
+            # separate send_async calls: only the messages that are too large fail
+            self._add_run_in_pieces(contents, handle, options, partition.max_message_bytes)
+            return
         if error is not None:
             self.capacity.release(count)
-            handle.fail(error)
+            handle.fail(error, count)
             return
-        event_time_ms = event_timestamp or 0
+        event_time_ms = options.event_timestamp or 0
         partition.add_many(
             contents,
             handle,
@@ -1226,33 +1232,12 @@ class Producer:
             event_time_ms=event_time_ms,
             extras=encode_extras(partition_key, properties, event_time_ms),
             overhead=overhead,
-            deliver_at_ms=deliver_at_ms,
+            deliver_at_ms=options.deliver_at_ms,
         )
 
 
-_INT64_MAX = 2**63 - 1
-
-
-def _check_fields(
-    properties: Mapping[str, str] | None, partition_key: str | None, event_timestamp: int | None
-) -> MagnetarError | None:
-    """What is wrong with a message's key, properties or event time (None: nothing)."""
-    key: object = partition_key
-    if key is not None and not isinstance(key, str):
-        return InvalidArgumentError(f"partition_key must be a str, got {type(key).__name__}")
-    if properties and not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in properties.items()
-    ):
-        return InvalidArgumentError("message properties must map str to str")
-    if event_timestamp is not None and (
-        not isinstance(event_timestamp, int)
-        or isinstance(event_timestamp, bool)
-        or not 0 <= event_timestamp <= _INT64_MAX
-    ):
-        return InvalidArgumentError(
-            f"event_timestamp is ms since the epoch (an int >= 0), got {event_timestamp!r}"
-        )
-    return None
+def _fits(content: bytes, overhead: int, max_message_bytes: int) -> bool:
+    return len(content) + overhead <= max_message_bytes - _ENVELOPE_ROOM_BYTES
 
 
 def _many_contents(contents: object, limit: int) -> tuple[Sequence[bytes], MagnetarError | None]:

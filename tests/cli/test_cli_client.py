@@ -298,7 +298,7 @@ async def test_delayed_produce_reaches_a_shared_subscription_when_due(
     topic = unique("delayed")
     ok(await magnetar("topics", "create", topic, *url))
     ok(await magnetar("subscriptions", "create", topic, "work", *url))
-    ok(await magnetar("produce", topic, "-m", "later", "--deliver-after-ms", "3000", *url))
+    ok(await magnetar("produce", topic, "-m", "later", "--deliver-after-ms", "8000", *url))
     ok(await magnetar("produce", topic, "-m", "now", *url))
     consumed = ok(
         await magnetar(

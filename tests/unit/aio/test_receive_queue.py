@@ -45,7 +45,8 @@ async def test_runs_are_taken_in_order_whole_or_in_part_without_mixing_owners() 
     assert (owner, offsets(taken)) == (a, [0, 1])
     owner, taken, _ = queue.take(10)  # the rest of the first run only: never two owners
     assert (owner, offsets(taken)) == (a, [2, 3, 4])
-    owner, one = await queue.get(None)
+    await queue.wait(None)
+    owner, one = queue.take_one()
     assert (owner, one.offset()) == (b, 100)
     assert len(queue) == 4
 
@@ -89,7 +90,8 @@ async def test_an_empty_queue_times_out_and_a_failed_one_raises_after_what_it_ho
     owner = cast(Any, "a")
     queue.put(owner, run("a", 0, 1))
     queue.fail(ConsumerClosedError("closed"))
-    _, message = await queue.get(0)
+    await queue.wait(0)
+    _, message = queue.take_one()
     assert message.offset() == 0
     with pytest.raises(ConsumerClosedError):
-        await queue.get(0)
+        await queue.wait(0)
