@@ -141,8 +141,11 @@ async def initialize_cluster_waiting(
     deadline = start + wait_s
     last_report = float("-inf")
     while True:
-        # bound each attempt by the time left, so that init gives up when it said it would
-        attempt_ms = max(100, min(_ATTEMPT_TIMEOUT_MS, int((deadline - clock.monotonic()) * 1000)))
+        # bound each attempt by the time left, so that init gives up when it said it would, and
+        # by the report interval (opening waits for an unreachable store up to its connect
+        # timeout), so that what init waits for is said while it waits
+        left_ms = int((deadline - clock.monotonic()) * 1000)
+        attempt_ms = max(100, min(_ATTEMPT_TIMEOUT_MS, int(report_interval_s * 1000), left_ms))
         config = dataclasses.replace(
             (security or EtcdSecuritySettings()).store_config(url),
             connect_timeout_ms=attempt_ms,

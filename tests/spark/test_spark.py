@@ -216,6 +216,7 @@ def _read_options(url: str, topic: str) -> Any:
 # --- streaming reads ----------------------------------------------------------------------------
 
 
+@pytest.mark.timeout(300)  # two Spark drivers start in turn, about a minute on a busy machine
 async def test_a_killed_driver_restarts_from_its_checkpoint_exactly_once(
     node: StandaloneNode, tmp_path: Path
 ) -> None:
