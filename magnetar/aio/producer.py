@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeAlias, TypeVar, U
 from magnetar.aio.codec import BatchBuilder, SealedBatch, encode_extras, message_size
 from magnetar.aio.config import ClientConfig, ProducerConfig
 from magnetar.aio.connection import ConnectionPool, is_transient
-from magnetar.aio.message_id import MessageId, make_message_id
+from magnetar.aio.message_id import MessageId
 from magnetar.aio.names import TopicName
 from magnetar.aio.routing import PartitionRouter
 from magnetar.aio.send_options import (
@@ -92,6 +92,8 @@ _Handle: TypeAlias = "_Single | _ManySend | _RunPart"
 _Future = asyncio.Future
 _PLAIN_OVERHEAD = message_size(b"", None, None)
 """What a message adds to its batch beyond its value when it has nothing else."""
+_new_message_id: Any = tuple.__new__
+"""``make_message_id`` inlined: a receipt makes one id per ``send_async``."""
 _DEFAULT_MAX_MESSAGE_BYTES = 5 * 1024 * 1024
 _ENVELOPE_ROOM_BYTES = 1024
 """Kept free under the broker's max_message_bytes for the entry envelope around a batch."""
@@ -411,6 +413,8 @@ class _PartitionProducer(PartitionStream):
         self._drain_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._next_sequence_id = self._config.initial_sequence_id + 1
         self.max_message_bytes = _DEFAULT_MAX_MESSAGE_BYTES
+        self.plain_limit = _DEFAULT_MAX_MESSAGE_BYTES - _ENVELOPE_ROOM_BYTES
+        """The largest message (value plus overhead) send_async's short path takes."""
         self._expiry_task: asyncio.Task[None] | None = None
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -648,6 +652,7 @@ class _PartitionProducer(PartitionStream):
         self.producer_name = opened.producer_name or self.producer_name
         if opened.max_message_bytes:
             self.max_message_bytes = opened.max_message_bytes
+            self.plain_limit = opened.max_message_bytes - _ENVELOPE_ROOM_BYTES
         self._builder.max_bytes = max(
             1,
             min(self._config.batching_max_bytes, self.max_message_bytes - _ENVELOPE_ROOM_BYTES),
@@ -732,10 +737,16 @@ class _PartitionProducer(PartitionStream):
                 if not isinstance(handle, tuple):
                     handle.confirmed(ledger_id, entry_id, index, count, size)
                 else:
+                    # a send_async: the per-message path, kept to what it must do
                     future, callback = handle
-                    message_id = make_message_id((ledger_id, entry_id, index, partition, size))
+                    message_id = _new_message_id(
+                        MessageId, (ledger_id, entry_id, index, partition, size)
+                    )
                     if callback is not None:
-                        _run_callback(callback, None, message_id)
+                        try:
+                            callback(None, message_id)
+                        except Exception:  # an application callback must not break the producer
+                            log.exception("send_callback_failed")
                     if not future.done():
                         future.set_result(message_id)
                 index += count
@@ -881,7 +892,8 @@ class Producer:
     def has_room(self) -> bool:
         """Whether :meth:`send_async` would take a message now (the pending queue is not full
         and no ``send`` waits for room)."""
-        return self.capacity.has_room()
+        capacity = self.capacity
+        return capacity.used < capacity.limit and not capacity._waiters
 
     def send_async(
         self,
@@ -901,12 +913,9 @@ class Producer:
             # the common case, kept short: no options, bytes, room
             capacity = self.capacity
             if capacity.used < capacity.limit and not capacity._waiters:
-                partition = self._partitions[self._router.partition_for(None)]
+                partition = self._partitions[self._router.keyless]
                 size = len(content) + _PLAIN_OVERHEAD
-                if (
-                    partition.error is None
-                    and size <= partition.max_message_bytes - _ENVELOPE_ROOM_BYTES
-                ):
+                if partition.error is None and size <= partition.plain_limit:
                     capacity.used += 1
                     future: asyncio.Future[MessageId] = _Future(loop=self._loop)
                     partition.add_plain(content, (future, callback), size)

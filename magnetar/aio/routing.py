@@ -28,16 +28,17 @@ class PartitionRouter:
             raise ValueError(f"need at least one partition, got {partitions}")
         self.partitions = partitions
         # a random start spreads many producers' first batches over the partitions
-        self._current = (rng or random.Random()).randrange(partitions)  # noqa: S311
+        self.keyless = (rng or random.Random()).randrange(partitions)  # noqa: S311
+        """The partition keyless messages go to now (what ``partition_for(None)`` returns)."""
 
     def partition_for(self, partition_key: str | None) -> int:
         if self.partitions == 1:
             return 0
         if partition_key is not None:
             return key_partition(partition_key, self.partitions)
-        return self._current
+        return self.keyless
 
     def batch_sealed(self, partition: int) -> None:
         """A partition sealed a batch: if keyless messages were filling it, move on."""
-        if partition == self._current:
-            self._current = (self._current + 1) % self.partitions
+        if partition == self.keyless:
+            self.keyless = (self.keyless + 1) % self.partitions
