@@ -3,8 +3,9 @@ end-to-end flow, measured against real servers in one run.
 
 Run from the repository root::
 
-    .venv/bin/python bench/security_bench.py            # full run, about nine minutes
-    .venv/bin/python bench/security_bench.py --quick    # smoke test, about two minutes
+    .venv/bin/python bench/security_bench.py                # full run, about nine minutes
+    .venv/bin/python bench/security_bench.py --quick        # smoke test, about two minutes
+    .venv/bin/python bench/security_bench.py --hops every   # TLS on every hop, about five minutes
 
 Two servers run side by side, identical but for authentication and authorization: one with both
 off, one with both on (HS256 tokens; the client's role is not a superuser, only granted produce
@@ -17,6 +18,24 @@ makes it one ``magnetar standalone`` process instead, whose single process is sa
 fixed rate from about 500 entries/s on this machine, so its end-to-end latency at 2,000 msg/s is
 queueing (see bench/README.md).
 
+That default (``--hops client``) has TLS between client and broker only: the broker's links to
+its bookies and to etcd are plaintext in every variant. ``--hops every`` measures TLS on every
+hop instead (the Security II target: produce throughput >= 80% of plaintext's, end-to-end p99 at
+2,000 msg/s at most 2 ms above plaintext's). Its two servers are ``LocalCluster``s identical but
+for TLS, authentication off on both brokers; two variants, each on its own server:
+
+- *plaintext on every hop*: ``magnetar://`` client -> broker -> bookies -> etcd, all plaintext;
+- *TLS on every hop*: the client over ``magnetar+ssl://`` (and the admin calls that make and
+  delete the topics); the broker to its bookies over mutual TLS (``--ledger-tls-*``: a client
+  certificate whose common name, :data:`BOOKIE_CLIENT_ROLE`, is the role the bookies'
+  ``--bookie-client-roles`` allow; the bookies serve ``--tls-cert-file`` with
+  ``--tls-trust-certs-file`` and ``--authentication-providers tls``); every process (broker,
+  bookies, the harness) to etcd over TLS with a client certificate (etcd's
+  ``--client-cert-auth``).
+
+Both brokers have a plaintext and a TLS listener, as in the default mode (the benchmark's
+traffic uses one of them). Certificates come from a throw-away ``trustme`` CA.
+
 Each workload is the code of ``magnetar perf`` (its send loop and meters: the suite's "produce
 throughput" and "end-to-end latency at 2,000 msg/s"), run in a client process of its own that
 this script spawns (``--worker``), because ``magnetar perf`` has no flags for tokens or a trusted
@@ -24,7 +43,8 @@ CA yet. Workloads and variants are interleaved in rounds, so drift on the shared
 every variant alike; each figure is the median of the rounds, with its spread.
 
 It writes ``bench/results/security-<date>.json`` (every run) and ``security-<date>.md`` (the
-tables, the ratios and the targets' verdicts); ``--quick`` writes ``security-<date>-quick.*``.
+tables, the ratios and the targets' verdicts); ``--quick`` writes ``security-<date>-quick.*``,
+``--hops every`` ``security-<date>-every-hop.*`` (``-every-hop-quick`` with ``--quick``).
 See bench/README.md ("Security") for what each figure means. Compare within one run only.
 """
 
@@ -74,6 +94,7 @@ from suite import (
 from magnetar.aio import AdminClient, AuthenticationToken
 from magnetar.common.errors import MagnetarError
 from magnetar.testing import LocalCluster, StandaloneNode
+from magnetar.testing.etcd import EtcdTls
 from magnetar.testing.security import TestPki, TestTokens
 
 # --- targets (reported with PASS / FAIL, never asserted) ------------------------------------------
@@ -84,6 +105,11 @@ TLS_MAX_P99_INCREASE_MS = 1.0
 """TLS on: end-to-end p99 at 2,000 msg/s at most this many ms above plaintext's."""
 AUTH_MIN_THROUGHPUT_RATIO = 0.95
 """Authentication and authorization on: produce throughput at least this share of off's."""
+EVERY_HOP_MIN_THROUGHPUT_RATIO = 0.80
+"""``--hops every`` (Security II): TLS on every hop, produce throughput at least this share of
+plaintext on every hop's."""
+EVERY_HOP_MAX_P99_INCREASE_MS = 2.0
+"""``--hops every``: end-to-end p99 at 2,000 msg/s at most this many ms above plaintext's."""
 
 MESSAGE_BYTES = 100
 LATENCY_RATE = 2_000
@@ -96,6 +122,11 @@ RUN_TIMEOUT_MARGIN_S = 90.0
 WORKER_SCRIPT = str(Path(__file__).resolve())
 """This script: each run's client is ``python bench/security_bench.py --worker SPEC``."""
 TAIL_LINES = 30
+BOOKIE_CLIENT_ROLE = "broker"
+"""``--hops every``: the common name of the broker's client certificate towards its bookies,
+and the one role the bookies' ``--bookie-client-roles`` allow."""
+SERVER_HOSTS = ("127.0.0.1", "localhost")
+"""The names the servers' certificates are valid for (every process runs on this machine)."""
 
 
 # --- variants and workloads -----------------------------------------------------------------------
@@ -104,18 +135,26 @@ TAIL_LINES = 30
 @dataclass(frozen=True, slots=True)
 class Variant:
     """How the client reaches the broker: over TLS or plaintext, to the server with
-    authentication and authorization on (a token) or off (anonymous)."""
+    authentication and authorization on (a token) or off (anonymous). With ``every_hop`` the
+    server is one whose every hop is like the client's: TLS throughout (the broker to its
+    bookies and every process to etcd too), or plaintext throughout."""
 
     key: str
     tls: bool
     auth: bool
+    every_hop: bool = False
 
     @property
     def name(self) -> str:
-        return f"{'TLS' if self.tls else 'plaintext'}, auth {'on' if self.auth else 'off'}"
+        transport = "TLS" if self.tls else "plaintext"
+        if self.every_hop:
+            return f"{transport} on every hop"
+        return f"{transport}, auth {'on' if self.auth else 'off'}"
 
     @property
     def server(self) -> str:
+        if self.every_hop:
+            return "all-tls" if self.tls else "all-plaintext"
         return "auth-on" if self.auth else "auth-off"
 
 
@@ -125,7 +164,13 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("plain-auth", tls=False, auth=True),
     Variant("tls-auth", tls=True, auth=True),
 )
-VARIANT_BY_KEY = {v.key: v for v in VARIANTS}
+"""``--hops client`` (the default): TLS between client and broker, and authentication."""
+EVERY_HOP_VARIANTS: tuple[Variant, ...] = (
+    Variant("plain-hops", tls=False, auth=False, every_hop=True),
+    Variant("tls-hops", tls=True, auth=False, every_hop=True),
+)
+"""``--hops every``: plaintext on every hop, TLS on every hop (two servers)."""
+VARIANT_BY_KEY = {v.key: v for v in (*VARIANTS, *EVERY_HOP_VARIANTS)}
 
 PRODUCE, END_TO_END = "produce", "end-to-end"
 
@@ -167,13 +212,62 @@ TLS_PAIRS: tuple[tuple[str, str], ...] = (("plain", "tls"), ("plain-auth", "tls-
 """(baseline, variant): TLS against plaintext on the same server."""
 AUTH_PAIRS: tuple[tuple[str, str], ...] = (("plain", "plain-auth"), ("tls", "tls-auth"))
 """(baseline, variant): auth on against off, two identical servers, same transport."""
+EVERY_HOP_PAIRS: tuple[tuple[str, str], ...] = (("plain-hops", "tls-hops"),)
+"""(baseline, variant): TLS on every hop against plaintext on every hop, two servers."""
+
+CLIENT_HOP, EVERY_HOP = "client", "every"
 
 
-def round_order(round_index: int) -> list[Variant]:
+@dataclass(frozen=True, slots=True)
+class Hops:
+    """What one run compares (``--hops``): its variants, its pairs and its targets."""
+
+    key: str
+    variants: tuple[Variant, ...]
+    tls_pairs: tuple[tuple[str, str], ...]
+    auth_pairs: tuple[tuple[str, str], ...]
+    tls_min_throughput_ratio: float
+    tls_max_p99_increase_ms: float
+    tls_label: str
+    """What the TLS verdicts call the TLS side."""
+    issue: str
+    """The issue that set the targets."""
+
+
+HOPS: dict[str, Hops] = {
+    CLIENT_HOP: Hops(
+        CLIENT_HOP,
+        VARIANTS,
+        TLS_PAIRS,
+        AUTH_PAIRS,
+        TLS_MIN_THROUGHPUT_RATIO,
+        TLS_MAX_P99_INCREASE_MS,
+        tls_label="TLS on",
+        issue="Security I",
+    ),
+    EVERY_HOP: Hops(
+        EVERY_HOP,
+        EVERY_HOP_VARIANTS,
+        EVERY_HOP_PAIRS,
+        (),
+        EVERY_HOP_MIN_THROUGHPUT_RATIO,
+        EVERY_HOP_MAX_P99_INCREASE_MS,
+        tls_label="TLS on every hop (client -> broker -> bookies, and etcd)",
+        issue="Security II",
+    ),
+}
+
+
+def hops_of(results: dict[str, Any]) -> Hops:
+    """The mode a run's results were measured in (runs from before ``--hops``: the default)."""
+    return HOPS[results.get("parameters", {}).get("hops") or CLIENT_HOP]
+
+
+def round_order(round_index: int, variants: Sequence[Variant] = VARIANTS) -> list[Variant]:
     """The variants in the order a round runs them: rotated by one each round, so that no
     variant always runs first (after another workload) or last."""
-    shift = round_index % len(VARIANTS)
-    return [*VARIANTS[shift:], *VARIANTS[:shift]]
+    shift = round_index % len(variants)
+    return [*variants[shift:], *variants[:shift]]
 
 
 def topic_name(workload: Workload, variant: Variant, round_index: int) -> str:
@@ -345,18 +439,102 @@ def server_args(pki: TestPki, tokens: TestTokens, *, auth: bool) -> list[str]:
     return args
 
 
+@dataclass(frozen=True)
+class EveryHopTls:
+    """``--hops every``: what makes a ``LocalCluster``'s every hop TLS, besides the broker's
+    own TLS listener (:func:`server_args`)."""
+
+    bookie_args: list[str]
+    """Every bookie: mutual TLS on its port, only :data:`BOOKIE_CLIENT_ROLE` let in."""
+    broker_args: list[str]
+    """The broker's ledger client: the CA, and its client certificate towards the bookies."""
+    etcd_tls: EtcdTls
+    """etcd serves TLS and requires client certificates; every process presents one."""
+
+
+def every_hop_tls(pki: TestPki) -> EveryHopTls:
+    """Certificates from ``pki`` for every hop of one cluster, and the flags that use them
+    (the flags ``magnetar/verify/secure.py`` gives its secure cluster, without its tokens,
+    users and HTTPS metrics: the benchmark measures TLS alone)."""
+    bookie = pki.issue("bookie", hosts=SERVER_HOSTS)
+    ledger_client = pki.issue(BOOKIE_CLIENT_ROLE, name="broker-ledger-client")
+    etcd = pki.issue("etcd", hosts=SERVER_HOSTS)
+    etcd_client = pki.issue("etcd-client")
+    return EveryHopTls(
+        bookie_args=[
+            *("--tls-cert-file", str(bookie.cert_file)),
+            *("--tls-key-file", str(bookie.key_file)),
+            *("--tls-trust-certs-file", str(pki.ca_file)),  # mutual TLS: clients present one
+            *("--authentication-enabled", "true"),
+            *("--authentication-providers", "tls"),  # the role is the certificate's CN
+            *("--bookie-client-roles", BOOKIE_CLIENT_ROLE),
+        ],
+        broker_args=[
+            *("--ledger-tls-trust-certs-file", str(pki.ca_file)),
+            *("--ledger-tls-cert-file", str(ledger_client.cert_file)),
+            *("--ledger-tls-key-file", str(ledger_client.key_file)),
+        ],
+        etcd_tls=EtcdTls(
+            etcd.cert_file,
+            etcd.key_file,
+            pki.ca_file,
+            client_cert_file=etcd_client.cert_file,
+            client_key_file=etcd_client.key_file,
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class ServerPlan:
+    """One of a run's two servers: its name (what :attr:`Variant.server` says), whether its
+    broker checks tokens and permissions, and whether its every hop is TLS."""
+
+    name: str
+    auth: bool
+    every_hop_tls: bool
+
+
+def server_plans(hops: Hops) -> list[ServerPlan]:
+    """The servers of a run in mode ``hops``: one for each server its variants name, in the
+    order they first name it."""
+    plans: dict[str, ServerPlan] = {}
+    for variant in hops.variants:
+        plans.setdefault(
+            variant.server,
+            ServerPlan(
+                variant.server, auth=variant.auth, every_hop_tls=variant.every_hop and variant.tls
+            ),
+        )
+    return list(plans.values())
+
+
 async def start_servers(
-    root: Path, kind: str, bookies: int, stack: contextlib.AsyncExitStack
+    root: Path,
+    kind: str,
+    bookies: int,
+    stack: contextlib.AsyncExitStack,
+    hops: Hops = HOPS[CLIENT_HOP],
 ) -> Servers:
     pki = TestPki(root / "pki")
     tokens = TestTokens(root / "tokens")
     token_file = tokens.write(CLIENT_ROLE)
     by_name: dict[str, Server] = {}
-    for name, auth in (("auth-off", False), ("auth-on", True)):
+    for plan in server_plans(hops):
+        name, auth = plan.name, plan.auth
         security = server_args(pki, tokens, auth=auth)
         node: StandaloneNode | LocalCluster
         if kind == STANDALONE:
             node = StandaloneNode(root / name, bookies=bookies, extra_args=security)
+        elif plan.every_hop_tls:
+            hop = every_hop_tls(pki)
+            node = LocalCluster(
+                root / name,
+                bookies=bookies,
+                brokers=1,
+                bookie_args=hop.bookie_args,
+                broker_args=[*BROKER_ARGS, *security, *hop.broker_args],
+                etcd_tls=hop.etcd_tls,
+            )
         else:
             # the suite's cluster: E3/Qw2/Qa2 written out, load shedding off, one broker
             node = LocalCluster(
@@ -364,7 +542,15 @@ async def start_servers(
             )
         await stack.enter_async_context(node)
         authentication = AuthenticationToken(tokens.create(SUPERUSER)) if auth else None
-        admin = AdminClient(node.service_url, authentication=authentication)
+        if plan.every_hop_tls:
+            # the topics are made and deleted over TLS too
+            admin = AdminClient(
+                node.tls_service_url,
+                authentication=authentication,
+                tls_trust_certs_file_path=str(pki.ca_file),
+            )
+        else:
+            admin = AdminClient(node.service_url, authentication=authentication)
         stack.push_async_callback(admin.close)
         by_name[name] = Server(name, kind, node, admin)
         # the same tenant, namespace and grant on both, so the servers differ only in whether
@@ -532,7 +718,7 @@ async def run_one(
     url = servers.url(variant)
     args = perf_args(workload, topic, url, duration_s=duration_s, warmup_s=warmup_s)
     server = servers.by_name[variant.server]
-    other = servers.by_name["auth-on" if variant.server == "auth-off" else "auth-off"]
+    other = next(s for name, s in servers.by_name.items() if name != variant.server)
     result: dict[str, Any] = {
         "workload": workload.key,
         "variant": variant.key,
@@ -662,7 +848,8 @@ def run_figures(
         "client_cpu_pct": client,
         "server_us_per_msg": per_message_us(server),
         "client_us_per_msg": per_message_us(client),
-        # where TLS between client and broker is decrypted and encrypted (bookie links are not)
+        # where TLS between client and broker is decrypted and encrypted (and, with --hops
+        # every, the bookie links' too)
         "broker_us_per_msg": per_message_us(broker),
         "machine_busy_pct": cpu.get("machine_busy_pct"),
         "others_pct": cpu.get("others_pct"),
@@ -707,11 +894,13 @@ def by_round(
     return out
 
 
-def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+def summarize(
+    runs: Sequence[dict[str, Any]], variants: Sequence[Variant] = VARIANTS
+) -> dict[str, dict[str, dict[str, Any]]]:
     """workload -> variant -> figure -> spread over the rounds (and ``runs`` / ``ok_runs``)."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for workload in WORKLOADS:
-        for variant in VARIANTS:
+        for variant in variants:
             mine = [
                 r for r in runs if r["workload"] == workload.key and r["variant"] == variant.key
             ]
@@ -748,11 +937,13 @@ def difference(baseline: float, variant: float) -> float:
     return variant - baseline
 
 
-def comparisons(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def comparisons(
+    runs: Sequence[dict[str, Any]], hops: Hops = HOPS[CLIENT_HOP]
+) -> list[dict[str, Any]]:
     """Every pair the targets speak of, per round: throughput ratios (and server CPU per
     message) of the produce workloads, p50/p99/p99.9 differences of the end-to-end one."""
     out: list[dict[str, Any]] = []
-    for kind, pairs in (("tls", TLS_PAIRS), ("auth", AUTH_PAIRS)):
+    for kind, pairs in (("tls", hops.tls_pairs), ("auth", hops.auth_pairs)):
         for pair in pairs:
             for workload in WORKLOADS:
                 entry: dict[str, Any] = {
@@ -823,28 +1014,32 @@ def _row(entry: dict[str, Any] | None, figure: str, ok: Callable[[float], bool])
 
 
 def checks(
-    found: Sequence[dict[str, Any]], summary: dict[str, dict[str, dict[str, Any]]]
+    found: Sequence[dict[str, Any]],
+    summary: dict[str, dict[str, dict[str, Any]]],
+    hops: Hops = HOPS[CLIENT_HOP],
 ) -> list[dict[str, Any]]:
-    """The three targets, each judged on every pair it speaks of (both servers for TLS, both
-    transports for auth; both produce patterns for throughput): PASS only if every row passes.
-    Each row's figure is the median over the rounds of that round's ratio or difference."""
+    """The targets of ``hops``, each judged on every pair it speaks of (both servers for TLS,
+    both transports for auth; both produce patterns for throughput): PASS only if every row
+    passes. Each row's figure is the median over the rounds of that round's ratio or
+    difference. ``--hops every`` has the two TLS targets only, on its one pair."""
     produce = [w for w in WORKLOADS if w.mode == PRODUCE]
     latency = next(w for w in WORKLOADS if w.mode == END_TO_END)
+    min_ratio, max_increase = hops.tls_min_throughput_ratio, hops.tls_max_p99_increase_ms
     out: list[dict[str, Any]] = []
 
     rows = []
-    for pair in TLS_PAIRS:
+    for pair in hops.tls_pairs:
         for workload in produce:
             row = _row(
                 _find(found, "tls", workload.key, pair),
                 "throughput_ratio",
-                lambda v: v >= TLS_MIN_THROUGHPUT_RATIO,
+                lambda v: v >= min_ratio,
             )
             rows.append({"workload": workload.key, "baseline": pair[0], "variant": pair[1], **row})
     out.append(
         {
             "key": "tls-throughput",
-            "name": f"TLS on: produce throughput >= {TLS_MIN_THROUGHPUT_RATIO:.0%} of plaintext",
+            "name": f"{hops.tls_label}: produce throughput >= {min_ratio:.0%} of plaintext",
             "figure": "throughput_ratio",
             "rows": rows,
             "verdict": _verdict(all(r["verdict"] == "PASS" for r in rows)),
@@ -852,11 +1047,11 @@ def checks(
     )
 
     rows = []
-    for pair in TLS_PAIRS:
+    for pair in hops.tls_pairs:
         row = _row(
             _find(found, "tls", latency.key, pair),
             "p99_ms_increase",
-            lambda v: v <= TLS_MAX_P99_INCREASE_MS,
+            lambda v: v <= max_increase,
         )
         # a run that fell behind the rate has no latency at that rate
         short = [
@@ -874,17 +1069,19 @@ def checks(
         {
             "key": "tls-latency",
             "name": (
-                f"TLS on: end-to-end p99 at {latency.rate:,} msg/s <= plaintext's +"
-                f" {TLS_MAX_P99_INCREASE_MS:g} ms"
+                f"{hops.tls_label}: end-to-end p99 at {latency.rate:,} msg/s <= plaintext's +"
+                f" {max_increase:g} ms"
             ),
             "figure": "p99_ms_increase",
             "rows": rows,
             "verdict": _verdict(all(r["verdict"] == "PASS" for r in rows)),
         }
     )
+    if not hops.auth_pairs:
+        return out
 
     rows = []
-    for pair in AUTH_PAIRS:
+    for pair in hops.auth_pairs:
         for workload in produce:
             row = _row(
                 _find(found, "auth", workload.key, pair),
@@ -965,6 +1162,7 @@ def _check_lines(results: dict[str, Any]) -> list[str]:
 
 def _variant_tables(results: dict[str, Any]) -> list[str]:
     summary = results["summary"]
+    variants = hops_of(results).variants
     lines: list[str] = []
     for workload in WORKLOADS:
         per_variant = summary[workload.key]
@@ -977,7 +1175,7 @@ def _variant_tables(results: dict[str, Any]) -> list[str]:
                 ),
                 "|---|---|---|---|---|---|---|---|---|",
             ]
-            for variant in VARIANTS:
+            for variant in variants:
                 f = per_variant[variant.key]
                 lines.append(
                     f"| {variant.name} | {_cell(f.get('msg_per_s'))} |"
@@ -998,7 +1196,7 @@ def _variant_tables(results: dict[str, Any]) -> list[str]:
                 ),
                 "|---|---|---|---|---|---|---|---|---|---|---|",
             ]
-            for variant in VARIANTS:
+            for variant in variants:
                 f = per_variant[variant.key]
                 lines.append(
                     f"| {variant.name} | {_cell(f.get('msg_per_s'))} |"
@@ -1085,8 +1283,41 @@ def _quiet_line(results: dict[str, Any]) -> str:
     )
 
 
+def _setup_text(results: dict[str, Any], servers_text: str) -> str:
+    """What the two servers are and how they differ."""
+    if hops_of(results).key != EVERY_HOP:
+        return (
+            f"{servers_text} side by side, each with a plaintext and a TLS listener (a"
+            " certificate from a throw-away CA), identical but for `--authentication-enabled true"
+            f" --token-secret-key-file ... --superuser-roles {SUPERUSER}"
+            " --authorization-enabled true` on one of them. On the auth-on server the client's"
+            f" token is for role `{CLIENT_ROLE}`, which is not a superuser: it was granted"
+            f" produce and consume on `{NAMESPACE}` and nothing else. TLS is between client and"
+            " broker only: the broker's links to its bookies and to etcd are plaintext in every"
+            " variant."
+        )
+    return (
+        f"{servers_text} side by side, identical but for TLS (authentication off on both; each"
+        " broker has a plaintext and a TLS listener, and the benchmark's traffic uses one of"
+        " them). On the *plaintext on every hop* server, the client reaches the broker over"
+        " `magnetar://`, the broker its bookies and every process etcd in plaintext. On the"
+        " *TLS on every hop* server (certificates from a throw-away CA), the client reaches the"
+        " broker over `magnetar+ssl://` (as do the admin calls that make and delete the"
+        " topics); the broker reaches its bookies over mutual TLS, presenting a client"
+        f" certificate whose common name `{BOOKIE_CLIENT_ROLE}` is the one role the bookies"
+        " allow (bookies: `--tls-cert-file ... --tls-key-file ... --tls-trust-certs-file ..."
+        " --authentication-enabled true --authentication-providers tls --bookie-client-roles"
+        f" {BOOKIE_CLIENT_ROLE}`; broker: `--ledger-tls-trust-certs-file ..."
+        " --ledger-tls-cert-file ... --ledger-tls-key-file ...`); and the broker, the bookies"
+        " and the harness reach etcd over TLS with a client certificate (etcd"
+        " `--client-cert-auth`; the servers `--etcd-trust-certs-file ... --etcd-cert-file ..."
+        " --etcd-key-file ...`). Two variants, one per server."
+    )
+
+
 def render_markdown(results: dict[str, Any]) -> str:
     title_tag = f" ({results['tag']})" if results["tag"] else ""
+    hops = hops_of(results)
     p = results["parameters"]
     cores = results["machine"]["cpu_count"]
     preamble = report_preamble(results)
@@ -1118,19 +1349,27 @@ def render_markdown(results: dict[str, Any]) -> str:
         server_processes = (
             "the server's processes (broker, bookies and etcd; the broker alone in brackets)"
         )
+    if hops.key == EVERY_HOP:
+        tls_scope_text = (
+            "TLS is on every hop of the TLS server, so its server-side cost is spread over the"
+            " broker, the bookies and etcd: the server's us/msg is the figure, the broker's"
+            " only a part of it."
+        )
+    else:
+        tls_scope_text = (
+            "TLS is between client and broker only (the broker's links to its bookies are"
+            " plaintext either way), so its server-side cost is the broker's."
+        )
     durations = ", ".join(f"{k} {v:g} s" for k, v in p["duration_s"].items())
     lines = [
         f"# Security benchmark, {results['date']}{title_tag}",
         "",
         *preamble,
         "",
+        _setup_text(results, servers_text),
+        "",
         (
-            f"{servers_text} side by side, each with a plaintext and a TLS listener (a"
-            " certificate from a throw-away CA), identical but for `--authentication-enabled true"
-            f" --token-secret-key-file ... --superuser-roles {SUPERUSER}"
-            " --authorization-enabled true` on one of them. On the auth-on server the client's"
-            f" token is for role `{CLIENT_ROLE}`, which is not a superuser: it was granted"
-            f" produce and consume on `{NAMESPACE}` and nothing else. Each run is one client"
+            "Each run is one client"
             " process running `magnetar perf`'s own code on a fresh 1-partition topic with"
             f" {p['message_bytes']} B messages and the client's default settings, after a"
             f" `sync`; {p['rounds']} rounds, each running every workload once per variant in a"
@@ -1151,6 +1390,8 @@ def render_markdown(results: dict[str, Any]) -> str:
         _quiet_line(results),
         "",
         "## Targets",
+        "",
+        f"From the {hops.issue} issue; reported, never asserted.",
         "",
         *_check_lines(results),
         "",
@@ -1184,10 +1425,9 @@ def render_markdown(results: dict[str, Any]) -> str:
         (
             f"- **server CPU %** / **us/msg**: user + system CPU of {server_processes} over"
             " the window, and that divided by msg/s: the server's CPU cost per message, the"
-            " figure where TLS's cost shows even when throughput is limited elsewhere. TLS is"
-            " between client and broker only (the broker's links to its bookies are plaintext"
-            " either way), so its server-side cost is the broker's. **client CPU %** likewise"
-            " for the client process (TLS costs the client too). **machine busy**: all"
+            " figure where TLS's cost shows even when throughput is limited elsewhere."
+            f" {tls_scope_text} **client CPU %** likewise for the client process (TLS costs"
+            " the client too). **machine busy**: all"
             " processes, from `/proc/stat` (near 200%: the machine is the limit); **others**:"
             " what no process of this benchmark (servers, client, this script) used."
         ),
@@ -1220,6 +1460,26 @@ def render_markdown(results: dict[str, Any]) -> str:
 # --- main -----------------------------------------------------------------------------------------
 
 
+def targets(hops: Hops) -> dict[str, float]:
+    """The targets of a run in mode ``hops``, as its results record them."""
+    out = {
+        "tls_min_throughput_ratio": hops.tls_min_throughput_ratio,
+        "tls_max_p99_increase_ms": hops.tls_max_p99_increase_ms,
+    }
+    if hops.auth_pairs:
+        out["auth_min_throughput_ratio"] = AUTH_MIN_THROUGHPUT_RATIO
+    out["rate_reached_fraction"] = RATE_REACHED_FRACTION
+    return out
+
+
+def default_tag(*, quick: bool, hops: str) -> str | None:
+    """What a run's results files are tagged with when ``--tag`` is not given: nothing for a
+    full default run, so ``security-<date>.*``; ``quick`` and ``every-hop`` keep the other
+    kinds of run from overwriting it (and each other)."""
+    parts = (["every-hop"] if hops == EVERY_HOP else []) + (["quick"] if quick else [])
+    return "-".join(parts) or None
+
+
 def durations(args: argparse.Namespace) -> dict[str, float]:
     return {
         "produce": args.produce_s,
@@ -1231,6 +1491,7 @@ def durations(args: argparse.Namespace) -> dict[str, float]:
 async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[str, Any]:
     started = time.time()
     seconds = durations(args)
+    hops = HOPS[args.hops]
     results: dict[str, Any] = {
         "benchmark": "security",
         "date": dt.date.today().isoformat(),
@@ -1243,28 +1504,24 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
             "quiet_pct": args.quiet_pct,
             "max_wait_s": args.max_wait_s,
             "server": args.server,
+            "hops": hops.key,
             "bookies": args.bookies,
             "cluster_broker_args": BROKER_ARGS if args.server == CLUSTER else None,
             "message_bytes": MESSAGE_BYTES,
             "warmup_s": args.warmup_s,
             "duration_s": seconds,
             "latency_rate": LATENCY_RATE,
-            "variants": {v.key: v.name for v in VARIANTS},
+            "variants": {v.key: v.name for v in hops.variants},
             "workloads": {w.key: w.name for w in WORKLOADS},
             "namespace": NAMESPACE,
             "client_role": CLIENT_ROLE,
-            "targets": {
-                "tls_min_throughput_ratio": TLS_MIN_THROUGHPUT_RATIO,
-                "tls_max_p99_increase_ms": TLS_MAX_P99_INCREASE_MS,
-                "auth_min_throughput_ratio": AUTH_MIN_THROUGHPUT_RATIO,
-                "rate_reached_fraction": RATE_REACHED_FRACTION,
-            },
+            "targets": targets(hops),
         },
         "machine": machine_info(root),
         "runs": [],
     }
     async with contextlib.AsyncExitStack() as stack:
-        servers = await start_servers(root, args.server, args.bookies, stack)
+        servers = await start_servers(root, args.server, args.bookies, stack, hops)
         results["servers"] = {
             name: {
                 "kind": server.kind,
@@ -1285,7 +1542,7 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
         budget = WaitBudget(args.max_wait_s)
         for round_index in range(args.rounds):
             for workload in WORKLOADS:
-                for position, variant in enumerate(round_order(round_index)):
+                for position, variant in enumerate(round_order(round_index, hops.variants)):
                     run = await run_one(
                         servers,
                         workload,
@@ -1300,9 +1557,9 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
                     results["runs"].append(run)
                     _print_run(run)
     results["waited_for_quiet_s"] = round(sum(r["waited_for_quiet_s"] for r in results["runs"]), 1)
-    results["summary"] = summarize(results["runs"])
-    results["comparisons"] = comparisons(results["runs"])
-    results["checks"] = checks(results["comparisons"], results["summary"])
+    results["summary"] = summarize(results["runs"], hops.variants)
+    results["comparisons"] = comparisons(results["runs"], hops)
+    results["checks"] = checks(results["comparisons"], results["summary"], hops)
     results["elapsed_s"] = time.time() - started
     return results
 
@@ -1368,14 +1625,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         " from about 500 entries/s on a 2-core machine, so its latency at 2,000 msg/s is"
         " queueing)",
     )
+    add(
+        "--hops",
+        choices=tuple(HOPS),
+        default=CLIENT_HOP,
+        help="client: TLS between client and broker only, and authentication (four variants on"
+        " two servers: auth off and on, each with both listeners); every: TLS on every hop"
+        " (client -> broker over magnetar+ssl://, broker -> bookies over mutual TLS, every"
+        " process -> etcd over TLS with a client certificate) against plaintext on every hop,"
+        " two variants on two clusters, with the Security II targets (throughput >= 80%%, p99"
+        " at 2,000 msg/s <= +2 ms); needs --server cluster",
+    )
     add("--bookies", type=int, default=3, help="bookies of each server")
     add(
         "--quick",
         action="store_true",
         help="smoke test: 2 rounds of 2 / 1.5 / 3 s runs; results go to security-<date>-quick.*"
-        " (unless --tag is given)",
+        " (-every-hop-quick with --hops every) unless --tag is given",
     )
-    add("--tag", help="name the results security-<date>-<TAG>.*")
+    add(
+        "--tag",
+        help="name the results security-<date>-<TAG>.* (default: none, 'quick', 'every-hop' or"
+        " 'every-hop-quick')",
+    )
     add("--out", type=Path, default=REPO / "bench" / "results", help="directory for the results")
     add(
         "--data-root",
@@ -1392,7 +1664,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.per_message_s = min(args.per_message_s, 1.5)
         args.e2e_s = min(args.e2e_s, 3.0)
         args.warmup_s = min(args.warmup_s, 0.5)
-        args.tag = args.tag or "quick"
+    args.tag = args.tag or default_tag(quick=args.quick, hops=args.hops)
+    if args.hops == EVERY_HOP and args.server != CLUSTER:
+        parser.error(
+            "--hops every needs --server cluster: a standalone's broker reaches its bookies"
+            " inside its one process, with no hop to encrypt"
+        )
     if args.rounds < 1 or args.bookies < 1:
         parser.error("--rounds and --bookies must be at least 1")
     if min(args.produce_s, args.per_message_s, args.e2e_s) <= 0 or args.warmup_s < 0:
