@@ -39,7 +39,12 @@ from magnetar.common.health import READINESS_SERVICE as _READINESS
 from magnetar.common.health import ProcessHealth
 from magnetar.common.security.config import is_loopback
 from magnetar.common.security.tls import ReloadingServerCredentials
-from magnetar.common.serving import grpc_server_options, listen, run_until_signalled
+from magnetar.common.serving import (
+    grpc_server_options,
+    listen,
+    raise_file_limit,
+    run_until_signalled,
+)
 from magnetar.common.status_http import Response, StatusServer, status_server
 from metadata import MetadataStore, open_store
 from proto.bookie.v1 import bookie_pb2_grpc
@@ -51,7 +56,7 @@ READINESS_SERVICE = _READINESS
 """gRPC health service name for readiness probes (the overall service, ``""``)."""
 LIVENESS_SERVICE = SERVICE_NAME
 """gRPC health service name for liveness and startup probes: SERVING while the process runs."""
-GRPC_OPTIONS = grpc_server_options(256 * 1024 * 1024)
+MAX_GRPC_MESSAGE_BYTES = 256 * 1024 * 1024
 
 
 class BookieProcess:
@@ -110,7 +115,8 @@ class BookieProcess:
             disk_probe=disk_probe,
             metrics=metrics,
         )
-        self._server = grpc.aio.server(options=GRPC_OPTIONS)
+        raise_file_limit()  # a descriptor per connection: up to max_connections
+        self._server = grpc.aio.server(options=grpc_server_options(MAX_GRPC_MESSAGE_BYTES, config))
         self.access = BookieAccess(
             config, client_roles=config.bookie_client_roles, bookie_id=identity.bookie_id
         )

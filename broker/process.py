@@ -34,7 +34,12 @@ from magnetar.common.health import READINESS_SERVICE as _READINESS
 from magnetar.common.health import ProcessHealth
 from magnetar.common.security.config import is_loopback
 from magnetar.common.security.tls import ReloadingServerCredentials
-from magnetar.common.serving import grpc_server_options, listen, run_until_signalled
+from magnetar.common.serving import (
+    grpc_server_options,
+    listen,
+    raise_file_limit,
+    run_until_signalled,
+)
 from magnetar.common.status_http import Response, StatusServer, status_server
 from metadata import MetadataStore, open_store
 from proto.admin.v1 import admin_pb2_grpc
@@ -48,7 +53,7 @@ LIVENESS_SERVICE = "magnetar.broker.v1.BrokerService"
 """gRPC health service name for liveness and startup probes: SERVING while the process runs."""
 SERVICE_NAMES = (LIVENESS_SERVICE, "magnetar.admin.v1.AdminService")
 """The broker's gRPC services; each is a liveness name on the health service."""
-GRPC_OPTIONS = grpc_server_options(64 * 1024 * 1024)
+MAX_GRPC_MESSAGE_BYTES = 64 * 1024 * 1024
 
 
 class BrokerProcess:
@@ -93,7 +98,8 @@ class BrokerProcess:
         return self
 
     async def _start(self, config: BrokerConfig) -> None:
-        self._server = grpc.aio.server(options=GRPC_OPTIONS)
+        raise_file_limit()  # a descriptor per connection: up to max_connections
+        self._server = grpc.aio.server(options=grpc_server_options(MAX_GRPC_MESSAGE_BYTES, config))
         host = config.advertised_host or socket.gethostname()
         if config.port is not None:
             self.port = listen(self._server, config.bind_host, config.port)

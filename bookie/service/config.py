@@ -8,14 +8,21 @@ from pathlib import Path
 
 from bookie.storage.config import StorageConfig
 from magnetar.common.config import config_error
-from magnetar.common.security.config import AuthenticationSettings, HttpSettings, TlsSettings
+from magnetar.common.security.config import (
+    AuthenticationSettings,
+    ConnectionSettings,
+    HttpSettings,
+    TlsSettings,
+)
 from metadata.config import EtcdSecuritySettings, MetadataStoreConfig
 
 BOOKIE_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 
 
 @dataclass(frozen=True, kw_only=True)
-class BookieConfig(AuthenticationSettings, TlsSettings, HttpSettings, EtcdSecuritySettings):
+class BookieConfig(
+    AuthenticationSettings, TlsSettings, HttpSettings, ConnectionSettings, EtcdSecuritySettings
+):
     """One bookie: where its data is, how to reach it, when it turns read-only, who may use it.
 
     With tls_cert_file set the bookie's gRPC port is TLS (with tls_trust_certs_file, mutual TLS:
@@ -83,6 +90,7 @@ class BookieConfig(AuthenticationSettings, TlsSettings, HttpSettings, EtcdSecuri
         self._check_authentication()
         self._check_etcd_security()
         self._check_http()
+        self._check_connections()
         for name in ("port", "http_port"):
             value = getattr(self, name)
             if not 0 <= value <= 65535:

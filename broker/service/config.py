@@ -10,7 +10,12 @@ from bookie.client.config import LedgerClientConfig
 from bookie.client.write_handle import MAX_ENTRY_BYTES
 from broker.managed_ledger import ManagedLedgerConfig
 from magnetar.common.config import config_error
-from magnetar.common.security.config import AuthenticationSettings, HttpSettings, TlsSettings
+from magnetar.common.security.config import (
+    AuthenticationSettings,
+    ConnectionSettings,
+    HttpSettings,
+    TlsSettings,
+)
 from metadata.config import EtcdSecuritySettings, MetadataStoreConfig
 
 BROKER_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
@@ -19,7 +24,9 @@ ENVELOPE_ALLOWANCE_BYTES = 16 * 1024
 
 
 @dataclass(frozen=True, kw_only=True)
-class BrokerConfig(AuthenticationSettings, TlsSettings, HttpSettings, EtcdSecuritySettings):
+class BrokerConfig(
+    AuthenticationSettings, TlsSettings, HttpSettings, ConnectionSettings, EtcdSecuritySettings
+):
     """One broker: how clients reach it, how it owns partitions, its limits, its security."""
 
     metadata: str
@@ -154,6 +161,7 @@ class BrokerConfig(AuthenticationSettings, TlsSettings, HttpSettings, EtcdSecuri
         self._check_authentication()
         self._check_etcd_security()
         self._check_http()
+        self._check_connections()
         if self.port is None and not self.tls_enabled:
             raise config_error(
                 "port", "", "may be empty (no plaintext listener) only with TLS on (tls_cert_file)"

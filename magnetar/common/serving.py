@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import resource
 import signal
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -11,13 +12,25 @@ from typing import TypeVar
 import grpc.aio
 
 from magnetar.common.errors import InvalidConfigError
+from magnetar.common.security.config import ConnectionSettings
 
 T = TypeVar("T")
 
 
-def grpc_server_options(max_message_bytes: int) -> list[tuple[str, int]]:
-    """Message size limits, keepalives that notice dead clients, and an exclusive port."""
+def grpc_server_options(
+    max_message_bytes: int, limits: ConnectionSettings | None = None
+) -> list[tuple[str, int]]:
+    """Message size limits, keepalives that notice dead clients, an exclusive port, and the
+    bounds on connections of ``limits``."""
+    limits = limits or ConnectionSettings()
+    bounds = [("grpc.server_handshake_timeout_ms", limits.connection_handshake_timeout_ms)]
+    if limits.max_connections:
+        # enforced as a connection is accepted, before any handshake
+        bounds.append(("grpc.max_allowed_incoming_connections", limits.max_connections))
+    if limits.max_connection_idle_ms:
+        bounds.append(("grpc.max_connection_idle_ms", limits.max_connection_idle_ms))
     return [
+        *bounds,
         # gRPC shares a port between servers by default (SO_REUSEPORT): a second broker or
         # standalone started on a taken port would then serve half the connections at random.
         # With it off, the second one fails to start, saying the port is in use.
@@ -75,3 +88,17 @@ def listen(
             context={"address": f"{host}:{port}"},
         )
     return bound
+
+
+def raise_file_limit() -> tuple[int, int]:
+    """Raise this process's soft limit of open files to its hard limit (a server holds a file
+    descriptor per connection, and the usual soft limit of 1,024 is far below
+    ``max_connections``); the (soft, hard) limits now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):  # a hard limit of RLIM_INFINITY some kernels refuse
+            return soft, hard
+        soft = hard
+    return soft, hard

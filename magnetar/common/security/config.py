@@ -16,6 +16,7 @@ from magnetar.common.config import config_error
 __all__ = [
     "AUTHENTICATION_PROVIDERS",
     "AuthenticationSettings",
+    "ConnectionSettings",
     "HttpSettings",
     "TlsSettings",
     "is_loopback",
@@ -187,3 +188,40 @@ class HttpSettings:
 
     def __post_init__(self) -> None:
         self._check_http()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConnectionSettings:
+    """Bounds on the gRPC connections a server holds (Pulsar's ``brokerMaxConnections``): a
+    client that opens connections and never speaks, or never closes them, cannot use up the
+    process's file descriptors and lock other clients out."""
+
+    max_connections: int = 4096
+    """gRPC connections held at once at most, over every listener; a connection beyond it is
+    closed as soon as it is accepted (the client sees UNAVAILABLE and retries). 0: no bound
+    but the process's file limit (which a server raises to its hard limit at start)."""
+
+    connection_handshake_timeout_ms: int = 10_000
+    """A connection that has not completed its TLS handshake and sent its HTTP/2 settings
+    within this long is closed (a TCP connection that never speaks is not held)."""
+
+    max_connection_idle_ms: int = 900_000
+    """A connection with no call or stream open for this long is closed (its client reconnects
+    when it next needs it). 0: idle connections are kept."""
+
+    def _check_connections(self) -> None:
+        if self.max_connections < 0:
+            raise config_error("max_connections", self.max_connections, "must be >= 0")
+        if self.connection_handshake_timeout_ms < 100:
+            raise config_error(
+                "connection_handshake_timeout_ms",
+                self.connection_handshake_timeout_ms,
+                "must be >= 100",
+            )
+        if self.max_connection_idle_ms < 0:
+            raise config_error(
+                "max_connection_idle_ms", self.max_connection_idle_ms, "must be >= 0"
+            )
+
+    def __post_init__(self) -> None:
+        self._check_connections()

@@ -33,6 +33,7 @@ from magnetar.common import names
 from magnetar.common.config import settings
 from magnetar.common.errors import CorruptionError, ErrorCode, error_class_for
 from magnetar.common.keys import KEYLESS_HASH, batch_key_hashes, key_hash
+from magnetar.common.serving import grpc_server_options
 from proto.admin.v1 import admin_pb2
 from proto.broker.v1 import broker_pb2
 from proto.common.v1 import errors_pb2, types_pb2
@@ -322,7 +323,7 @@ CONFIGS: dict[str, type] = {
     "consumer": ConsumerConfig,
     "client": ClientConfig,
 }
-GRPC_OPTIONS = dict(broker.process.GRPC_OPTIONS)
+GRPC_OPTIONS = dict(grpc_server_options(broker.process.MAX_GRPC_MESSAGE_BYTES))
 CONSTANTS: dict[str, object] = {
     "grpc.max_receive_message_length": GRPC_OPTIONS["grpc.max_receive_message_length"],
     "grpc.http2.min_ping_interval_without_data_ms": GRPC_OPTIONS[

@@ -1,0 +1,103 @@
+"""Connections a client opens and never uses cannot lock other clients out (issue 23, finding
+4): a connection that never speaks is closed after ``connection_handshake_timeout_ms``, no more
+than ``max_connections`` are held at once, and a server raises its soft file limit at start."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import resource
+import socket
+from collections.abc import Iterator
+
+from magnetar.aio import Client
+from magnetar.common.errors import InvalidConfigError
+from tests.broker.conftest import StartCluster, broker_config
+
+HANDSHAKE_MS = 500
+CAP = 40
+
+
+@contextlib.contextmanager
+def silent_connections(port: int, count: int) -> Iterator[list[socket.socket]]:
+    """``count`` TCP connections to ``port`` that send nothing."""
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.create_connection(("127.0.0.1", port))
+            sock.setblocking(False)
+            sockets.append(sock)
+        yield sockets
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+async def closed_by_server(sock: socket.socket) -> bool:
+    """Wait until the server closes ``sock`` (end of stream or a reset)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            data = await loop.sock_recv(sock, 4096)
+        except ConnectionResetError:
+            return True
+        if not data:
+            return True
+
+
+async def round_trip(url: str, topic: str) -> bytes:
+    async with Client(url, operation_timeout_s=30) as client:
+        consumer = await client.subscribe(topic, "s", initial_position="earliest")
+        producer = await client.create_producer(topic)
+        await producer.send(b"through")
+        message = await consumer.receive(timeout_millis=30_000)
+        await consumer.acknowledge(message)
+        return message.data()
+
+
+async def test_silent_connections_are_dropped_and_the_cap_holds(
+    start_cluster: StartCluster,
+) -> None:
+    cluster = await start_cluster(
+        bookies=3, max_connections=CAP, connection_handshake_timeout_ms=HANDSHAKE_MS
+    )
+    broker = cluster.brokers[0]
+    # three times the cap: the cap's worth are held until the handshake deadline, the rest
+    # refused as they come; either way the server closes every one of them
+    with silent_connections(broker.port, 3 * CAP) as sockets:
+        async with asyncio.timeout(60):  # a hang guard, not a measure
+            closed = await asyncio.gather(*(closed_by_server(s) for s in sockets))
+        assert all(closed)
+        # and a real client gets through, while the silent sockets are still open on this side
+        assert await round_trip(cluster.service_url, "limits-after") == b"through"
+
+
+async def test_a_client_works_beside_connections_that_never_speak(
+    start_cluster: StartCluster,
+) -> None:
+    """Many silent connections under the cap: they do not stand in the way at all."""
+    cluster = await start_cluster(bookies=3, max_connections=CAP)
+    with silent_connections(cluster.brokers[0].port, CAP // 2):
+        assert await round_trip(cluster.service_url, "limits-beside") == b"through"
+
+
+def test_a_server_raises_its_soft_file_limit() -> None:
+    from magnetar.common.serving import raise_file_limit  # noqa: PLC0415
+
+    soft, hard = raise_file_limit()
+    assert (soft, hard) == resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert soft == hard or hard == resource.RLIM_INFINITY
+
+
+def test_bad_limits_are_refused_naming_the_setting() -> None:
+    for name, value in (
+        ("max_connections", -1),
+        ("connection_handshake_timeout_ms", 10),
+        ("max_connection_idle_ms", -5),
+    ):
+        try:
+            broker_config(**{name: value})
+        except InvalidConfigError as e:
+            assert name in e.message
+        else:
+            raise AssertionError(f"{name}={value} was accepted")
