@@ -610,6 +610,10 @@ class Consumer(_Receiving):
     def has_reached_end_of_topic(self) -> bool:
         return self._aio.has_reached_end_of_topic()
 
+    def discarded_corrupt_entries(self) -> int:
+        """See :meth:`magnetar.aio.Consumer.discarded_corrupt_entries`."""
+        return self._aio.discarded_corrupt_entries()
+
     def active_partitions(self) -> list[int]:
         """Failover: the partitions this consumer is the active consumer of (indexes; -1 for a
         non-partitioned topic)."""

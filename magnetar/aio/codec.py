@@ -29,6 +29,7 @@ from proto.common.v1 import types_pb2
 from proto.format.v1 import entry_pb2
 
 __all__ = [
+    "MAX_INFLATED_BYTES",
     "BatchBuilder",
     "DecodedEntry",
     "SealedBatch",
@@ -67,14 +68,46 @@ def compress(raw: bytes, compression: int) -> bytes:
     return raw
 
 
-def decompress(data: bytes, compression: int, uncompressed_size: int = 0) -> bytes:
+MAX_INFLATED_BYTES = 64 * 1024 * 1024
+"""No batch inflates past this (a broker's largest gRPC message): what a producer could have
+sent uncompressed."""
+
+
+def decompress(
+    data: bytes,
+    compression: int,
+    uncompressed_size: int = 0,
+    max_bytes: int = MAX_INFLATED_BYTES,
+) -> bytes:
+    """The batch ``data`` holds, inflated to no more than its declared ``uncompressed_size``
+    (and ``max_bytes``): a zlib bomb, a size that lies, trailing bytes or a truncated stream
+    are :class:`CorruptionError`, found without inflating past the declared size."""
     if compression in (types_pb2.COMPRESSION_TYPE_NONE, types_pb2.COMPRESSION_TYPE_UNSPECIFIED):
         return data
     if compression == types_pb2.COMPRESSION_TYPE_ZLIB:
+        if not 0 < uncompressed_size <= max_bytes:
+            raise CorruptionError(
+                f"a zlib batch declares {uncompressed_size} bytes uncompressed; it must be"
+                f" between 1 and {max_bytes}",
+                context={"uncompressed_size": uncompressed_size},
+            )
+        inflater = zlib.decompressobj()
         try:
-            return zlib.decompress(data, bufsize=max(uncompressed_size, zlib.DEF_BUF_SIZE))
+            raw = inflater.decompress(data, uncompressed_size + 1)
         except zlib.error as e:
             raise CorruptionError(f"a zlib batch does not decompress: {e}") from None
+        if len(raw) > uncompressed_size or inflater.unconsumed_tail:
+            raise CorruptionError(
+                f"a zlib batch inflates past its declared {uncompressed_size} bytes",
+                context={"uncompressed_size": uncompressed_size},
+            )
+        if not inflater.eof or inflater.unused_data or len(raw) != uncompressed_size:
+            raise CorruptionError(
+                f"a zlib batch inflates to {len(raw)} bytes, not its declared"
+                f" {uncompressed_size}, or does not end where its bytes end",
+                context={"uncompressed_size": uncompressed_size},
+            )
+        return raw
     raise CorruptionError(
         f"unknown compression type {compression}", context={"compression": compression}
     )

@@ -313,6 +313,9 @@ class _PartitionConsumer(PartitionStream):
         self._consumed = 0
         """Permits given back by the application since the last Flow."""
         self._tracker = BatchAckTracker()
+        self.discarded_corrupt_entries = 0
+        """Entries that could not be decoded (corrupt, a zlib bomb): logged, acknowledged and
+        never handed out."""
         self._unacked = UnackedMessages()
         """Messages handed out and not acknowledged (kept when ack_timeout_ms is on)."""
         self._track_unacked = consumer.durable and self._config.ack_timeout_ms > 0
@@ -797,9 +800,14 @@ class _PartitionConsumer(PartitionStream):
             try:
                 decoded = decode_entry(delivery.entry)
             except CorruptionError as e:
-                # nothing to hand over; the entry stays unacknowledged and is reported
-                self._log.error("entry_undecodable", entry=entry, error=str(e))
+                # nothing to hand over, and it can never be read: discard it, as Pulsar's
+                # client does, so that it does not hold the subscription's backlog back
+                self.discarded_corrupt_entries += 1
+                self._log.warning("entry_discarded_corrupt", entry=entry, error=str(e))
                 credit += len(delivery.batch_indexes) or max(wire_id.batch_size, 1)
+                if self._durable:
+                    self._acks.add_individual(EntryAck(entry))
+                    self._queue_ack(waiter=False)
                 continue
             batch = decoded.messages
             size = len(batch)
@@ -1078,6 +1086,13 @@ class Consumer:
     def has_reached_end_of_topic(self) -> bool:
         """The topic was terminated and every partition delivered its last message."""
         return bool(self._partitions) and all(p.end_of_topic for p in self._partitions.values())
+
+    def discarded_corrupt_entries(self) -> int:
+        """Entries delivered that could not be decoded (corrupt bytes, a batch inflating past
+        its declared size): each was logged (``entry_discarded_corrupt``), acknowledged so that
+        it does not hold the backlog back, and never handed out. Pulsar's client does the
+        same with a corrupt message."""
+        return sum(p.discarded_corrupt_entries for p in self._partitions.values())
 
     def active_partitions(self) -> list[int]:
         """Failover: the partitions (indexes; -1 for a non-partitioned topic) this consumer is
