@@ -151,6 +151,8 @@ class ManagedLedgerFactory:
             return
         info = decode_info(name, record.value)
         for ledger in info.ledgers:
+            # its entries leave this broker's cache now, not when newer ones push them out
+            self.cache.invalidate_ledger(ledger.ledger_id)
             with contextlib.suppress(LedgerNotFoundError):
                 await self.ledger_client.delete_ledger(ledger.ledger_id)
         prefix = layout.managed_ledger_cursors(name)

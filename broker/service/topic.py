@@ -117,6 +117,9 @@ class Topic:
         self.max_redelivery_count = 0
         """The topic's policy (0: none), told to consumers that set none of their own."""
         self._fence_watch = asyncio.create_task(self._watch_fenced(), name=f"fenced:{name}")
+        self.closed = asyncio.Event()
+        """Set once :meth:`close` begins: whatever watches the partition for this broker can
+        stop (and let go of it, so that a deleted or moved topic's memory is freed)."""
 
     @property
     def is_closing(self) -> bool:
@@ -517,6 +520,7 @@ class Topic:
         if self.state is not TopicState.ACTIVE:
             return
         self.state = TopicState.CLOSING
+        self.closed.set()
         if self._trim_task is not None:
             self._trim_task.cancel()
         if self._ttl_task is not None:

@@ -215,7 +215,18 @@ class TopicManager:
     # --- losing and giving up partitions ----------------------------------------------------------
 
     async def _watch_lock(self, topic: Topic, lock: ResourceLock) -> None:
-        await lock.lost.wait()
+        """Drop the partition if its lock is lost; end when the partition closes (unloaded,
+        deleted, dropped), which it must, or the watch would hold the topic, its managed ledger
+        and their caches for as long as the broker runs."""
+        lost = asyncio.ensure_future(lock.lost.wait())
+        closed = asyncio.ensure_future(topic.closed.wait())
+        try:
+            await asyncio.wait((lost, closed), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+            closed.cancel()
+        if not lock.lost.is_set():
+            return
         if self.topics.get(topic.name.full) is topic and not topic.is_closing:
             log.warning("ownership_lost", topic=str(topic.name), reason=lock.lost_reason)
             await self._drop(

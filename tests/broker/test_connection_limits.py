@@ -10,6 +10,8 @@ import resource
 import socket
 from collections.abc import Iterator
 
+import pytest
+
 from magnetar.aio import Client
 from magnetar.common.errors import InvalidConfigError
 from tests.broker.conftest import StartCluster, broker_config
@@ -89,15 +91,14 @@ def test_a_server_raises_its_soft_file_limit() -> None:
     assert soft == hard or hard == resource.RLIM_INFINITY
 
 
-def test_bad_limits_are_refused_naming_the_setting() -> None:
-    for name, value in (
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
         ("max_connections", -1),
         ("connection_handshake_timeout_ms", 10),
         ("max_connection_idle_ms", -5),
-    ):
-        try:
-            broker_config(**{name: value})
-        except InvalidConfigError as e:
-            assert name in e.message
-        else:
-            raise AssertionError(f"{name}={value} was accepted")
+    ],
+)
+def test_bad_limits_are_refused_naming_the_setting(name: str, value: int) -> None:
+    with pytest.raises(InvalidConfigError, match=name):
+        broker_config(**{name: value})
