@@ -201,7 +201,7 @@ async def test_a_very_sparse_entry_id_does_not_allocate_a_huge_array(tmp_path: P
     await engine.add_entries([entry(1, 0), entry(1, 10**12)])
     ledger = engine.index.ledger(1)
     assert ledger is not None
-    assert len(ledger.locations) == 1
+    assert ledger.memory_bytes() < 1024
     assert [r.entry_id for r in await engine.read_entries(1, 10**12, 10**12)] == [10**12]
     await engine.close(checkpoint=True)
     engine = await open_engine(tmp_path)
