@@ -257,7 +257,7 @@ async def test_racing_adds_of_one_entry_store_one_copy(tmp_path: Path) -> None:
     results = await asyncio.gather(
         engine.add_entries([first]), engine.add_entries([same]), engine.add_entries([other])
     )
-    assert results[:2] == [[None], [None]]
+    assert list(results[:2]) == [[None], [None]]
     assert isinstance(results[2][0], EntryExistsError)
     # and within one request
     (ok, ok_again, refused) = await engine.add_entries(
