@@ -44,6 +44,7 @@ from bookie.storage.records import FrameError, StoredRecord
 from magnetar.common.errors import (
     CorruptionError,
     EntryExistsError,
+    LedgerFencedError,
     NoSuchEntryError,
     NoSuchLedgerError,
     StorageClosedError,
@@ -193,8 +194,10 @@ class StorageEngine:
 
         Returns one outcome per entry, in order, once every entry it accepted is on stable
         storage: None for an entry stored (now, or already identical), or the refusal
-        (:class:`EntryExistsError`, or :class:`CorruptionError` for a normal add over a damaged
-        copy). Raises a :class:`StorageError` if the journal could not write them.
+        (:class:`EntryExistsError`; :class:`CorruptionError` for a normal add over a damaged
+        copy; :class:`LedgerFencedError` for a normal add to a fenced ledger, as the service
+        checks first, since comparing stored copies may await). Raises a
+        :class:`StorageError` if the journal could not write them.
         """
         stored: dict[_Key, _StoredCopy] = {}
         while True:
@@ -235,6 +238,11 @@ class StorageEngine:
                 continue
             if ledger is None or ledger.ledger_id != e.ledger_id:
                 ledger = self.index.ledger(e.ledger_id)
+            if ledger is not None and ledger.fenced and not e.recovery:
+                # the service checked this before, but reading stored copies awaited since:
+                # a normal add is written before a fence record, or not at all
+                outcomes[i] = _fenced(e)
+                continue
             found = ledger.get(e.entry_id) if ledger is not None else None
             if found is not None:
                 copy = stored.get(key)
@@ -688,6 +696,13 @@ def _against_stored(
     if entry.same_as(copy.last_add_confirmed, copy.crc32c, copy.payload):
         return None
     return _conflict(entry, "it is stored with other bytes")
+
+
+def _fenced(entry: EntryToStore) -> LedgerFencedError:
+    return LedgerFencedError(
+        f"ledger {entry.ledger_id} is fenced on this bookie: another client is recovering it",
+        context={"ledger": entry.ledger_id},
+    )
 
 
 def _conflict(entry: EntryToStore, why: str) -> EntryExistsError:

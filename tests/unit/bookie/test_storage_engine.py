@@ -18,6 +18,7 @@ from bookie.storage.engine import EntryToStore, StorageEngine
 from magnetar.common.errors import (
     CorruptionError,
     EntryExistsError,
+    LedgerFencedError,
     NoSuchEntryError,
     NoSuchLedgerError,
 )
@@ -267,6 +268,29 @@ async def test_racing_adds_of_one_entry_store_one_copy(tmp_path: Path) -> None:
     assert isinstance(refused, EntryExistsError)
     assert engine.journal.stats.records == 2
     assert [r.payload for r in await engine.read_entries(1, 0, 1)] == [b"first", b"x"]
+    await engine.close()
+
+
+async def test_a_fence_while_a_retry_is_compared_still_refuses_the_new_entries(
+    tmp_path: Path,
+) -> None:
+    # a retry of a stored entry makes the add read it (an await); a fence in that window must
+    # not let the new entries of the same add land after the fence record
+    engine = await open_engine(tmp_path)
+    stored = entry(1, 5, lac=4)
+    await engine.add_entries([stored])
+    adding = asyncio.ensure_future(
+        engine.add_entries([stored, entry(1, 6, lac=5), entry(1, 7, lac=5, recovery=True)])
+    )
+    await asyncio.sleep(0)  # the add is now reading entry 5's stored copy
+    fenced = await engine.fence(1)
+    assert fenced.last_entry_id == 5
+    retry, new, recovery = await adding
+    assert isinstance(retry, LedgerFencedError)
+    assert isinstance(new, LedgerFencedError)
+    assert recovery is None
+    held = await engine.read_entries(1, 5, 7, entry_ids=[5, 6, 7])
+    assert [r.entry_id for r in held] == [5, 7]
     await engine.close()
 
 
