@@ -8,6 +8,8 @@ from array import array
 
 import google_crc32c
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bookie.storage import index as index_module
 from bookie.storage.index import NO_LOCATION, Index, LedgerIndex, LogPosition, pack_location
@@ -145,3 +147,46 @@ def test_a_damaged_or_truncated_checkpoint_is_refused() -> None:
     cut = header + body[len(header) :]
     with pytest.raises(ValueError, match="ends inside a ledger"):
         Index.deserialize(cut + struct.pack("<I", google_crc32c.value(cut)))
+
+
+entry_ids = st.one_of(
+    st.integers(0, 3 * 256),  # dense runs over a few pages
+    st.integers(0, 1 << 62),  # wild ids
+)
+
+
+@settings(max_examples=200)
+@given(st.lists(st.tuples(entry_ids, st.integers(1, 1 << 20)), max_size=400))
+def test_the_index_behaves_as_a_map_and_survives_its_checkpoint(
+    puts: list[tuple[int, int]],
+) -> None:
+    index = Index()
+    model: dict[int, tuple[int, int]] = {}
+    for n, (entry_id, length) in enumerate(puts):
+        location = pack_location(1 + n % 3, n)
+        index.put_entry(5, entry_id, -1, 1 + n % 3, n, length)
+        model[entry_id] = (location, length)
+    ledger = index.ledger(5)
+    if not puts:
+        assert ledger is None
+        return
+    assert ledger is not None
+    assert [(e, loc, length) for e, loc, length in ledger.items()] == [
+        (e, *model[e]) for e in sorted(model)
+    ]
+    for entry_id, found in model.items():
+        assert ledger.get(entry_id) == found
+        assert ledger.get(entry_id + 1) == model.get(entry_id + 1)
+    assert ledger.entry_count == len(model)
+    assert ledger.stored_bytes == sum(length for _, length in model.values())
+    assert ledger.last_entry_id == max(model)
+    live: dict[int, int] = {}
+    for location, length in model.values():
+        live[location >> 40] = live.get(location >> 40, 0) + length
+    assert {s: b for s, b in index.live_bytes.items() if b} == live
+    # memory: a dense page holds at least DENSE_AT entries; the others take a map slot each
+    assert len(ledger.dense) * index_module.DENSE_AT <= len(model)
+    restored, _ = Index.deserialize(index.serialize(LogPosition(1, 0)))
+    restored_ledger = restored.ledger(5)
+    assert restored_ledger is not None
+    assert list(restored_ledger.items()) == list(ledger.items())
