@@ -593,9 +593,17 @@ async def _cluster(args: argparse.Namespace) -> int:
                         "ensembles": " ".join(
                             f"{s.first_entry_id}:{','.join(s.bookies)}" for s in metadata.segments
                         ),
+                        # e.g. recovery-unbacked-lac, which recovery sets when it met a LAC
+                        # that no replica backed
+                        "properties": ",".join(
+                            f"{k}={v.decode('utf-8', errors='replace')}"
+                            for k, v in sorted(metadata.custom.items())
+                        ),
                     }
                 )
             columns = ["ledger", "state", "quorums", "last_entry", "ensembles"]
+            if args.cluster_command == "ledger":
+                columns.append("properties")
         else:
             rows = [
                 {

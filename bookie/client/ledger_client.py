@@ -16,11 +16,17 @@ This is how brokers, and autorecovery, use the bookie tier::
 2. fence the last ensemble until every write quorum has ``Qw - Qa + 1`` fenced bookies
    (:func:`bookie.client.quorum.fencing_complete`), so the old writer can no longer confirm
    anything. One bookie down is fine as long as that still holds;
-3. take the highest LAC the fenced bookies report;
-4. read forward from there, entry by entry, deciding each one's fate (found / absent / unknown,
-   :func:`bookie.client.quorum.entry_fate`). Found entries are re-added to their write set with
-   the recovery flag, replacing unreachable bookies through a normal ensemble change, up to the
-   first absent one;
+3. take the highest LAC the fenced bookies report **that a replica backs**: the entry at that LAC
+   must be found (:func:`bookie.client.quorum.entry_fate`). A LAC whose entry is absent from its
+   replicas was never confirmed, whatever a bookie was told (issue 23, finding 8: a LAC of 2^40
+   closed a ledger at 2^40, and its topic could never be opened again). It is reported loudly
+   (the ``ledger_recovery_lac_unbacked`` error event, the ``unbacked_lac_recoveries`` counter,
+   and the ``recovery-unbacked-lac`` property of the closed ledger, which ``magnetar cluster
+   ledger`` shows), and the next lower LAC is tried, down to the start of the last ensemble;
+4. read forward from there, entry by entry, deciding each one's fate (found / absent / unknown).
+   Found entries are re-added to their write set with the recovery flag (bookies store each
+   entry once, so a replica that holds it only confirms it), replacing unreachable bookies
+   through a normal ensemble change, up to the first absent one;
 5. close the ledger with a compare-and-swap at the last recovered entry.
 
 Two clients may recover the same ledger at once. Both fence, both re-add the same entries
@@ -32,7 +38,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import structlog
 
@@ -63,6 +69,17 @@ from metadata import MetadataStore
 
 log = structlog.get_logger("magnetar.ledger")
 
+UNBACKED_LAC_PROPERTY = "recovery-unbacked-lac"
+"""Custom property of a ledger that recovery closed below a LAC that no replica backs."""
+
+
+@dataclass(frozen=True, slots=True)
+class UnbackedLac:
+    """A last-add-confirmed some bookies reported whose entry no replica holds."""
+
+    last_add_confirmed: int
+    bookies: tuple[str, ...]
+
 
 class LedgerClient:
     """Creates and opens ledgers over the bookies registered in ``store``."""
@@ -86,6 +103,10 @@ class LedgerClient:
         self.ledgers = LedgerMetadataStore(store)
         self.creator = creator
         self._placed: dict[str, int] = {}
+        self.recoveries = 0
+        """Ledgers this client recovered and closed (metrics)."""
+        self.unbacked_lac_recoveries = 0
+        """Recoveries that found a LAC no replica backs and closed below it (metrics)."""
 
     @classmethod
     async def start(
@@ -148,7 +169,8 @@ class LedgerClient:
         metadata = await self._mark_in_recovery(ledger_id)
         if metadata.closed:
             return metadata
-        lac = await self._fence(metadata)
+        claims = await self._fence(metadata)
+        lac, unbacked = await self._backed_lac(metadata, claims)
         writer = WriteHandle(self, metadata, recovery=True, last_add_confirmed=lac, length=-1)
         entry_id = lac + 1
         try:
@@ -175,18 +197,54 @@ class LedgerClient:
                 if ended:
                     break
             last_entry_id = entry_id - 1
-            closed = await self._close_recovered(writer, last_entry_id)
+            closed = await self._close_recovered(writer, last_entry_id, unbacked)
         except MagnetarError:
             writer._fail(LedgerRecoveryError(f"recovery of ledger {ledger_id} stopped"))
             raise
+        self.recoveries += 1
+        if unbacked:
+            self.unbacked_lac_recoveries += 1
         log.info(
             "ledger_recovered",
             ledger=ledger_id,
             lac_at_fence=lac,
             last_entry=closed.last_entry_id,
             re_added=closed.last_entry_id - lac,
+            unbacked_lac=unbacked[0].last_add_confirmed if unbacked else None,
         )
         return closed
+
+    async def _backed_lac(
+        self, metadata: LedgerMetadata, claims: Mapping[str, int]
+    ) -> tuple[int, list[UnbackedLac]]:
+        """The highest LAC the fenced bookies report whose entry a replica holds (or the end of
+        the previous ensemble), and the higher ones that no replica backs."""
+        floor = metadata.last_segment.first_entry_id - 1
+        unbacked: list[UnbackedLac] = []
+        for lac in sorted({c for c in claims.values() if c > floor}, reverse=True):
+            ((fate, _),) = await self._recovery_read(metadata, lac, count=1)
+            reporters = tuple(sorted(b for b, c in claims.items() if c == lac))
+            if fate is EntryFate.FOUND:
+                return lac, unbacked
+            if fate is EntryFate.UNKNOWN:
+                raise LedgerRecoveryError(
+                    f"cannot tell whether entry {lac} of ledger {metadata.ledger_id}, the last"
+                    f" add confirmed that bookies {list(reporters)} report, exists: too few of"
+                    " its replicas answered; try again when more are up",
+                    context={"ledger": metadata.ledger_id, "entry": lac},
+                )
+            unbacked.append(UnbackedLac(lac, reporters))
+            log.error(
+                "ledger_recovery_lac_unbacked",
+                ledger=metadata.ledger_id,
+                claimed_lac=lac,
+                bookies=list(reporters),
+                replicas=list(metadata.write_set(lac)),
+                detail="no replica holds the entry at this last add confirmed, so it was never"
+                " confirmed; recovery goes by what the replicas hold, and the closed ledger"
+                f" carries the {UNBACKED_LAC_PROPERTY} property",
+            )
+        return floor, unbacked
 
     async def _mark_in_recovery(self, ledger_id: int) -> LedgerMetadata:
         while True:
@@ -198,8 +256,8 @@ class LedgerClient:
             except (BadVersionError, NoSuchKeyError):
                 continue
 
-    async def _fence(self, metadata: LedgerMetadata) -> int:
-        """Fence the last ensemble; returns the highest LAC the fenced bookies know."""
+    async def _fence(self, metadata: LedgerMetadata) -> dict[str, int]:
+        """Fence the last ensemble; returns the LAC each fenced bookie reports."""
         segment = metadata.last_segment
         e, qw, qa = metadata.ensemble_size, metadata.write_quorum, metadata.ack_quorum
 
@@ -229,14 +287,14 @@ class LedgerClient:
                 " member(s)",
                 context={"ledger": metadata.ledger_id, "down": ",".join(down)},
             )
-        lacs = [r for _, r in answers if isinstance(r, int)]
-        return max([segment.first_entry_id - 1, *lacs])
+        return {segment.bookies[p]: r for p, r in answers if isinstance(r, int)}
 
     async def _recovery_read(
-        self, metadata: LedgerMetadata, first: int
+        self, metadata: LedgerMetadata, first: int, count: int = 0
     ) -> list[tuple[EntryFate, ReadEntry | None]]:
-        """Fates of entries ``first``, ``first+1``... (a batch), from all their replicas."""
-        batch = list(range(first, first + self.config.recovery_read_batch))
+        """Fates of entries ``first``, ``first+1``... (``count``, or a batch), from all their
+        replicas, up to the first that is not found."""
+        batch = list(range(first, first + (count or self.config.recovery_read_batch)))
         segment = metadata.last_segment
         e, qw = metadata.ensemble_size, metadata.write_quorum
         asked: dict[str, list[int]] = {}
@@ -288,15 +346,29 @@ class LedgerClient:
                 break
         return fates
 
-    async def _close_recovered(self, writer: WriteHandle, last_entry_id: int) -> LedgerMetadata:
+    async def _close_recovered(
+        self, writer: WriteHandle, last_entry_id: int, unbacked: list[UnbackedLac]
+    ) -> LedgerMetadata:
         pending = [e.future for e in writer._entries.values()]
         if pending:
             await asyncio.gather(*pending)
         if writer._changing is not None:
             await writer._changing
         while True:
+            custom = dict(writer.metadata.custom)
+            if unbacked:
+                claimed = unbacked[0]
+                custom[UNBACKED_LAC_PROPERTY] = (
+                    f"{claimed.last_add_confirmed} reported by {','.join(claimed.bookies)};"
+                    f" no replica held entry {claimed.last_add_confirmed}, closed at"
+                    f" {last_entry_id}"
+                ).encode()
             closing = replace(
-                writer.metadata, state=LedgerState.CLOSED, last_entry_id=last_entry_id, length=-1
+                writer.metadata,
+                state=LedgerState.CLOSED,
+                last_entry_id=last_entry_id,
+                length=-1,
+                custom=custom,
             )
             try:
                 return await self.ledgers.write(closing)

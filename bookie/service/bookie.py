@@ -1,7 +1,13 @@
 """The bookie service: what a bookie does with requests, above its storage engine.
 
-- **Adds** are checked (size, checksum, fencing, read-only mode), and the accepted ones are stored
-  as one group. Each refused entry gets its own error; the rest of the request goes ahead.
+- **Adds** are checked (ids, last-add-confirmed, size, checksum, fencing, read-only mode), and the
+  accepted ones are stored as one group. Each refused entry gets its own error; the rest of the
+  request goes ahead. An entry's last-add-confirmed must be below its own id (-1: none yet): a
+  writer cannot have confirmed an entry it has not sent, and a bookie that believed it would
+  lead a recovery to close the ledger past its end (issue 23, finding 8).
+- **Entries are write-once** (enforced by the storage engine): an add of a stored entry succeeds
+  only when identical, as a retry; any other, recovery adds included, is refused with
+  ``EntryExistsError``.
 - **Fencing**: a fenced ledger refuses normal adds and accepts recovery adds. The check and the
   submission to the journal happen with no ``await`` in between, so an add either precedes a
   fence in the log (and the fence's answer counts it) or is refused.
@@ -44,6 +50,7 @@ from magnetar.common.clock import SYSTEM_CLOCK, Clock
 from magnetar.common.errors import (
     BookieReadOnlyError,
     ChecksumMismatchError,
+    EntryExistsError,
     EntryTooLargeError,
     InvalidArgumentError,
     LedgerFencedError,
@@ -57,6 +64,8 @@ log = structlog.get_logger("magnetar.bookie")
 
 MAX_LAC_WAIT_MS = 60_000
 MAX_LISTED_ENTRIES = 100_000
+CONFLICT_LOG_INTERVAL_S = 1.0
+"""At most one log line a second for adds refused as write-once conflicts (a metric counts all)."""
 
 
 class DiskUsage(NamedTuple):
@@ -119,6 +128,8 @@ class Bookie:
         self.read_only = self._disk.used_fraction >= config.readonly_disk_usage
         self._lac_waiters: dict[int, list[tuple[int, asyncio.Future[None]]]] = {}
         self._state_listeners: list[Callable[[], None]] = []
+        self._conflict_logged_at = -CONFLICT_LOG_INTERVAL_S
+        self._conflicts_unlogged = 0
         self._monitor: asyncio.Task[None] | None = None
         self.metrics.set_state(self.read_only)
         self.metrics.set_disk(self._disk.total_bytes, self._disk.free_bytes)
@@ -198,6 +209,17 @@ class Bookie:
             return InvalidArgumentError(
                 f"ledger and entry ids are >= 0, got ledger {add.ledger_id} entry {add.entry_id}"
             )
+        if not NO_ENTRY <= add.last_add_confirmed < add.entry_id:
+            return InvalidArgumentError(
+                f"entry {add.entry_id} of ledger {add.ledger_id} carries last_add_confirmed"
+                f" {add.last_add_confirmed}; it must be below the entry's own id, from"
+                f" {NO_ENTRY} (nothing confirmed yet) to {add.entry_id - 1}",
+                context={
+                    "ledger": add.ledger_id,
+                    "entry": add.entry_id,
+                    "last_add_confirmed": add.last_add_confirmed,
+                },
+            )
         if self.read_only and not add.recovery:
             return BookieReadOnlyError(
                 f"bookie {self.bookie_id} is read-only: its disk is over"
@@ -248,21 +270,48 @@ class Bookie:
                     add.recovery,
                 )
             )
-        if failures:
-            self.metrics.add_refused(len(failures))
         if not accepted:
+            self.metrics.add_refused(len(failures))
             return failures
         started = self._clock.monotonic()
         try:
-            await self.storage.add_entries(accepted)
+            outcomes = await self.storage.add_entries(accepted)
         except StorageError as e:
             failures.extend(AddFailure(a.ledger_id, a.entry_id, e) for a in accepted)
+            self.metrics.add_refused(len(failures))
             return failures
+        stored: list[EntryToStore] = []
+        for entry, outcome in zip(accepted, outcomes, strict=True):
+            if outcome is None:
+                stored.append(entry)
+            else:
+                failures.append(AddFailure(entry.ledger_id, entry.entry_id, outcome))
+                if isinstance(outcome, EntryExistsError):
+                    self._conflict_refused(entry)
+        if failures:
+            self.metrics.add_refused(len(failures))
         self.metrics.added(
-            len(accepted), sum(len(a.payload) for a in accepted), self._clock.monotonic() - started
+            len(stored), sum(len(a.payload) for a in stored), self._clock.monotonic() - started
         )
-        self._wake_lac_waiters({a.ledger_id for a in accepted})
+        self._wake_lac_waiters({a.ledger_id for a in stored})
         return failures
+
+    def _conflict_refused(self, add: EntryToStore) -> None:
+        """Count an add that tried to change a stored entry; log it, at most once a second."""
+        self.metrics.add_conflicting(1)
+        now = self._clock.monotonic()
+        if now - self._conflict_logged_at < CONFLICT_LOG_INTERVAL_S:
+            self._conflicts_unlogged += 1
+            return
+        log.warning(
+            "add_conflicting_refused",
+            ledger=add.ledger_id,
+            entry=add.entry_id,
+            recovery=add.recovery,
+            unlogged_since_last=self._conflicts_unlogged,
+        )
+        self._conflict_logged_at = now
+        self._conflicts_unlogged = 0
 
     # --- reads -----------------------------------------------------------------------------------
 

@@ -80,7 +80,13 @@ class BookieMetrics:
         ).labels(**labels)
         self.adds_refused = Counter(
             "magnetar_bookie_adds_refused",
-            "Entries refused (fenced, read-only, checksum, size).",
+            "Entries refused (fenced, read-only, checksum, size, last-add-confirmed, write-once).",
+            ["bookie"],
+            registry=r,
+        ).labels(**labels)
+        self.adds_conflicting = Counter(
+            "magnetar_bookie_adds_conflicting",
+            "Adds refused because the entry is stored with other bytes (entries are write-once).",
             ["bookie"],
             registry=r,
         ).labels(**labels)
@@ -148,6 +154,12 @@ class BookieMetrics:
             ["bookie"],
             registry=r,
         ).labels(**labels)
+        self.index_memory = Gauge(
+            "magnetar_bookie_index_memory_bytes",
+            "Memory the entry index accounts for (grows with entries stored, not with id range).",
+            ["bookie"],
+            registry=r,
+        ).labels(**labels)
         self._storage: StorageEngine | None = None
         self.access: BookieAccess | None = None
         self.registry.register(_RefusalCollector(bookie_id, self))
@@ -167,6 +179,9 @@ class BookieMetrics:
 
     def add_refused(self, entries: int) -> None:
         self.adds_refused.inc(entries)
+
+    def add_conflicting(self, entries: int) -> None:
+        self.adds_conflicting.inc(entries)
 
     def read(self, entries: int, seconds: float) -> None:
         self.reads.inc(entries)
@@ -194,4 +209,5 @@ class BookieMetrics:
                 self.group_bytes.observe(size)
             self.ledgers.set(len(storage.index.ledgers))
             self.data_bytes.set(storage.disk_bytes())
+            self.index_memory.set(storage.index.memory_bytes())
         return bytes(generate_latest(self.registry))

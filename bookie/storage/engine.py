@@ -10,6 +10,14 @@ record at the very end of the newest segment (a crash mid-write) is cut off. A d
 with valid records after it is kept in the index, so reading it reports corruption instead of
 serving it or silently losing the entries that follow.
 
+**Entries are write-once.** :meth:`StorageEngine.add_entries` stores an entry that is not
+stored yet. An add of an entry that is stored (or on its way to the disk) succeeds only if it is
+identical (same payload, same last-add-confirmed, same checksum): that is an idempotent retry,
+and nothing is written again. Any other is refused with :class:`EntryExistsError`, whatever its
+recovery flag, so no add ever changes what a reader was given (issue 23, finding 7). The one
+exception is a stored copy whose bytes are damaged: a recovery add (ledger recovery,
+autorecovery) may replace it, since no reader can be served the damaged one.
+
 The engine knows nothing of gRPC or metadata; the service layer above it validates requests
 (fencing, checksums, sizes, read-only mode) and calls :meth:`StorageEngine.add_entries` with
 entries it accepted. Durability is reported by completing futures.
@@ -35,9 +43,12 @@ from bookie.storage.journal import Journal, JournalStats, Segments, fsync_dir
 from bookie.storage.records import FrameError, StoredRecord
 from magnetar.common.errors import (
     CorruptionError,
+    EntryExistsError,
+    LedgerFencedError,
     NoSuchEntryError,
     NoSuchLedgerError,
     StorageClosedError,
+    StorageError,
 )
 from magnetar.common.files import open_private, private_dir, write_private
 
@@ -56,6 +67,31 @@ class EntryToStore(NamedTuple):
     crc32c: int
     payload: bytes
     recovery: bool = False
+
+    def same_as(self, last_add_confirmed: int, crc32c: int, payload: bytes) -> bool:
+        """Whether a copy with these fields is this entry (an add of it is a retry)."""
+        return (
+            self.last_add_confirmed == last_add_confirmed
+            and self.crc32c == crc32c
+            and self.payload == payload
+        )
+
+
+_Key = tuple[int, int]
+"""(ledger id, entry id)."""
+_StoredCopy = tuple[int, StoredRecord | CorruptionError]
+"""An entry's location when it was read, and what was read there."""
+
+
+@dataclass(slots=True)
+class _Decision:
+    """What an add does with each of its entries."""
+
+    outcomes: list[StorageError | None]
+    """Per entry: None (stored, already or by this add) or why it is refused."""
+    to_write: list[EntryToStore]
+    waits: list[asyncio.Future[None]]
+    """Writes in flight that this add's retries wait for."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +137,8 @@ class StorageEngine:
         self._gc_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
+        self._pending: dict[_Key, tuple[EntryToStore, asyncio.Future[None]]] = {}
+        """Entries submitted and not durable yet (the journal's future of each)."""
         self.recovery: RecoveryReport | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -151,8 +189,75 @@ class StorageEngine:
 
     # --- writes ----------------------------------------------------------------------------------
 
-    async def add_entries(self, entries: Sequence[EntryToStore]) -> None:
-        """Store entries durably (one group commit); returns once all are on stable storage."""
+    async def add_entries(self, entries: Sequence[EntryToStore]) -> list[StorageError | None]:
+        """Store entries durably (one group commit), each at most once (see the module docstring).
+
+        Returns one outcome per entry, in order, once every entry it accepted is on stable
+        storage: None for an entry stored (now, or already identical), or the refusal
+        (:class:`EntryExistsError`; :class:`CorruptionError` for a normal add over a damaged
+        copy; :class:`LedgerFencedError` for a normal add to a fenced ledger, as the service
+        checks first, since comparing stored copies may await). Raises a
+        :class:`StorageError` if the journal could not write them.
+        """
+        stored: dict[_Key, _StoredCopy] = {}
+        while True:
+            decided = self._decide(entries, stored)
+            if isinstance(decided, _Decision):
+                break
+            # adds of entries already stored (retries, or conflicts): read the stored copies
+            # to compare the bytes, then decide again (the reads awaited; things moved on)
+            stored.update(await self._read_stored(decided))
+        # _decide ran with no await since, so no other add slipped in between it and this
+        waits = decided.waits
+        if decided.to_write:
+            waits.append(self._submit(decided.to_write))
+        if waits:
+            # shielded: a cancelled caller must not cancel a write that other adds wait for
+            await asyncio.gather(*(asyncio.shield(w) for w in set(waits)))
+        return decided.outcomes
+
+    def _decide(
+        self, entries: Sequence[EntryToStore], stored: dict[_Key, _StoredCopy]
+    ) -> _Decision | dict[_Key, int]:
+        """What to do with each entry, or first the stored copies to read (key -> location)."""
+        decision = _Decision([None] * len(entries), [], [])
+        outcomes = decision.outcomes
+        batch: dict[_Key, EntryToStore] = {}
+        unread: dict[_Key, int] = {}
+        pending = self._pending
+        ledger: LedgerIndex | None = None
+        for i, e in enumerate(entries):
+            key = (e.ledger_id, e.entry_id)
+            first = batch.get(key)
+            if first is None and (in_flight := pending.get(key)) is not None:
+                first = in_flight[0]
+                decision.waits.append(in_flight[1])
+            if first is not None:
+                if not e.same_as(first.last_add_confirmed, first.crc32c, first.payload):
+                    outcomes[i] = _conflict(e, "an add of it with other bytes is being stored")
+                continue
+            if ledger is None or ledger.ledger_id != e.ledger_id:
+                ledger = self.index.ledger(e.ledger_id)
+            if ledger is not None and ledger.fenced and not e.recovery:
+                # the service checked this before, but reading stored copies awaited since:
+                # a normal add is written before a fence record, or not at all
+                outcomes[i] = _fenced(e)
+                continue
+            found = ledger.get(e.entry_id) if ledger is not None else None
+            if found is not None:
+                copy = stored.get(key)
+                if copy is None or copy[0] != found[0]:
+                    unread[key] = found[0]
+                    continue
+                outcomes[i] = _against_stored(e, copy[1])
+                if outcomes[i] is not None or not isinstance(copy[1], CorruptionError):
+                    continue
+                log.warning("damaged_entry_replaced", ledger=e.ledger_id, entry=e.entry_id)
+            batch[key] = e
+            decision.to_write.append(e)
+        return unread or decision
+
+    def _submit(self, entries: list[EntryToStore]) -> asyncio.Future[None]:
         frames = [
             records.encode_entry(
                 e.ledger_id,
@@ -165,6 +270,7 @@ class StorageEngine:
             for e in entries
         ]
         index = self.index
+        pending = self._pending
 
         def on_durable(segment_id: int, offsets: list[int]) -> None:
             for entry, offset, frame in zip(entries, offsets, frames, strict=True):
@@ -177,7 +283,51 @@ class StorageEngine:
                     len(frame[0]) + len(frame[1]),
                 )
 
-        await self.journal.submit(frames, on_durable)
+        def settled(future: asyncio.Future[None]) -> None:
+            if not future.cancelled():
+                future.exception()  # retrieved: each waiter gets it from its own await
+            for e in entries:
+                key = (e.ledger_id, e.entry_id)
+                if pending.get(key, (None, None))[1] is future:
+                    del pending[key]
+
+        future = self.journal.submit(frames, on_durable)
+        for e in entries:
+            pending[e.ledger_id, e.entry_id] = (e, future)
+        future.add_done_callback(settled)
+        return future
+
+    async def _read_stored(self, wanted: dict[_Key, int]) -> dict[_Key, _StoredCopy]:
+        """The stored copies of these entries, each read and checked, or why it is damaged."""
+        copies: dict[_Key, _StoredCopy] = {}
+        by_ledger: dict[int, list[int]] = {}
+        for ledger_id, entry_id in sorted(wanted):
+            by_ledger.setdefault(ledger_id, []).append(entry_id)
+        for ledger_id, entry_ids in by_ledger.items():
+            ledger = self.index.ledger(ledger_id)
+            frames = [(e, ledger.get(e)) for e in entry_ids] if ledger is not None else []
+            located = [(e, found[0], found[1]) for e, found in frames if found is not None]
+            results = await self._read_located(ledger_id, located)
+            for (entry_id, location, _), result in zip(located, results, strict=True):
+                copies[ledger_id, entry_id] = (location, result)
+        return copies
+
+    async def _read_located(
+        self, ledger_id: int, located: list[tuple[int, int, int]]
+    ) -> list[StoredRecord | CorruptionError]:
+        acquired = {}
+        try:
+            for _, location, _ in located:
+                segment_id = location >> SEGMENT_SHIFT
+                if segment_id not in acquired:
+                    acquired[segment_id] = self.segments.acquire(segment_id)
+            fds = {sid: seg.fd for sid, seg in acquired.items()}
+            return await asyncio.to_thread(
+                _read_frames, fds, located, ledger_id, stop_at_damage=False
+            )
+        finally:
+            for segment in acquired.values():
+                self.segments.release(segment)
 
     async def fence(self, ledger_id: int) -> LedgerState:
         """Fence a ledger durably; returns its state once the fence is on stable storage."""
@@ -531,6 +681,39 @@ class StorageEngine:
             self.index.put_entry(ids[0], ids[1], -1, segment_id, offset, length)
 
 
+def _against_stored(
+    entry: EntryToStore, copy: StoredRecord | CorruptionError
+) -> StorageError | None:
+    """Why an add of a stored entry is refused, or None (a retry, or a repair)."""
+    if isinstance(copy, CorruptionError):
+        if entry.recovery:
+            return None  # a repair: the damaged copy is never served
+        return CorruptionError(
+            f"entry {entry.entry_id} of ledger {entry.ledger_id} is stored on this bookie"
+            " but damaged; only a recovery add may replace it",
+            context={"ledger": entry.ledger_id, "entry": entry.entry_id},
+        )
+    if entry.same_as(copy.last_add_confirmed, copy.crc32c, copy.payload):
+        return None
+    return _conflict(entry, "it is stored with other bytes")
+
+
+def _fenced(entry: EntryToStore) -> LedgerFencedError:
+    return LedgerFencedError(
+        f"ledger {entry.ledger_id} is fenced on this bookie: another client is recovering it",
+        context={"ledger": entry.ledger_id},
+    )
+
+
+def _conflict(entry: EntryToStore, why: str) -> EntryExistsError:
+    return EntryExistsError(
+        f"entry {entry.entry_id} of ledger {entry.ledger_id} already exists on this bookie and"
+        f" entries are write-once: {why}. Only an identical add (same payload, same"
+        " last_add_confirmed, same crc32c) is accepted again, as a retry",
+        context={"ledger": entry.ledger_id, "entry": entry.entry_id},
+    )
+
+
 def _state_of(ledger: LedgerIndex) -> LedgerState:
     return LedgerState(
         ledger.ledger_id,
@@ -567,9 +750,14 @@ def _frame_ok_at(data: mmap.mmap | bytes, offset: int, size: int) -> bool:
 
 
 def _read_frames(
-    fds: dict[int, int], wanted: list[tuple[int, int, int]], ledger_id: int
+    fds: dict[int, int],
+    wanted: list[tuple[int, int, int]],
+    ledger_id: int,
+    *,
+    stop_at_damage: bool = True,
 ) -> list[StoredRecord | CorruptionError]:
-    """In a worker thread: read and check each frame; stop at the first damaged one."""
+    """In a worker thread: read and check each frame; stop at the first damaged one (or with
+    ``stop_at_damage=False`` report each damaged one in its place and go on)."""
     results: list[StoredRecord | CorruptionError] = []
     for entry_id, location, length in wanted:
         segment_id, offset = location >> SEGMENT_SHIFT, location & ((1 << SEGMENT_SHIFT) - 1)
@@ -590,6 +778,8 @@ def _read_frames(
                     context={"ledger": ledger_id, "entry": entry_id, "segment": segment_id},
                 )
             )
-            break
+            if stop_at_damage:
+                break
+            continue
         results.append(record)
     return results

@@ -12,6 +12,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from bookie.client.metrics import LedgerClientCollector
+
 if TYPE_CHECKING:
     from broker.service.broker import Broker
 
@@ -105,6 +107,9 @@ class BrokerMetrics:
     def __init__(self, broker: Broker) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(BrokerCollector(broker))
+        self.registry.register(
+            LedgerClientCollector(broker.ledger_client, {"broker": broker.broker_id})
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

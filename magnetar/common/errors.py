@@ -45,7 +45,8 @@ with :func:`error_from_code`. Codes are grouped by layer in blocks of 100.
     │   ├── CorruptionError               stored data failed its integrity check (206)
     │   ├── EntryTooLargeError            an entry is over the size limit (207)
     │   ├── StorageClosedError            the storage engine was closed (210, retriable)
-    │   └── BookieIdentityError           data directory and cluster disagree on identity (211)
+    │   ├── BookieIdentityError           data directory and cluster disagree on identity (211)
+    │   └── EntryExistsError              the entry is stored with other bytes: write-once (212)
     ├── LedgerError                       the ledger client (300)
     │   ├── NotEnoughBookiesError         fewer writable bookies than the ensemble needs (301)
     │   ├── LedgerClosedError             the ledger is closed for writing (302)
@@ -151,6 +152,7 @@ class ErrorCode(enum.IntEnum):
     ENTRY_TOO_LARGE = 207
     STORAGE_CLOSED = 210
     BOOKIE_IDENTITY_MISMATCH = 211
+    ENTRY_EXISTS = 212
 
     LEDGER_ERROR = 300
     NOT_ENOUGH_BOOKIES = 301
@@ -526,6 +528,14 @@ class BookieIdentityError(StorageError):
 
     code = ErrorCode.BOOKIE_IDENTITY_MISMATCH
     grpc_status = "FAILED_PRECONDITION"
+
+
+class EntryExistsError(StorageError):
+    """The bookie stores this entry with other bytes: entries are write-once, and only an
+    identical add (an idempotent retry) of a stored entry succeeds."""
+
+    code = ErrorCode.ENTRY_EXISTS
+    grpc_status = "ALREADY_EXISTS"
 
 
 # --- ledger client --------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from magnetar.common.errors import (
     BookieReadOnlyError,
     ChecksumMismatchError,
     CorruptionError,
+    EntryExistsError,
     EntryTooLargeError,
     InvalidArgumentError,
     LedgerFencedError,
@@ -178,6 +179,73 @@ async def test_bad_input_is_refused_per_entry_and_the_stream_goes_on(
         await client.read_entries(1, 3, 3)
     with pytest.raises(InvalidArgumentError):
         await client.read_entries(1, 5, 2)
+
+
+async def test_entries_are_write_once_over_the_wire_and_across_a_restart(
+    start_bookie: StartBookie, client_for
+) -> None:
+    """Issue 23, finding 7: a second add of an entry replaced it, and recovery adds rewrote the
+    entries of a fenced ledger, so a tampered message was read by a new subscription after a
+    restart."""
+    bookie = await start_bookie()
+    client = client_for(bookie)
+    original = [entry(7, 0, b"original 0"), entry(7, 1, b"original 1", lac=0)]
+    assert await client.add_entries(original) == []
+    # an identical add is an idempotent retry
+    assert await client.add_entries(original) == []
+    tampered = entry(7, 0, b"tampered")
+    refused = await client.add_entries([tampered, entry(7, 2, lac=1)])
+    assert [(f.entry_id, type(f.error)) for f in refused] == [(0, EntryExistsError)]
+    assert "entry 0 of ledger 7 already exists" in refused[0].error.message
+    assert refused[0].error.context == {"ledger": "7", "entry": "0"}
+    # a fenced ledger: recovery adds fill missing entries only
+    await client.fence(7)
+    refused = await client.add_entries(
+        [
+            entry(7, 1, b"tampered 1", lac=0, recovery=True),
+            entry(7, 3, lac=2, recovery=True),
+        ]
+    )
+    assert [(f.entry_id, type(f.error)) for f in refused] == [(1, EntryExistsError)]
+
+    async def payloads(client: BookieClient) -> list[bytes]:
+        return [e.payload for e in (await client.read_entries(7, 0, 3)).entries]
+
+    expected = [b"original 0", b"original 1", b"ledger 7 entry 2", b"ledger 7 entry 3"]
+    assert await payloads(client) == expected
+    metrics = bookie.bookie.metrics.render().decode()
+    assert f'magnetar_bookie_adds_conflicting_total{{bookie="{bookie.bookie_id}"}} 2.0' in metrics
+    await bookie.stop(grace_s=0)
+    again = await start_bookie()
+    client = client_for(again)
+    assert await payloads(client) == expected
+    retampered = await client.add_entries([tampered._replace(recovery=True)])  # (it is fenced)
+    assert [type(f.error) for f in retampered] == [EntryExistsError]
+    assert await payloads(client) == expected
+
+
+async def test_a_last_add_confirmed_not_below_its_entry_is_refused(
+    start_bookie: StartBookie, client_for
+) -> None:
+    """Issue 23, finding 8: an add whose LAC (2^40) was past its own id was stored, and after a
+    broker crash recovery closed the ledger at 2^40: its topic could never be opened again."""
+    bookie = await start_bookie()
+    client = client_for(bookie)
+    assert await client.add_entries([entry(8, i, lac=i - 1) for i in range(5)]) == []
+    bad = [entry(8, 5, lac=1 << 40), entry(8, 6, lac=6), entry(8, 7, lac=-2)]
+    refused = await client.add_entries([*bad, entry(8, 4, lac=3)])  # and a retry, accepted
+    assert [(f.entry_id, type(f.error)) for f in refused] == [
+        (5, InvalidArgumentError),
+        (6, InvalidArgumentError),
+        (7, InvalidArgumentError),
+    ]
+    assert await client.add_entries([entry(8, 5, lac=4)]) == []
+    message = refused[0].error.message
+    assert "entry 5 of ledger 8 carries last_add_confirmed 1099511627776" in message
+    assert "from -1 (nothing confirmed yet) to 4" in message
+    # nothing of them was stored, and the ledger's LAC is what the good adds said
+    assert (await client.read_lac(8)).last_add_confirmed == 4
+    assert [e.entry_id for e in (await client.read_entries(8, 0, 10)).entries] == list(range(6))
 
 
 async def test_fencing_refuses_normal_adds_and_survives_restart(

@@ -7,11 +7,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from bookie.client.bookie_client import BookieClient
 from bookie.client.config import LedgerClientConfig
-from bookie.client.ledger_client import LedgerClient
+from bookie.client.ledger_client import UNBACKED_LAC_PROPERTY, LedgerClient
 from bookie.client.ledger_metadata import LedgerState, write_set_indexes
+from bookie.client.metrics import LedgerClientCollector
 from bookie.entries import AddEntry, entry_checksum
 from bookie.process import BookieProcess
 from magnetar.common.errors import (
@@ -248,6 +250,64 @@ async def test_recovery_with_one_bookie_of_the_ensemble_down(cluster) -> None:
     assert down not in recovered.last_segment.bookies  # re-added entries went to a replacement
     reader = await client.open_ledger(ledger.ledger_id)
     assert [x.payload for x in await reader.read(0, 25)] == [payload(i) for i in range(26)]
+
+
+async def test_recovery_goes_by_what_replicas_hold_when_no_replica_backs_the_lac(cluster) -> None:
+    """Issue 23, finding 8: an add carrying LAC 2^40 made recovery close the ledger at 2^40 (or
+    past it), so its topic could never be opened again. Bookies now refuse a LAC that is not
+    below its own entry id, but an entry whose LAC is below its id and still far past anything
+    stored (or data stored before) must not mislead recovery either."""
+    c = await cluster(3)
+    writer = await c.client()
+    ledger = await writer.create_ledger()
+    await asyncio.gather(*[await ledger.add_async(payload(i)) for i in range(10)])
+    far = 1 << 40
+    stray_replica = ledger.metadata.write_set(far + 1)[0]
+    direct = c.direct(stray_replica)
+    stray = b"not a real entry"
+    assert (
+        await direct.add_entries(
+            [
+                AddEntry(
+                    ledger.ledger_id,
+                    far + 1,
+                    far,
+                    stray,
+                    entry_checksum(ledger.ledger_id, far + 1, far, stray),
+                )
+            ]
+        )
+        == []
+    )
+    assert (await direct.read_lac(ledger.ledger_id)).last_add_confirmed == far
+    await direct.close()
+
+    recoverer = await c.client()
+    with capture_logs() as logs:
+        recovered = await recoverer.recover(ledger.ledger_id)
+    # closed at what the replicas hold: the ten entries written, readable
+    assert recovered.state is LedgerState.CLOSED
+    assert recovered.last_entry_id == 9
+    reader = await recoverer.open_ledger(ledger.ledger_id)
+    assert [x.payload for x in await reader.read(0, 9)] == [payload(i) for i in range(10)]
+    # and loudly reported: an error event, a metric, a property `magnetar cluster ledger` shows
+    unbacked = [e for e in logs if e["event"] == "ledger_recovery_lac_unbacked"]
+    assert len(unbacked) == 1
+    assert unbacked[0]["log_level"] == "error"
+    assert unbacked[0]["claimed_lac"] == far
+    assert unbacked[0]["bookies"] == [stray_replica]
+    assert recoverer.unbacked_lac_recoveries == 1
+    samples = {
+        s.name: s.value
+        for family in LedgerClientCollector(recoverer, {"broker": "t"}).collect()
+        for s in family.samples
+    }
+    assert samples["magnetar_ledger_recovery_unbacked_lac_total"] == 1
+    assert samples["magnetar_ledger_recoveries_total"] == 1
+    stored = await recoverer.ledgers.read(ledger.ledger_id)
+    note = stored.custom[UNBACKED_LAC_PROPERTY].decode()
+    assert note.startswith(f"{far} reported by {stray_replica}")
+    assert "closed at 9" in note
 
 
 async def test_two_recoveries_racing_agree_on_the_end(cluster) -> None:

@@ -32,6 +32,11 @@ DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
 class AddEntry(_message.Message):
+    """An entry to store. Entries are write-once: an add of an entry the bookie already stores
+    succeeds only if it is identical (same payload, last_add_confirmed and crc32c), as a retry,
+    and is refused with ERROR_CODE_ENTRY_EXISTS otherwise, recovery adds included.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     LEDGER_ID_FIELD_NUMBER: _builtins.int
@@ -43,11 +48,13 @@ class AddEntry(_message.Message):
     ledger_id: _builtins.int
     entry_id: _builtins.int
     last_add_confirmed: _builtins.int
-    """The writer's last add confirmed when it sent this entry (piggy-backed LAC)."""
+    """The writer's last add confirmed when it sent this entry (piggy-backed LAC): from -1
+    (nothing confirmed yet) to entry_id - 1; any other is refused (ERROR_CODE_INVALID_ARGUMENT).
+    """
     payload: _builtins.bytes
     crc32c: _builtins.int
     recovery: _builtins.bool
-    """A recovery add, accepted even when the ledger is fenced."""
+    """A recovery add, accepted even when the ledger is fenced. It fills a missing entry only."""
     def __init__(
         self,
         *,

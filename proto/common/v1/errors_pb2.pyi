@@ -103,6 +103,10 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     """The storage engine was closed."""
     ERROR_CODE_BOOKIE_IDENTITY_MISMATCH: _ErrorCode.ValueType  # 211
     """The data directory and the cluster's metadata disagree about who this bookie is."""
+    ERROR_CODE_ENTRY_EXISTS: _ErrorCode.ValueType  # 212
+    """The bookie stores this entry with other bytes: entries are write-once, and only an
+    identical add (an idempotent retry) of a stored entry succeeds.
+    """
     ERROR_CODE_LEDGER_ERROR: _ErrorCode.ValueType  # 300
     """An error of the ledger client."""
     ERROR_CODE_NOT_ENOUGH_BOOKIES: _ErrorCode.ValueType  # 301
@@ -268,6 +272,10 @@ ERROR_CODE_STORAGE_CLOSED: ErrorCode.ValueType  # 210
 """The storage engine was closed."""
 ERROR_CODE_BOOKIE_IDENTITY_MISMATCH: ErrorCode.ValueType  # 211
 """The data directory and the cluster's metadata disagree about who this bookie is."""
+ERROR_CODE_ENTRY_EXISTS: ErrorCode.ValueType  # 212
+"""The bookie stores this entry with other bytes: entries are write-once, and only an
+identical add (an idempotent retry) of a stored entry succeeds.
+"""
 ERROR_CODE_LEDGER_ERROR: ErrorCode.ValueType  # 300
 """An error of the ledger client."""
 ERROR_CODE_NOT_ENOUGH_BOOKIES: ErrorCode.ValueType  # 301

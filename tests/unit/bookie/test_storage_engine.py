@@ -15,7 +15,13 @@ from bookie.entries import entry_checksum
 from bookie.storage import journal
 from bookie.storage.config import StorageConfig
 from bookie.storage.engine import EntryToStore, StorageEngine
-from magnetar.common.errors import CorruptionError, NoSuchEntryError, NoSuchLedgerError
+from magnetar.common.errors import (
+    CorruptionError,
+    EntryExistsError,
+    LedgerFencedError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+)
 
 SMALL = StorageConfig(
     max_segment_bytes=64 * 1024,
@@ -25,9 +31,17 @@ SMALL = StorageConfig(
 )
 
 
-def entry(ledger: int, entry_id: int, payload: bytes | None = None, lac: int = -1) -> EntryToStore:
+def entry(
+    ledger: int,
+    entry_id: int,
+    payload: bytes | None = None,
+    lac: int = -1,
+    *,
+    recovery: bool = False,
+) -> EntryToStore:
     data = payload if payload is not None else f"L{ledger}E{entry_id}".encode() * 10
-    return EntryToStore(ledger, entry_id, lac, entry_checksum(ledger, entry_id, lac, data), data)
+    crc = entry_checksum(ledger, entry_id, lac, data)
+    return EntryToStore(ledger, entry_id, lac, crc, data, recovery)
 
 
 async def open_engine(path: Path, config: StorageConfig = SMALL) -> StorageEngine:
@@ -185,14 +199,119 @@ async def test_compaction_moves_live_entries_out_of_mostly_dead_segments(tmp_pat
     await engine.close()
 
 
-async def test_recovery_add_overwrites_and_keeps_accounting(tmp_path: Path) -> None:
+async def test_an_identical_add_is_a_retry_that_writes_nothing(tmp_path: Path) -> None:
     engine = await open_engine(tmp_path)
-    await engine.add_entries([entry(1, 0, b"a" * 50)])
-    await engine.add_entries([entry(1, 0, b"a" * 50)])
+    assert await engine.add_entries([entry(1, 0, b"a" * 50)]) == [None]
+    records = engine.journal.stats.records
+    assert await engine.add_entries([entry(1, 0, b"a" * 50)]) == [None]
+    assert await engine.add_entries([entry(1, 0, b"a" * 50, recovery=True)]) == [None]
+    assert engine.journal.stats.records == records  # nothing written again
     state = engine.ledger_state(1)
     assert state is not None
     assert state.entries == 1
     assert sum(engine.index.live_bytes.values()) == state.stored_bytes
+    await engine.close()
+
+
+@pytest.mark.parametrize("clean", [True, False], ids=["closed", "crashed"])
+async def test_an_add_that_would_change_a_stored_entry_is_refused(
+    tmp_path: Path, clean: bool
+) -> None:
+    """Issue 23, finding 7: a second add replaced the stored entry, recovery adds included."""
+    engine = await open_engine(tmp_path)
+    original = entry(1, 3, b"the original", lac=2)
+    assert await engine.add_entries([original]) == [None]
+    tampered = [
+        entry(1, 3, b"tampered", lac=2),  # other payload
+        entry(1, 3, b"the original", lac=1),  # same payload, other LAC (so other checksum)
+        original._replace(crc32c=original.crc32c ^ 1),  # same fields, other checksum
+        entry(1, 3, b"tampered", lac=2, recovery=True),  # recovery only fills missing entries
+    ]
+    outcomes = await engine.add_entries([*tampered, entry(1, 4, lac=3)])
+    assert [type(o) for o in outcomes] == [EntryExistsError] * 4 + [type(None)]
+    error = outcomes[0]
+    assert error is not None
+    assert "entry 3 of ledger 1 already exists" in error.message
+    assert "write-once" in error.message
+    assert error.context == {"ledger": "1", "entry": "3"}
+
+    async def read_back(engine: StorageEngine) -> tuple[bytes, int]:
+        (record,) = await engine.read_entries(1, 3, 3)
+        return record.payload, record.last_add_confirmed
+
+    assert await read_back(engine) == (b"the original", 2)
+    await engine.close(checkpoint=clean)
+    engine = await open_engine(tmp_path)
+    assert await read_back(engine) == (b"the original", 2)
+    # and it stays write-once after the restart
+    (refused,) = await engine.add_entries([entry(1, 3, b"tampered", lac=2, recovery=True)])
+    assert isinstance(refused, EntryExistsError)
+    assert await engine.add_entries([original]) == [None]
+    assert await read_back(engine) == (b"the original", 2)
+    await engine.close()
+
+
+async def test_racing_adds_of_one_entry_store_one_copy(tmp_path: Path) -> None:
+    engine = await open_engine(tmp_path)
+    first, same, other = entry(1, 0, b"first"), entry(1, 0, b"first"), entry(1, 0, b"other")
+    # all three are decided before the first is durable: the in-flight copy is what counts
+    results = await asyncio.gather(
+        engine.add_entries([first]), engine.add_entries([same]), engine.add_entries([other])
+    )
+    assert list(results[:2]) == [[None], [None]]
+    assert isinstance(results[2][0], EntryExistsError)
+    # and within one request
+    (ok, ok_again, refused) = await engine.add_entries(
+        [entry(1, 1, b"x"), entry(1, 1, b"x"), entry(1, 1, b"y")]
+    )
+    assert (ok, ok_again) == (None, None)
+    assert isinstance(refused, EntryExistsError)
+    assert engine.journal.stats.records == 2
+    assert [r.payload for r in await engine.read_entries(1, 0, 1)] == [b"first", b"x"]
+    await engine.close()
+
+
+async def test_a_fence_while_a_retry_is_compared_still_refuses_the_new_entries(
+    tmp_path: Path,
+) -> None:
+    # a retry of a stored entry makes the add read it (an await); a fence in that window must
+    # not let the new entries of the same add land after the fence record
+    engine = await open_engine(tmp_path)
+    stored = entry(1, 5, lac=4)
+    await engine.add_entries([stored])
+    adding = asyncio.ensure_future(
+        engine.add_entries([stored, entry(1, 6, lac=5), entry(1, 7, lac=5, recovery=True)])
+    )
+    await asyncio.sleep(0)  # the add is now reading entry 5's stored copy
+    fenced = await engine.fence(1)
+    assert fenced.last_entry_id == 5
+    retry, new, recovery = await adding
+    assert isinstance(retry, LedgerFencedError)
+    assert isinstance(new, LedgerFencedError)
+    assert recovery is None
+    held = await engine.read_entries(1, 5, 7, entry_ids=[5, 6, 7])
+    assert [r.entry_id for r in held] == [5, 7]
+    await engine.close()
+
+
+async def test_only_a_recovery_add_replaces_a_damaged_copy(tmp_path: Path) -> None:
+    engine = await open_engine(tmp_path)
+    await engine.add_entries([entry(1, i, b"x" * 100) for i in range(3)])
+    segment = segment_files(tmp_path)[-1]
+    data = bytearray(segment.read_bytes())
+    data[len(data) // 3 + 80] ^= 0x01  # inside entry 1's payload
+    segment.write_bytes(bytes(data))
+    (refused,) = await engine.add_entries([entry(1, 1, b"x" * 100)])
+    assert isinstance(refused, CorruptionError)
+    assert "only a recovery add may replace it" in refused.message
+    assert await engine.add_entries([entry(1, 1, b"x" * 100, recovery=True)]) == [None]
+    assert [r.entry_id for r in await engine.read_entries(1, 0, 2)] == [0, 1, 2]
+    state = engine.ledger_state(1)
+    assert state is not None
+    assert state.entries == 3
+    await engine.close(checkpoint=False)
+    engine = await open_engine(tmp_path)  # the repair is the later copy in the log: it wins
+    assert [r.payload for r in await engine.read_entries(1, 0, 2)] == [b"x" * 100] * 3
     await engine.close()
 
 
@@ -201,7 +320,7 @@ async def test_a_very_sparse_entry_id_does_not_allocate_a_huge_array(tmp_path: P
     await engine.add_entries([entry(1, 0), entry(1, 10**12)])
     ledger = engine.index.ledger(1)
     assert ledger is not None
-    assert len(ledger.locations) == 1
+    assert ledger.memory_bytes() < 1024
     assert [r.entry_id for r in await engine.read_entries(1, 10**12, 10**12)] == [10**12]
     await engine.close(checkpoint=True)
     engine = await open_engine(tmp_path)
