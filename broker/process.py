@@ -25,6 +25,7 @@ import structlog
 
 from bookie.client.ledger_client import LedgerClient
 from broker.grpc.admin import AdminServicer
+from broker.grpc.decoding import RequestDecoding
 from broker.grpc.servicer import BrokerServicer
 from broker.service.broker import Broker
 from broker.service.config import BrokerConfig
@@ -37,8 +38,8 @@ from magnetar.common.security.tls import ReloadingServerCredentials
 from magnetar.common.serving import grpc_server_options, listen, run_until_signalled
 from magnetar.common.status_http import Response, StatusServer, status_server
 from metadata import MetadataStore, open_store
-from proto.admin.v1 import admin_pb2_grpc
-from proto.broker.v1 import broker_pb2_grpc
+from proto.admin.v1 import admin_pb2, admin_pb2_grpc
+from proto.broker.v1 import broker_pb2, broker_pb2_grpc
 
 log = structlog.get_logger("magnetar.broker.process")
 
@@ -93,7 +94,17 @@ class BrokerProcess:
         return self
 
     async def _start(self, config: BrokerConfig) -> None:
-        self._server = grpc.aio.server(options=GRPC_OPTIONS)
+        self._server = grpc.aio.server(
+            options=GRPC_OPTIONS,
+            interceptors=[
+                RequestDecoding(
+                    [
+                        broker_pb2.DESCRIPTOR.services_by_name["BrokerService"],
+                        admin_pb2.DESCRIPTOR.services_by_name["AdminService"],
+                    ]
+                )
+            ],
+        )
         host = config.advertised_host or socket.gethostname()
         if config.port is not None:
             self.port = listen(self._server, config.bind_host, config.port)
