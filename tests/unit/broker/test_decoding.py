@@ -110,7 +110,7 @@ async def test_a_unary_call_that_does_not_decode_fails_with_invalid_argument() -
         return original
 
     decoding = RequestDecoding([SERVICE])
-    handler = await decoding.intercept_service(
+    handler: Any = await decoding.intercept_service(
         continuation, Details("/magnetar.broker.v1.BrokerService/Lookup")
     )
     assert handler is not None
@@ -139,11 +139,11 @@ async def test_a_stream_request_that_does_not_decode_raises_its_error_in_the_han
     async def produce(requests: AsyncIterator[object], context: object) -> AsyncIterator[str]:
         try:
             async for request in requests:
-                seen.append(request)
+                seen.append(request)  # noqa: PERF401 - what came before the bad one counts
         except InvalidArgumentError as e:
             yield f"closed: {e.context['field']}"
 
-    original = grpc.stream_stream_rpc_method_handler(
+    original: Any = grpc.stream_stream_rpc_method_handler(
         produce, request_deserializer=pb.ProduceRequest.FromString
     )
 
@@ -151,7 +151,7 @@ async def test_a_stream_request_that_does_not_decode_raises_its_error_in_the_han
         return original
 
     decoding = RequestDecoding([SERVICE])
-    handler = await decoding.intercept_service(
+    handler: Any = await decoding.intercept_service(
         continuation, Details("/magnetar.broker.v1.BrokerService/Produce")
     )
     assert handler is not None
