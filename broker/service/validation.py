@@ -161,19 +161,22 @@ def inflate(batch: IncomingBatch, max_bytes: int) -> bytes:
 def _check_key_hashes(decoded: entry_pb2.MessageBatch, hashes: tuple[int, ...]) -> None:
     """Each message's key hashes (:func:`magnetar.common.keys.key_hash`) to what the batch
     carries for it: key_shared routes on these hashes without opening the batch again."""
-    known: dict[str | None, int] = {}
-    for index, message in enumerate(decoded.messages):
-        key = message.partition_key if message.HasField("partition_key") else None
-        actual = known.get(key)
-        if actual is None:
-            actual = known[key] = key_hash(key)
+    # an absent key reads as "", which hashes as the empty key, as a keyless message does
+    keys = [message.partition_key for message in decoded.messages]
+    known = {key: key_hash(key) for key in set(keys)}
+    if len(hashes) == 1:
+        if all(actual == hashes[0] for actual in known.values()):
+            return
+    elif all(known[key] == carried for key, carried in zip(keys, hashes, strict=True)):
+        return
+    for index, key in enumerate(keys):
         carried = hashes[0] if len(hashes) == 1 else hashes[index]
-        if actual != carried:
+        if known[key] != carried:
             raise ProtocolError(
                 f"message {index} of the batch has key {shown(key)}, whose key hash is"
-                f" {actual}, but the batch carries {carried} for it (key_hash is"
+                f" {known[key]}, but the batch carries {carried} for it (key_hash is"
                 " fmix32(crc32(utf-8 key)); a keyless message hashes as the empty key)",
-                context={"batch_index": index, "key_hash": actual, "carried": carried},
+                context={"batch_index": index, "key_hash": known[key], "carried": carried},
             )
 
 
