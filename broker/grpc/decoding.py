@@ -20,6 +20,7 @@ logged as one ``request_undecodable`` line, at most one per method every
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -149,6 +150,12 @@ def lenient_deserializer(message_class: type[Message]) -> Callable[[bytes], obje
     return deserialize
 
 
+async def _result(answer: object) -> object:
+    """A unary handler's answer: awaited when it is a coroutine's (the generated servicer base
+    answers UNIMPLEMENTED from a plain method)."""
+    return await answer if inspect.isawaitable(answer) else answer
+
+
 class RateLimitedLog:
     """At most one line per kind every ``interval_s``; the next counts those left out."""
 
@@ -233,7 +240,7 @@ class RequestDecoding(grpc.aio.ServerInterceptor):
                 if isinstance(request, Undecodable):
                     self.refused(method, request, context)
                     await abort_with(context, request.error)
-                return await unary_unary(request, context)
+                return await _result(unary_unary(request, context))
 
             return grpc.unary_unary_rpc_method_handler(
                 checked_unary_unary, request_deserializer=deserialize, response_serializer=serialize
@@ -262,7 +269,9 @@ class RequestDecoding(grpc.aio.ServerInterceptor):
             async def checked_stream_unary(
                 requests: AsyncIterator[object], context: Context
             ) -> object:
-                return await stream_unary(self._checked(method, requests, context), context)
+                return await _result(
+                    stream_unary(self._checked(method, requests, context), context)
+                )
 
             return grpc.stream_unary_rpc_method_handler(
                 checked_stream_unary,
