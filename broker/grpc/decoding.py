@@ -36,8 +36,7 @@ from google.protobuf.message_factory import GetMessageClass
 from magnetar.common.errors import InvalidArgumentError
 from magnetar.common.grpc_errors import abort_with
 
-log = structlog.get_logger("magnetar.broker.grpc")
-
+LOGGER_NAME = "magnetar.broker.grpc"
 LOG_INTERVAL_S = 10.0
 """At most one ``request_undecodable`` line per method in this many seconds."""
 MAX_NESTING = 32
@@ -218,7 +217,9 @@ class RequestDecoding(grpc.aio.ServerInterceptor):
         """Log one line for a request that did not decode (rate-limited, no traceback)."""
         left_out = self._limiter.admit(method)
         if left_out is not None:
-            log.warning(
+            # a logger got here, not at import: rare lines, and never one structlog cached
+            # under an earlier configuration
+            structlog.get_logger(LOGGER_NAME).warning(
                 "request_undecodable",
                 method=method,
                 peer=context.peer(),
