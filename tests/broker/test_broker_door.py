@@ -96,7 +96,12 @@ async def test_bad_batches_are_refused_and_nothing_of_them_is_stored(
         1: batch_of(1, 0, num_messages=2**31 - 1),
         2: batch_of(2, 1, num_messages=1_000_000),
         3: batch_of(3, 2, batch=noise, uncompressed_size=len(noise)),
-        4: batch_of(4, 3, compression=types_pb2.COMPRESSION_TYPE_ZLIB),  # plain bytes
+        4: batch_of(  # the zlib flag on plain bytes
+            4,
+            3,
+            compression=types_pb2.COMPRESSION_TYPE_ZLIB,
+            uncompressed_size=len(batch_bytes(b"one")),
+        ),
         5: batch_of(5, 4, compression=7),  # an enum value nobody defined
         6: batch_of(6, 5, compression=types_pb2.COMPRESSION_TYPE_UNSPECIFIED),
         7: batch_of(7, 6, key_hashes=[12345]),  # not the hash of "no key"
