@@ -4,14 +4,17 @@ control producer and consumer on another topic lose nothing meanwhile."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import zlib
+from collections.abc import Iterator, MutableMapping
 from typing import Any
 
 import grpc
 import grpc.aio
 import pytest
+import structlog
 from structlog.testing import capture_logs
 
 from magnetar.common.errors import ErrorCode, InvalidTopicNameError
@@ -22,6 +25,19 @@ from proto.broker.v1 import broker_pb2_grpc
 from proto.common.v1 import types_pb2
 from tests.broker.conftest import Cluster, StartCluster
 from tests.broker.raw import RawConsumer, RawProducer, batch_bytes, produce_batch, values_of
+
+
+@contextlib.contextmanager
+def captured_logs() -> Iterator[list[MutableMapping[str, Any]]]:
+    """structlog's ``capture_logs``, leaving structlog unconfigured afterwards if it was: the
+    client library's loggers go to the standard library (and pytest's caplog) only then."""
+    configured = structlog.is_configured()
+    try:
+        with capture_logs() as logs:
+            yield logs
+    finally:
+        if not configured:
+            structlog.reset_defaults()
 
 
 def rss_mib() -> float:
@@ -367,7 +383,7 @@ async def test_invalid_utf8_is_refused_naming_the_field(
         request_serializer=None,
         response_deserializer=pb.LookupResponse.FromString,
     )
-    with capture_logs() as logs:
+    with captured_logs() as logs:
         with pytest.raises(grpc.aio.AioRpcError) as raised:
             await lookup(_spoiled(pb.LookupRequest(topic="orders"), b"orders"))
         assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT

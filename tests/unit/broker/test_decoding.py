@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Iterator, MutableMapping
 from typing import Any
 
 import grpc
 import pytest
+import structlog
 from structlog.testing import capture_logs
 
 from broker.grpc.decoding import (
@@ -22,6 +24,19 @@ from proto.broker.v1 import broker_pb2 as pb
 from proto.common.v1 import errors_pb2
 
 SERVICE = pb.DESCRIPTOR.services_by_name["BrokerService"]
+
+
+@contextlib.contextmanager
+def captured_logs() -> Iterator[list[MutableMapping[str, Any]]]:
+    """structlog's ``capture_logs``, leaving structlog unconfigured afterwards if it was: the
+    client library's loggers go to the standard library (and pytest's caplog) only then."""
+    configured = structlog.is_configured()
+    try:
+        with capture_logs() as logs:
+            yield logs
+    finally:
+        if not configured:
+            structlog.reset_defaults()
 
 
 def spoiled(message: Any, good: bytes) -> bytes:
@@ -118,7 +133,7 @@ async def test_a_unary_call_that_does_not_decode_fails_with_invalid_argument() -
     assert (await handler.unary_unary(good, FakeContext())).topic == "t"
     bad = handler.request_deserializer(spoiled(pb.LookupRequest(topic="orders"), b"orders"))
     context = FakeContext()
-    with capture_logs() as logs, pytest.raises(AbortedError):
+    with captured_logs() as logs, pytest.raises(AbortedError):
         await handler.unary_unary(bad, context)
     assert context.aborted is not None
     code, details, trailers = context.aborted
@@ -163,7 +178,7 @@ async def test_a_stream_request_that_does_not_decode_raises_its_error_in_the_han
         yield handler.request_deserializer(bad)
         yield handler.request_deserializer(good.SerializeToString())
 
-    with capture_logs() as logs:
+    with captured_logs() as logs:
         responses = [r async for r in handler.stream_stream(requests(), FakeContext())]
     assert responses == ["closed: open.topic"]
     assert seen == [good]
