@@ -17,6 +17,7 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
+import magnetar.aio
 from magnetar.common.errors import ErrorCode, InvalidTopicNameError
 from magnetar.common.grpc_errors import error_from_detail, error_from_rpc_error
 from proto.admin.v1 import admin_pb2 as admin
@@ -433,3 +434,28 @@ async def test_invalid_utf8_is_refused_naming_the_field(
     assert all("exc_info" not in entry for entry in undecodable)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.records
     await control.check()
+
+
+async def test_the_python_client_batches_no_more_messages_than_the_broker_takes(
+    start_cluster: StartCluster,
+) -> None:
+    cluster = await start_cluster(max_messages_per_batch=10)
+    async with magnetar.aio.Client(cluster.service_url) as client:
+        producer = await client.create_producer(
+            "capped", batching_max_messages=1000, batching_max_publish_delay_ms=50
+        )
+        sent = [producer.send_async(f"m{i}".encode()) for i in range(95)]
+        await producer.flush()
+        for future in sent:
+            await future  # none refused
+        await producer.close()
+    consumer = RawConsumer(cluster.broker_stub())
+    await consumer.subscribe("capped", "sub")
+    await consumer.flow(1000)
+    received: list[bytes] = []
+    while len(received) < 95:
+        for delivery in await consumer.deliveries(1):
+            assert delivery.message_id.batch_size <= 10
+            received.extend(values_of(delivery))
+    assert received == [f"m{i}".encode() for i in range(95)]
+    await consumer.close()
