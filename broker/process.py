@@ -25,6 +25,7 @@ import structlog
 
 from bookie.client.ledger_client import LedgerClient
 from broker.grpc.admin import AdminServicer
+from broker.grpc.decoding import RequestDecoding
 from broker.grpc.servicer import BrokerServicer
 from broker.service.broker import Broker
 from broker.service.config import BrokerConfig
@@ -42,8 +43,8 @@ from magnetar.common.serving import (
 )
 from magnetar.common.status_http import Response, StatusServer, status_server
 from metadata import MetadataStore, open_store
-from proto.admin.v1 import admin_pb2_grpc
-from proto.broker.v1 import broker_pb2_grpc
+from proto.admin.v1 import admin_pb2, admin_pb2_grpc
+from proto.broker.v1 import broker_pb2, broker_pb2_grpc
 
 log = structlog.get_logger("magnetar.broker.process")
 
@@ -99,7 +100,17 @@ class BrokerProcess:
 
     async def _start(self, config: BrokerConfig) -> None:
         raise_file_limit()  # a descriptor per connection: up to max_connections
-        self._server = grpc.aio.server(options=grpc_server_options(MAX_GRPC_MESSAGE_BYTES, config))
+        self._server = grpc.aio.server(
+            options=grpc_server_options(MAX_GRPC_MESSAGE_BYTES, config),
+            interceptors=[
+                RequestDecoding(
+                    [
+                        broker_pb2.DESCRIPTOR.services_by_name["BrokerService"],
+                        admin_pb2.DESCRIPTOR.services_by_name["AdminService"],
+                    ]
+                )
+            ],
+        )
         host = config.advertised_host or socket.gethostname()
         if config.port is not None:
             self.port = listen(self._server, config.bind_host, config.port)

@@ -522,13 +522,15 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                 async def local(topic: Topic) -> None:
                     subscription = topic.subscriptions.get(request.subscription)
                     if subscription is not None:
-                        await subscription.seek(to_start(request.target), strict=strict)
+                        await subscription.seek(to_start(request.target, "target"), strict=strict)
                         return
                     if request.subscription not in topic.ml.cursors:
                         raise SubscriptionNotFoundError(
                             f"topic {topic.name} has no subscription {request.subscription!r}"
                         )
-                    position, _ = await topic.resolve_start(to_start(request.target), strict=strict)
+                    position, _ = await topic.resolve_start(
+                        to_start(request.target, "target"), strict=strict
+                    )
                     await topic.ml.cursors[request.subscription].reset(position)
 
                 async def remote(

@@ -27,10 +27,12 @@ from collections.abc import AsyncIterator
 import grpc
 import grpc.aio
 import structlog
+from google.protobuf.descriptor import EnumDescriptor
 
 from broker.managed_ledger import Position
 from broker.service.authorization import TopicAction
 from broker.service.broker import Broker
+from broker.service.config import BrokerConfig
 from broker.service.envelope import IncomingBatch
 from broker.service.security import StreamCredentials
 from broker.service.streams import (
@@ -53,6 +55,7 @@ from broker.service.streams import (
 )
 from broker.service.subscription import ConsumerSession
 from broker.service.topic import ProducerSession
+from broker.service.validation import check_name, check_properties
 from magnetar.common.errors import (
     InternalError,
     InvalidArgumentError,
@@ -76,22 +79,87 @@ _producer_ids = itertools.count(1)
 # under gRPC's default 4 MiB receive limit unless one entry alone is bigger
 MAX_DELIVERY_MESSAGE_BYTES = 3 * 1024 * 1024
 
+_ACK_TYPES = (pb.ACK_TYPE_INDIVIDUAL, pb.ACK_TYPE_CUMULATIVE)
+
 # errors after which the client must look the partition up again and resend
 MOVED = (TopicNotOwnedError, ServiceNotReadyError, ShuttingDownError, ManagedLedgerError)
 
 
-def to_start(start: types_pb2.StartPosition) -> Start:
+_INITIAL_POSITIONS: dict[int, Start] = {
+    types_pb2.INITIAL_POSITION_LATEST: "latest",
+    types_pb2.INITIAL_POSITION_EARLIEST: "earliest",
+}
+
+
+def to_start(start: types_pb2.StartPosition, field: str = "start") -> Start:
+    """Where a subscription, seek or reset starts; an unset or unspecified start is refused
+    (it would pick "latest" for a client that perhaps meant "earliest")."""
     which = start.WhichOneof("target")
-    if which is None or which == "initial":
-        if start.initial == types_pb2.INITIAL_POSITION_EARLIEST:
-            return "earliest"
-        return "latest"
+    if which is None:
+        raise InvalidArgumentError(
+            f"{field} is not set: set {field}.initial (INITIAL_POSITION_LATEST or"
+            f" INITIAL_POSITION_EARLIEST), {field}.message_id, {field}.offset or"
+            f" {field}.publish_time_ms",
+            context={"field": field},
+        )
+    if which == "initial":
+        initial = _INITIAL_POSITIONS.get(start.initial)
+        if initial is None:
+            value = _enum_value(types_pb2.InitialPosition.DESCRIPTOR, start.initial)
+            raise InvalidArgumentError(
+                f"{field}.initial is {value}: set INITIAL_POSITION_LATEST or"
+                " INITIAL_POSITION_EARLIEST",
+                context={"field": f"{field}.initial", "value": start.initial},
+            )
+        return initial
     if which == "message_id":
         m = start.message_id
         return MessageIdStart(m.ledger_id, m.entry_id, m.batch_index)
     if which == "offset":
         return OffsetStart(start.offset)
     return TimeStart(start.publish_time_ms)
+
+
+def _enum_value(enum: EnumDescriptor, value: int) -> str:
+    """An enum value as an error names it: its name, or the number a client sent that this
+    broker does not know."""
+    known = enum.values_by_number.get(value)
+    return known.name if known is not None else f"{value}, which this broker does not know"
+
+
+_SUBSCRIPTION_TYPES = frozenset(int(t) for t in SubscriptionType)
+
+
+def _subscription_type(value: int) -> SubscriptionType:
+    if value not in _SUBSCRIPTION_TYPES:
+        raise InvalidArgumentError(
+            f"subscription_type is {_enum_value(types_pb2.SubscriptionType.DESCRIPTOR, value)}:"
+            " set SUBSCRIPTION_TYPE_EXCLUSIVE, SUBSCRIPTION_TYPE_FAILOVER,"
+            " SUBSCRIPTION_TYPE_SHARED or SUBSCRIPTION_TYPE_KEY_SHARED",
+            context={"field": "subscription_type", "value": value},
+        )
+    return SubscriptionType(value)
+
+
+def _check_producer_open(open_: pb.ProducerOpen, config: BrokerConfig) -> None:
+    check_name("producer_name", open_.producer_name, config.max_name_chars)
+    check_properties(
+        "properties",
+        open_.properties,
+        max_key_chars=config.max_name_chars,
+        max_bytes=config.max_properties_bytes,
+    )
+
+
+def _check_subscribe(sub: pb.Subscribe, config: BrokerConfig) -> None:
+    for field in ("subscription", "consumer_name", "dead_letter_topic"):
+        check_name(field, getattr(sub, field), config.max_name_chars)
+    check_properties(
+        "properties",
+        sub.properties,
+        max_key_chars=config.max_name_chars,
+        max_bytes=config.max_properties_bytes,
+    )
 
 
 def _position(message_id: types_pb2.MessageId) -> Position:
@@ -155,6 +223,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             first = await anext(aiter(request_iterator))
         except StopAsyncIteration:
             return
+        except MagnetarError as e:  # the request could not be decoded
+            yield _producer_closed(e)
+            return
         if first.WhichOneof("kind") != "open":
             yield _producer_closed(ProtocolError("the first message of a produce stream is open"))
             return
@@ -162,6 +233,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         try:
             principal = security.authenticate(credentials_of(context))
             name = parse_topic(first.open.topic)
+            _check_producer_open(first.open, self.broker.config)
             await security.authorize_topic(principal, TopicAction.PRODUCE, name)
             topic = await self.broker.open_topic(name)
             producer_name = first.open.producer_name or (
@@ -182,6 +254,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                 topic=name.full,
                 last_sequence_id=producer.last_sequence_id,
                 max_message_bytes=self.broker.config.max_message_bytes,
+                max_messages_per_batch=self.broker.config.max_messages_per_batch,
             )
         )
         inflight: deque[tuple[int, asyncio.Future[Receipt]]] = deque()
@@ -210,7 +283,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                 yield response
             if reader.done() and not reader.cancelled() and reader.exception() is not None:
                 error = reader.exception()
-                log.error("produce_stream_failed", topic=name.full, error=repr(error))
+                if not isinstance(error, MagnetarError):
+                    # a refused request (one that did not decode) was logged where it was seen
+                    log.error("produce_stream_failed", topic=name.full, error=repr(error))
                 yield _producer_closed(
                     error
                     if isinstance(error, MagnetarError)
@@ -355,6 +430,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             first = await anext(aiter(request_iterator))
         except StopAsyncIteration:
             return
+        except MagnetarError as e:  # the request could not be decoded
+            yield _consumer_closed(e)
+            return
         if first.WhichOneof("kind") != "subscribe":
             yield _consumer_closed(
                 ProtocolError("the first message of a consume stream is subscribe")
@@ -365,11 +443,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         try:
             principal = security.authenticate(credentials_of(context))
             name = parse_topic(sub.topic)
+            _check_subscribe(sub, self.broker.config)
             await security.authorize_topic(principal, TopicAction.CONSUME, name)
-            if sub.subscription_type == types_pb2.SUBSCRIPTION_TYPE_UNSPECIFIED:
-                sub_type = SubscriptionType.EXCLUSIVE
-            else:
-                sub_type = SubscriptionType(sub.subscription_type)
+            sub_type = _subscription_type(sub.subscription_type)
+            start = to_start(sub.start)
             topic = await self.broker.open_topic(name)
             consumer = await topic.subscribe(
                 SubscribeRequest(
@@ -377,8 +454,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                     subscription=sub.subscription,
                     subscription_type=sub_type,
                     consumer_name=sub.consumer_name or f"consumer-{next(_producer_ids)}",
-                    start=to_start(sub.start),
-                    durable=sub.durable,
+                    start=start,
+                    # unset means durable: a minimal subscribe must not be a reader whose
+                    # acknowledgements persist nothing
+                    durable=sub.durable if sub.HasField("durable") else True,
                     priority_level=sub.priority_level,
                     properties=dict(sub.properties),
                 ),
@@ -418,7 +497,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                 yield response
             if reader.done() and not reader.cancelled() and reader.exception() is not None:
                 error = reader.exception()
-                log.error("consume_stream_failed", topic=name.full, error=repr(error))
+                if not isinstance(error, MagnetarError):
+                    log.error("consume_stream_failed", topic=name.full, error=repr(error))
                 yield _consumer_closed(
                     error
                     if isinstance(error, MagnetarError)
@@ -446,6 +526,12 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                     consumer.flow(request.flow.permits)
                 elif kind == "ack":
                     ack = request.ack
+                    if ack.ack_type not in _ACK_TYPES:
+                        raise InvalidArgumentError(
+                            f"ack_type is {_enum_value(pb.AckType.DESCRIPTOR, ack.ack_type)}: set"
+                            " ACK_TYPE_INDIVIDUAL or ACK_TYPE_CUMULATIVE",
+                            context={"field": "ack_type", "value": ack.ack_type},
+                        )
                     consumer.ack(
                         [_position(m) for m in ack.message_ids],
                         cumulative=ack.ack_type == pb.ACK_TYPE_CUMULATIVE,
@@ -463,13 +549,21 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                 elif kind == "redeliver":
                     consumer.redeliver([_position(m) for m in request.redeliver.message_ids])
                 elif kind == "seek":
-                    await consumer.seek(to_start(request.seek.target), request.seek.request_id)
+                    await consumer.seek(
+                        to_start(request.seek.target, "target"), request.seek.request_id
+                    )
                 elif kind == "close":
                     return
                 else:
                     raise ProtocolError(f"unexpected {kind} on an open consumer")
             except MagnetarError as e:
-                request_id = request.ack.request_id if kind == "ack" else 0
+                request_id = (
+                    request.ack.request_id
+                    if kind == "ack"
+                    else request.seek.request_id
+                    if kind == "seek"
+                    else 0
+                )
                 consumer.events.put_nowait(RequestFailed(request_id, e))
 
     async def _consume_responses(

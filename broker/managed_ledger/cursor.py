@@ -220,6 +220,11 @@ class ManagedCursor:
         self._known[entry.position] = _Known(entry.first_offset, entry.num_messages)
         heapq.heappush(self._known_order, entry.position)
 
+    def messages_in(self, position: Position) -> int | None:
+        """Messages in the entry at ``position``, if this cursor read it and remembers it."""
+        known = self._known.get(position)
+        return None if known is None else known.num_messages
+
     def rewind(self) -> None:
         """Read again from the first unacknowledged entry (redeliver what is not acked)."""
         self._read_position = self._ml.next_position(self._acks.mark_delete)

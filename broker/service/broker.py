@@ -37,6 +37,7 @@ from broker.service.topic import Topic
 from broker.service.topics import TopicManager
 from magnetar.common.clock import SYSTEM_CLOCK, Clock
 from magnetar.common.errors import (
+    InvalidArgumentError,
     InvalidConfigError,
     KeyExistsError,
     MagnetarError,
@@ -492,12 +493,23 @@ class Broker:
 
     async def open_topic(self, name: TopicName) -> Topic:
         """The partition a producer or consumer opens: served here, taken here if nobody owns
-        it, created first if it is a new topic and automatic creation is on."""
+        it, created first if it is a new topic and automatic creation is on. The base name of
+        a partitioned topic is refused, naming its partitions."""
         topic = self.topics.owned(name)
         if topic is not None:
+            # owned: checked when it was taken (a topic's partition count changes only by
+            # deleting it, which unloads it)
             return topic
         if not name.is_partition:
-            await self.topic_record(name, create=True)
+            record = await self.topic_record(name, create=True)
+            if record.partitions > 0:
+                # its messages would land in a ledger that no partition's consumer reads
+                raise InvalidArgumentError(
+                    f"topic {name.topic} has {record.partitions} partitions: open"
+                    f" {name.partition_name(0)} ... {name.partition_name(record.partitions - 1)}"
+                    " (a lookup of the topic names each partition and its broker)",
+                    context={"topic": name.topic, "partitions": record.partitions},
+                )
         return await self.topics.get(name, acquire=True)
 
     async def route(self, partition: TopicName, *, acquire: bool = True) -> Route:

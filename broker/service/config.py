@@ -65,6 +65,18 @@ class BrokerConfig(
     max_message_bytes: int = MAX_ENTRY_BYTES - ENVELOPE_ALLOWANCE_BYTES
     """Largest batch a producer may send, in bytes (one batch is stored as one entry)."""
 
+    max_messages_per_batch: int = 100_000
+    """Most messages one batch (one entry) may hold; a batch that declares or holds more is
+    refused. Bounds what the broker does per entry (acks, redelivery, key_shared routing)."""
+
+    max_name_chars: int = 256
+    """Longest producer, consumer or subscription name, or property key, a client may send;
+    a longer one is refused, its error naming the length and the limit (topic names have
+    their own limit of 200 characters)."""
+
+    max_properties_bytes: int = 64 * 1024
+    """Most bytes of keys and values in the properties of one producer open or subscribe."""
+
     max_pending_bytes_per_partition: int = 64 * 1024 * 1024
     """Bytes of batches a partition may have in flight to the bookies; producers beyond it wait
     (back-pressure)."""
@@ -207,6 +219,9 @@ class BrokerConfig(
             "dedup_snapshot_interval_entries",
             "dispatch_max_entries",
             "dispatch_max_bytes",
+            "max_messages_per_batch",
+            "max_name_chars",
+            "max_properties_bytes",
             "entry_cache_max_bytes",
             "load_report_interval_ms",
             "load_shedding_interval_ms",

@@ -552,18 +552,22 @@ class Dispatcher:
         held = slot.unacked.get(position)
         if held is None:
             return
-        mine = frozenset(range(held.num_messages)) if held.indexes is None else held.indexes
-        if indexes is None or indexes >= mine:
+        # a whole entry released (the usual ack) builds no set of its indexes
+        if held.indexes is None:
+            mine: frozenset[int] | range = range(held.num_messages)
+            asked = indexes if indexes is None else frozenset(i for i in indexes if i in mine)
+        else:
+            mine = held.indexes
+            asked = indexes if indexes is None else indexes & mine
+        if asked is None or len(asked) >= held.count:
             gone: Iterable[int] = mine
             count = held.count
             del slot.unacked[position]
         else:
-            gone = mine & indexes
-            count = len(gone)
-            held.indexes = mine - indexes
+            gone = asked
+            count = len(asked)
+            held.indexes = frozenset(mine).difference(asked)
             held.count -= count
-            if held.count <= 0:
-                del slot.unacked[position]
         if held.hashes:
             for i in gone:
                 self._unhold(slot, held.hashes[i])

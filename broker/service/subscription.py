@@ -314,6 +314,8 @@ class Subscription:
         """Apply acknowledgements; an unknown position raises :class:`InvalidArgumentError`
         (with nothing of that request's whole-entry acks applied)."""
         dispatcher = self.dispatcher
+        for position, indexes, batch_size in partial:
+            self._check_partial(position, indexes, batch_size)
         if cumulative:
             if not positions:
                 return
@@ -336,6 +338,42 @@ class Subscription:
             dispatcher.acked_partly(consumer.slot, position, frozenset(indexes), complete=complete)
         self.topic.cursor_moved()
         self.wake()
+
+    def _check_partial(self, position: Position, indexes: tuple[int, ...], batch_size: int) -> None:
+        """Refuse a partial ack whose batch size or indexes do not fit the entry: the real
+        message count when the subscription knows it (a consumer holds the entry, or the
+        cursor read it), else the claimed one within ``max_messages_per_batch`` (the cursor
+        persists a bit per message)."""
+        known = next(
+            (
+                held.num_messages
+                for slot in self.dispatcher.slots
+                if (held := slot.unacked.get(position)) is not None
+            ),
+            None,
+        )
+        if known is None:
+            known = self.cursor.messages_in(position)
+        where = f"the entry at {tuple(position)}"
+        if known is not None and batch_size != known:
+            raise InvalidArgumentError(
+                f"a partial ack says {where} holds {batch_size:,} messages; it holds {known:,}",
+                context={"position": tuple(position), "batch_size": batch_size, "held": known},
+            )
+        limit = self.topic.config.max_messages_per_batch
+        if not 1 <= batch_size <= limit:
+            raise InvalidArgumentError(
+                f"a partial ack says {where} holds {batch_size:,} messages; an entry holds 1"
+                f" to {limit:,}",
+                context={"position": tuple(position), "batch_size": batch_size},
+            )
+        wrong = next((i for i in indexes if not 0 <= i < batch_size), None)
+        if wrong is not None:
+            raise InvalidArgumentError(
+                f"batch index {wrong:,} is not a message of {where}, which holds"
+                f" {batch_size:,} (indexes 0 to {batch_size - 1:,})",
+                context={"position": tuple(position), "batch_index": wrong},
+            )
 
     def nack(self, consumer: ConsumerSession, positions: list[Position], delay_ms: int) -> None:
         held = [p for p in positions if p in consumer.slot.unacked]

@@ -37,15 +37,14 @@ from broker.service.streams import (
     TimeStart,
 )
 from broker.service.subscription import ConsumerSession, Subscription
+from broker.service.validation import BatchLimits, check_batch
 from magnetar.common.clock import SYSTEM_CLOCK, Clock
 from magnetar.common.errors import (
     IncompatibleSubscriptionError,
     InvalidArgumentError,
     MagnetarError,
     ManagedLedgerFencedError,
-    MessageTooLargeError,
     ProducerBusyError,
-    ProtocolError,
     ServiceNotReadyError,
     SubscriptionBusyError,
     SubscriptionNotFoundError,
@@ -116,6 +115,9 @@ class Topic:
         self.message_ttl_ms = 0
         self.max_redelivery_count = 0
         """The topic's policy (0: none), told to consumers that set none of their own."""
+        self._batch_limits = BatchLimits(
+            max_message_bytes=config.max_message_bytes, max_messages=config.max_messages_per_batch
+        )
         self._fence_watch = asyncio.create_task(self._watch_fenced(), name=f"fenced:{name}")
         self.closed = asyncio.Event()
         """Set once :meth:`close` begins: whatever watches the partition for this broker can
@@ -158,31 +160,14 @@ class Topic:
     def publish(self, producer: ProducerSession, batch: IncomingBatch) -> asyncio.Future[Receipt]:
         """Store one batch as one entry; the future completes with its receipt once confirmed.
 
-        Raises (for this batch only) on a bad batch; raises :class:`ServiceNotReadyError` or
+        Raises (for this batch only) on a bad batch (:func:`check_batch` opens and checks it
+        first: nothing of a bad batch is stored); raises :class:`ServiceNotReadyError` or
         :class:`TopicNotOwnedError` when the partition is moving, and the caller then ends the
         stream so that the client resends elsewhere.
         """
         self._check_active()
+        check_batch(batch, self._batch_limits)
         size = len(batch.batch)
-        if size > self.config.max_message_bytes:
-            raise MessageTooLargeError(
-                f"a batch of {size:,} bytes is over the broker's limit of"
-                f" {self.config.max_message_bytes:,} bytes",
-                context={"size": size, "limit": self.config.max_message_bytes},
-            )
-        if batch.num_messages < 1 or batch.last_sequence_id < batch.sequence_id:
-            raise ProtocolError(
-                f"a batch needs num_messages >= 1 and last_sequence_id >= sequence_id, got"
-                f" {batch.num_messages} messages, sequence ids"
-                f" {batch.sequence_id}..{batch.last_sequence_id}"
-            )
-        if len(batch.key_hashes) not in (0, 1, batch.num_messages):
-            raise ProtocolError(
-                f"a batch of {batch.num_messages} messages carries {len(batch.key_hashes)} key"
-                f" hashes; it carries none, one, or one per message"
-            )
-        if batch.deliver_at_ms < 0:
-            raise ProtocolError(f"deliver_at_ms is >= 0, got {batch.deliver_at_ms}")
         loop = asyncio.get_running_loop()
         receipt: asyncio.Future[Receipt] = loop.create_future()
         duplicate = self.dedup.duplicate_of(producer.name, batch.last_sequence_id)
@@ -414,7 +399,19 @@ class Topic:
                     " seek to 'latest' to skip everything",
                     context={"topic": str(self.name), "message_id": tuple(position)},
                 )
-            return position, max(0, start.batch_index)
+            first = max(0, start.batch_index)
+            if first > 0 and position <= self.ml.last_confirmed:
+                entries = await self.ml.read(position, max_entries=1, max_bytes=1)
+                if entries and entries[0].position == position:
+                    held = entries[0].num_messages
+                    if first >= held:
+                        raise InvalidArgumentError(
+                            f"batch index {first:,} is not a message of the entry at"
+                            f" ({start.ledger_id}, {start.entry_id}), which holds {held:,}"
+                            f" (indexes 0 to {held - 1:,})",
+                            context={"message_id": tuple(position), "batch_index": first},
+                        )
+            return position, first
         if isinstance(start, OffsetStart):
             if start.offset < 0:
                 raise InvalidArgumentError(f"an offset is >= 0, got {start.offset}")

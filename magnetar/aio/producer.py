@@ -657,6 +657,11 @@ class _PartitionProducer(PartitionStream):
             1,
             min(self._config.batching_max_bytes, self.max_message_bytes - _ENVELOPE_ROOM_BYTES),
         )
+        if opened.max_messages_per_batch:
+            # a broker refuses a batch of more messages than it says
+            self._builder.max_messages = min(
+                self._config.batching_max_messages, opened.max_messages_per_batch
+            )
         resent = len(self._pending)
         if not self._ever_opened:
             # a producer name used before (a restarted application) continues its sequence

@@ -28,12 +28,26 @@ ERROR_DETAIL_KEY = "magnetar-error-bin"
 """Trailing-metadata key of the serialized ErrorDetail (``-bin``: gRPC carries it as bytes)."""
 
 
+MAX_MESSAGE_CHARS = 1000
+"""Characters of an error message that travel; a longer one (one that quoted a huge value a
+client sent) is cut, so that the trailers fit gRPC's metadata limit (8 KiB by default) and the
+client gets the error rather than RESOURCE_EXHAUSTED."""
+MAX_CONTEXT_VALUE_CHARS = 200
+"""Characters of each context value that travel, for the same reason."""
+
+
+def _bounded(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... (cut from {len(text):,} characters)"
+
+
 def error_to_detail(error: MagnetarError) -> errors_pb2.ErrorDetail:
     return errors_pb2.ErrorDetail(
         code=errors_pb2.ErrorCode.ValueType(int(error.code)),
-        message=error.message,
+        message=_bounded(error.message, MAX_MESSAGE_CHARS),
         retriable=error.retriable,
-        context=error.context,
+        context={k: _bounded(v, MAX_CONTEXT_VALUE_CHARS) for k, v in error.context.items()},
     )
 
 
@@ -48,9 +62,11 @@ def status_code_of(error: MagnetarError) -> grpc.StatusCode:
 
 async def abort_with(context: grpc.aio.ServicerContext[Any, Any], error: MagnetarError) -> None:
     """End a unary call with ``error``: its status, its message, its detail in the trailers."""
-    detail = error_to_detail(error).SerializeToString()
+    detail = error_to_detail(error)
     await context.abort(
-        status_code_of(error), error.message, trailing_metadata=((ERROR_DETAIL_KEY, detail),)
+        status_code_of(error),
+        detail.message,
+        trailing_metadata=((ERROR_DETAIL_KEY, detail.SerializeToString()),),
     )
 
 

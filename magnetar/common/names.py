@@ -61,9 +61,22 @@ class TopicName:
         return self.full
 
 
+SHOWN_CHARS = 40
+"""Characters of a refused value an error shows: enough to recognise it, never a whole
+oversized value (echoed into a gRPC trailer, a 10,000-character name would not fit)."""
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """``repr(value)``, cut to its first ``limit`` characters (and its length) when longer."""
+    if isinstance(value, str | bytes) and len(value) > limit:
+        unit = "characters" if isinstance(value, str) else "bytes"
+        return f"{value[:limit]!r}... ({len(value):,} {unit})"
+    return repr(value)
+
+
 def _bad(name: object, why: str) -> InvalidTopicNameError:
     return InvalidTopicNameError(
-        f"invalid topic name {name!r}: {why}", context={"topic": repr(name)}
+        f"invalid topic name {shown(name)}: {why}", context={"topic": shown(name)}
     )
 
 
@@ -75,7 +88,7 @@ def parse_topic(name: object) -> TopicName:
     if not text:
         raise _bad(name, "it is empty")
     if len(text) > MAX_NAME_CHARS:
-        raise _bad(name, f"it is {len(text)} characters long; the limit is {MAX_NAME_CHARS}")
+        raise _bad(name, f"it is {len(text):,} characters long; the limit is {MAX_NAME_CHARS}")
     parts = text.split("/")
     if len(parts) == 1:
         parts = [DEFAULT_TENANT, DEFAULT_NAMESPACE, parts[0]]
@@ -111,9 +124,9 @@ def check_tenant(name: object) -> str:
     """A tenant name; :class:`InvalidArgumentError` naming the rule when it is not one."""
     if not isinstance(name, str) or not _SEGMENT.fullmatch(name) or len(name) > MAX_NAME_CHARS:
         raise InvalidArgumentError(
-            f"invalid tenant name {name!r}: it may only hold letters, digits, '_', '-', '=' and"
-            f" '.' (not first), up to {MAX_NAME_CHARS} characters",
-            context={"tenant": repr(name)},
+            f"invalid tenant name {shown(name)}: it may only hold letters, digits, '_', '-', '='"
+            f" and '.' (not first), up to {MAX_NAME_CHARS} characters",
+            context={"tenant": shown(name)},
         )
     return name
 
@@ -125,9 +138,9 @@ def parse_namespace(name: object) -> tuple[str, str]:
     parts = text.split("/") if isinstance(text, str) else []
     if len(parts) != 2 or not all(_SEGMENT.fullmatch(p) for p in parts):
         raise InvalidArgumentError(
-            f"invalid namespace {name!r}: a namespace is 'tenant/namespace', each part letters,"
-            " digits, '_', '-', '=' and '.' (not first)",
-            context={"namespace": repr(name)},
+            f"invalid namespace {shown(name)}: a namespace is 'tenant/namespace', each part"
+            " letters, digits, '_', '-', '=' and '.' (not first)",
+            context={"namespace": shown(name)},
         )
     check_tenant(parts[0])
     return parts[0], parts[1]

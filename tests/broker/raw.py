@@ -95,9 +95,11 @@ class RawConsumer(RawStream):
         subscription: str,
         *,
         start: types_pb2.StartPosition | None = None,
-        durable: bool = True,
+        durable: bool | None = True,
         sub_type: int = types_pb2.SUBSCRIPTION_TYPE_EXCLUSIVE,
+        consumer_name: str = "",
     ) -> pb.ConsumeResponse:
+        """Subscribe (``durable=None``: the field left unset, as a minimal client sends it)."""
         await self.requests.put(
             pb.ConsumeRequest(
                 subscribe=pb.Subscribe(
@@ -107,6 +109,7 @@ class RawConsumer(RawStream):
                     start=start
                     or types_pb2.StartPosition(initial=types_pb2.INITIAL_POSITION_EARLIEST),
                     durable=durable,
+                    consumer_name=consumer_name,
                 )
             )
         )

@@ -268,10 +268,17 @@ class ProduceBatch(_message.Message):
     """Sequence id of the first and of the last message of the batch; increasing per producer."""
     last_sequence_id: _builtins.int
     num_messages: _builtins.int
+    """The messages the batch holds: 1 to ProducerOpened.max_messages_per_batch, and exactly what
+    `batch` holds (the broker decodes every batch and refuses one that disagrees).
+    """
     batch: _builtins.bytes
     """A serialized magnetar.format.v1.MessageBatch, compressed as `compression` says."""
     compression: _types_pb2.CompressionType.ValueType
+    """NONE or ZLIB (a zlib stream, RFC 1950); UNSPECIFIED and unknown values are refused."""
     uncompressed_size: _builtins.int
+    """Bytes of the MessageBatch before compression: for ZLIB exactly what `batch` inflates to, at
+    most ProducerOpened.max_message_bytes; for NONE 0 or the size of `batch`.
+    """
     deliver_at_ms: _builtins.int
     """Deliver no earlier than this time (ms since the epoch; 0: at once). Shared and key_shared
     subscriptions hold the entry until then; exclusive and failover ones deliver it at once.
@@ -280,7 +287,7 @@ class ProduceBatch(_message.Message):
     def key_hashes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Key hashes for key_shared routing (magnetar.common.keys.key_hash of each message's key):
         empty when no message has a key, one value when every message has the same key, else one
-        per message.
+        per message. The broker checks them against the keys in the batch.
         """
 
     def __init__(
@@ -369,12 +376,15 @@ class ProducerOpened(_message.Message):
     TOPIC_FIELD_NUMBER: _builtins.int
     LAST_SEQUENCE_ID_FIELD_NUMBER: _builtins.int
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _builtins.int
+    MAX_MESSAGES_PER_BATCH_FIELD_NUMBER: _builtins.int
     producer_name: _builtins.str
     topic: _builtins.str
     last_sequence_id: _builtins.int
     """The highest sequence id stored for this producer name (-1 if none): resend after it."""
     max_message_bytes: _builtins.int
     """The largest batch the broker accepts, in bytes."""
+    max_messages_per_batch: _builtins.int
+    """The most messages one batch may hold."""
     def __init__(
         self,
         *,
@@ -382,10 +392,11 @@ class ProducerOpened(_message.Message):
         topic: _builtins.str = ...,
         last_sequence_id: _builtins.int = ...,
         max_message_bytes: _builtins.int = ...,
+        max_messages_per_batch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["last_sequence_id", b"last_sequence_id", "max_message_bytes", b"max_message_bytes", "producer_name", b"producer_name", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["last_sequence_id", b"last_sequence_id", "max_message_bytes", b"max_message_bytes", "max_messages_per_batch", b"max_messages_per_batch", "producer_name", b"producer_name", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -596,18 +607,23 @@ class Subscribe(_message.Message):
     """A partition or a non-partitioned topic, as named in a LookupResponse."""
     subscription: _builtins.str
     subscription_type: _types_pb2.SubscriptionType.ValueType
+    """Required: UNSPECIFIED is refused."""
     consumer_name: _builtins.str
     priority_level: _builtins.int
     """Failover: lower is preferred as the active consumer."""
     durable: _builtins.bool
-    """False for readers: no cursor is persisted."""
+    """Unset or true: a durable subscription, whose cursor (acknowledgements) is persisted. False:
+    a reader; no cursor is persisted.
+    """
     max_redelivery_count: _builtins.int
     """Deliveries after which a message goes to the dead-letter topic (0: never)."""
     dead_letter_topic: _builtins.str
     """Empty: "<topic>-DLQ"."""
     @_builtins.property
     def start(self) -> _types_pb2.StartPosition:
-        """Where a new subscription starts; also where a non-durable reader starts."""
+        """Where a new subscription starts; also where a non-durable reader starts. Required: an
+        unset start or INITIAL_POSITION_UNSPECIFIED is refused.
+        """
 
     @_builtins.property
     def properties(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
@@ -620,16 +636,18 @@ class Subscribe(_message.Message):
         consumer_name: _builtins.str = ...,
         priority_level: _builtins.int = ...,
         start: _types_pb2.StartPosition | None = ...,
-        durable: _builtins.bool = ...,
+        durable: _builtins.bool | None = ...,
         max_redelivery_count: _builtins.int = ...,
         dead_letter_topic: _builtins.str = ...,
         properties: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["start", b"start"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_durable", b"_durable", "durable", b"durable", "start", b"start"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer_name", b"consumer_name", "dead_letter_topic", b"dead_letter_topic", "durable", b"durable", "max_redelivery_count", b"max_redelivery_count", "priority_level", b"priority_level", "properties", b"properties", "start", b"start", "subscription", b"subscription", "subscription_type", b"subscription_type", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_durable", b"_durable", "consumer_name", b"consumer_name", "dead_letter_topic", b"dead_letter_topic", "durable", b"durable", "max_redelivery_count", b"max_redelivery_count", "priority_level", b"priority_level", "properties", b"properties", "start", b"start", "subscription", b"subscription", "subscription_type", b"subscription_type", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__durable: _TypeAlias = _typing.Literal["durable"]  # noqa: Y015
+    _WhichOneofArgType__durable: _TypeAlias = _typing.Literal["_durable", b"_durable"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__durable) -> _WhichOneofReturnType__durable | None: ...
 
 Global___Subscribe: _TypeAlias = Subscribe  # noqa: Y015
 
@@ -664,6 +682,7 @@ class Ack(_message.Message):
     PARTIAL_FIELD_NUMBER: _builtins.int
     DEAD_LETTERED_FIELD_NUMBER: _builtins.int
     ack_type: Global___AckType.ValueType
+    """INDIVIDUAL or CUMULATIVE; UNSPECIFIED is refused."""
     request_id: _builtins.int
     """Non-zero: the broker answers with an AckReceipt once the acknowledgement is applied."""
     dead_lettered: _builtins.int
@@ -703,13 +722,15 @@ class PartialAck(_message.Message):
     BATCH_INDEXES_FIELD_NUMBER: _builtins.int
     BATCH_SIZE_FIELD_NUMBER: _builtins.int
     batch_size: _builtins.int
-    """Messages in the entry."""
+    """Messages in the entry (Delivery.message_id.batch_size); another count is refused."""
     @_builtins.property
     def message_id(self) -> _types_pb2.MessageId:
         """The entry (batch_index -1)."""
 
     @_builtins.property
-    def batch_indexes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def batch_indexes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Each below batch_size."""
+
     def __init__(
         self,
         *,
