@@ -39,7 +39,12 @@ from magnetar.common.health import READINESS_SERVICE as _READINESS
 from magnetar.common.health import ProcessHealth
 from magnetar.common.security.config import is_loopback
 from magnetar.common.security.tls import ReloadingServerCredentials
-from magnetar.common.serving import grpc_server_options, listen, run_until_signalled
+from magnetar.common.serving import (
+    grpc_server_options,
+    listen,
+    run_until_signalled,
+    serve_reflection,
+)
 from magnetar.common.status_http import Response, StatusServer, status_server
 from metadata import MetadataStore, open_store
 from proto.bookie.v1 import bookie_pb2_grpc
@@ -126,6 +131,7 @@ class BookieProcess:
         self._health = await ProcessHealth.serve(
             self._server, (LIVENESS_SERVICE,), bookie=identity.bookie_id
         )
+        serve_reflection(self._server, (SERVICE_NAME,))
         try:
             if config.tls_cert_file is not None and config.tls_key_file is not None:
                 self.tls = ReloadingServerCredentials(

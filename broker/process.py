@@ -34,7 +34,12 @@ from magnetar.common.health import READINESS_SERVICE as _READINESS
 from magnetar.common.health import ProcessHealth
 from magnetar.common.security.config import is_loopback
 from magnetar.common.security.tls import ReloadingServerCredentials
-from magnetar.common.serving import grpc_server_options, listen, run_until_signalled
+from magnetar.common.serving import (
+    grpc_server_options,
+    listen,
+    run_until_signalled,
+    serve_reflection,
+)
 from magnetar.common.status_http import Response, StatusServer, status_server
 from metadata import MetadataStore, open_store
 from proto.admin.v1 import admin_pb2_grpc
@@ -143,6 +148,7 @@ class BrokerProcess:
         self._admin = AdminServicer(self.broker)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(self._admin, self._server)
         self._health = await ProcessHealth.serve(self._server, SERVICE_NAMES, broker=broker_id)
+        serve_reflection(self._server, SERVICE_NAMES)
         await self._server.start()
         await self.broker.start()
         self._started = True
