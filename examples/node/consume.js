@@ -1,0 +1,62 @@
+'use strict';
+/**
+ * Receive --count messages, print each as a JSON line, acknowledge it, and exit once the broker
+ * answered every acknowledgement.
+ *
+ *   node consume.js --service-url magnetar://127.0.0.1:6650 --topic orders --subscription app \
+ *     --count 10 [--type shared|exclusive|failover|key_shared] [--initial earliest|latest]
+ */
+const { parseArgs } = require('node:util');
+const { Client } = require('./magnetar');
+
+const print = (object) => process.stdout.write(`${JSON.stringify(object)}\n`);
+
+async function main() {
+  const { values: args } = parseArgs({
+    options: {
+      'service-url': { type: 'string', default: 'magnetar://127.0.0.1:6650' },
+      topic: { type: 'string' },
+      subscription: { type: 'string' },
+      count: { type: 'string', default: '10' },
+      type: { type: 'string', default: 'shared' },
+      initial: { type: 'string', default: 'earliest' },
+    },
+  });
+  if (!args.topic || !args.subscription) throw new Error('--topic and --subscription are required');
+  const client = new Client(args['service-url'], { onEvent: print });
+  const consumer = await client.subscribe(args.topic, args.subscription, {
+    type: args.type,
+    initial: args.initial,
+  });
+  print({ event: 'subscribed', topic: args.topic, subscription: args.subscription });
+  const acks = [];
+  for (let i = 0; i < Number(args.count); i++) {
+    const message = await consumer.receive();
+    print({
+      event: 'message',
+      value: message.value.toString('utf8'),
+      key: message.key,
+      properties: message.properties,
+      message_id: message.message_id,
+      offset: message.offset,
+      redelivery_count: message.redelivery_count,
+    });
+    // a failed ack (the stream ended first) is no loss: the broker delivers the message again
+    acks.push(
+      consumer.acknowledge(message).then(
+        () => null,
+        (error) => error.message,
+      ),
+    );
+  }
+  const failed = (await Promise.all(acks)).filter((error) => error !== null);
+  if (failed.length > 0) print({ event: 'acks_failed', errors: failed });
+  await consumer.close();
+  client.close();
+  print({ event: 'done', received: acks.length, acked: acks.length - failed.length });
+}
+
+main().catch((error) => {
+  console.error(`consume: ${error.stack ?? error}`);
+  process.exit(1);
+});
