@@ -532,7 +532,7 @@ class PartitionConsumer extends PartitionStream {
     this.taken = 0; // messages the application took since the last Flow
     this.entries = new Map(); // "ledger:entry" -> {id, unacked, delivered} (message indexes)
     this.nextRequestId = 1;
-    this.ackWaiters = new Map(); // ack request id -> deferred
+    this.acks = new Map(); // ack request id -> {ack, done}: sent, not yet confirmed
   }
 
   openCall(stub, metadata) {
@@ -556,31 +556,31 @@ class PartitionConsumer extends PartitionStream {
   openedStream() {
     // messages of the previous stream not yet received: the broker sends them again
     this.consumer.messages = this.consumer.messages.filter((m) => m.partitionConsumer !== this);
+    // acks the last stream did not confirm go again (they are idempotent), before the flow:
+    // the broker applies them first, so it does not send those messages again
+    for (const { ack } of this.acks.values()) this.write({ ack });
     // after every (re)subscribe the broker holds no permits: grant the queue's worth
     this.generation += 1;
     this.taken = 0;
     this.write({ flow: { permits: this.consumer.receiverQueueSize } });
   }
 
-  disconnected() {
-    // acks in flight may not have been applied: fail them so their callers can tell
-    for (const waiter of this.ackWaiters.values()) {
-      waiter.reject(new Error(`the stream of ${this.topic} ended before the ack was applied`));
-    }
-    this.ackWaiters.clear();
-  }
+  disconnected() {}
 
   response(response) {
     if (response.kind === 'deliveries') {
       for (const delivery of response.deliveries.deliveries) this.deliver(delivery);
     } else if (response.kind === 'ack_receipt') {
-      this.ackWaiters.get(response.ack_receipt.request_id)?.resolve();
-      this.ackWaiters.delete(response.ack_receipt.request_id);
+      this.acks.get(response.ack_receipt.request_id)?.done.resolve();
+      this.acks.delete(response.ack_receipt.request_id);
     } else if (response.kind === 'error') {
-      const waiter = this.ackWaiters.get(response.error.request_id);
-      this.ackWaiters.delete(response.error.request_id);
-      waiter?.reject(new MagnetarError(response.error.error));
+      const error = new MagnetarError(response.error.error);
+      // retriable (the partition is closing): reconnect, and the ack goes again
+      if (error.retriable) return error;
+      this.acks.get(response.error.request_id)?.done.reject(error);
+      this.acks.delete(response.error.request_id);
     }
+    return null;
   }
 
   deliver(delivery) {
@@ -642,15 +642,12 @@ class PartitionConsumer extends PartitionStream {
 
   /** Acknowledge one message; the entry is acked once all its delivered messages are. Resolves
    * when the broker applied the entry's ack (at once for a message whose entry still has
-   * unacked messages). */
+   * unacked messages); while reconnecting, the ack waits for the next stream. */
   ack(message) {
     const { ledger_id, entry_id, batch_index } = message.message_id;
     const key = `${ledger_id}:${entry_id}`;
     const entry = this.entries.get(key);
     if (entry === undefined) return Promise.resolve();
-    if (this.call === null) {
-      return Promise.reject(new Error(`not connected to ${this.topic}: it comes again`));
-    }
     entry.unacked.delete(batch_index);
     if (entry.unacked.size > 0) return Promise.resolve();
     this.entries.delete(key);
@@ -663,13 +660,15 @@ class PartitionConsumer extends PartitionStream {
       const batch_indexes = [...entry.delivered];
       ack.partial.push({ message_id: entry.id, batch_indexes, batch_size: entry.id.batch_size });
     }
-    const waiter = deferred();
-    this.ackWaiters.set(request_id, waiter);
+    const done = deferred();
+    this.acks.set(request_id, { ack, done });
     this.write({ ack });
-    return waiter.promise;
+    return done.promise;
   }
 
   failed(error) {
+    for (const { done } of this.acks.values()) done.reject(error);
+    this.acks.clear();
     this.consumer.failed(error);
   }
 }
