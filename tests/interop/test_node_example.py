@@ -1,7 +1,7 @@
 """The Node.js client of examples/node, against a real ``magnetar standalone``, with the Python
 client on the other end: Node produces and Python consumes, Python produces and Node consumes and
-acknowledges, and a Node producer keeps going across a broker-side close with nothing lost or
-duplicated. The example speaks the protocol from the .proto files alone, so these tests hold the
+acknowledges, and a Node producer and a Node consumer each keep going across a broker-side close
+with nothing lost or duplicated. The example speaks the protocol from the .proto files alone, so these tests hold the
 wire contract to what a client in another language sees.
 
 Node.js and npm must be installed (scripts/bootstrap.sh --etcd installs them and runs ``npm ci``
