@@ -44,6 +44,7 @@ from magnetar.common.serving import (
     listen,
     raise_file_limit,
     run_until_signalled,
+    serve_reflection,
 )
 from magnetar.common.status_http import Response, StatusServer, status_server
 from metadata import MetadataStore, open_store
@@ -132,6 +133,7 @@ class BookieProcess:
         self._health = await ProcessHealth.serve(
             self._server, (LIVENESS_SERVICE,), bookie=identity.bookie_id
         )
+        serve_reflection(self._server, (SERVICE_NAME,))
         try:
             if config.tls_cert_file is not None and config.tls_key_file is not None:
                 self.tls = ReloadingServerCredentials(

@@ -40,6 +40,7 @@ from magnetar.common.serving import (
     listen,
     raise_file_limit,
     run_until_signalled,
+    serve_reflection,
 )
 from magnetar.common.status_http import Response, StatusServer, status_server
 from metadata import MetadataStore, open_store
@@ -160,6 +161,7 @@ class BrokerProcess:
         self._admin = AdminServicer(self.broker)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(self._admin, self._server)
         self._health = await ProcessHealth.serve(self._server, SERVICE_NAMES, broker=broker_id)
+        serve_reflection(self._server, SERVICE_NAMES)
         await self._server.start()
         await self.broker.start()
         self._started = True

@@ -1,15 +1,26 @@
-"""What every Magnetar server process shares: its gRPC server options and the run loop of
-``magnetar bookie`` / ``magnetar broker`` (serve until SIGTERM or SIGINT, then stop)."""
+"""What every Magnetar server process shares: its gRPC server options, gRPC server reflection,
+and the run loop of ``magnetar bookie`` / ``magnetar broker`` (serve until SIGTERM or SIGINT,
+then stop).
+
+Reflection (``grpc.reflection.v1alpha.ServerReflection``) lets grpcurl, Postman or evans list a
+server's services and fetch their descriptors without the ``.proto`` files. It is served on the
+same listeners as everything else, so TLS and mutual TLS apply to it as they do to every call,
+but, like the health service, it asks for no token: it tells only what the published ``.proto``
+files already say (the schema, never a topic, a ledger, a role or a setting), and the probes and
+tools that read it have no credentials to give.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import resource
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 import grpc.aio
+from grpc_health.v1 import health
+from grpc_reflection.v1alpha import reflection
 
 from magnetar.common.errors import InvalidConfigError
 from magnetar.common.security.config import ConnectionSettings
@@ -42,6 +53,14 @@ def grpc_server_options(
         ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
         ("grpc.keepalive_permit_without_calls", 1),
     ]
+
+
+def serve_reflection(server: grpc.aio.Server, service_names: Sequence[str]) -> None:
+    """Add gRPC server reflection to ``server`` (not started yet), listing ``service_names``,
+    the health service and reflection itself."""
+    reflection.enable_server_reflection(
+        (*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
 
 
 async def run_until_signalled(

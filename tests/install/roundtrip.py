@@ -25,7 +25,14 @@ import warnings
 from pathlib import Path
 
 READY = re.compile(r"^magnetar standalone ready in [0-9.]+ s: service URL (?P<url>magnetar://\S+)")
-VERSIONS_OF = ("grpcio", "grpcio-health-checking", "protobuf", "structlog", "cryptography")
+VERSIONS_OF = (
+    "grpcio",
+    "grpcio-health-checking",
+    "grpcio-reflection",
+    "protobuf",
+    "structlog",
+    "cryptography",
+)
 
 
 def import_everything() -> None:

@@ -29,13 +29,13 @@ def checkout(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def bootstrap(checkout: Path, *args: str) -> list[str]:
+def bootstrap(checkout: Path, *args: str, path: str | None = None) -> list[str]:
     """The pip installs one run asked for (each after upgrading pip)."""
     log = checkout / "pip-calls.log"
     log.unlink(missing_ok=True)
     subprocess.run(
         ["bash", checkout / "scripts" / "bootstrap.sh", *args],
-        env={**os.environ, "PYTHON": sys.executable},
+        env={**os.environ, "PYTHON": sys.executable, "PATH": path or os.environ["PATH"]},
         check=True,
         capture_output=True,
     )
@@ -75,3 +75,39 @@ def test_the_runtime_alone_cannot_serve_the_tests(checkout: Path) -> None:
     )
     assert result.returncode == 2
     assert "drop --runtime" in result.stderr
+
+
+def test_the_tests_get_the_node_examples_packages_when_the_lock_file_changes(
+    checkout: Path,
+) -> None:
+    lock = checkout / "examples" / "node" / "package-lock.json"
+    lock.parent.mkdir(parents=True)
+    shutil.copy2(REPO / "examples" / "node" / "package-lock.json", lock)
+    # stand-ins that only write down how they were called (etcd and java: already installed)
+    tools = checkout / "fakebin"
+    tools.mkdir()
+    calls = checkout / "npm-calls.log"
+    for tool, script in {
+        "npm": f'echo "$(pwd) $*" >> {calls}\nmkdir -p node_modules\n',
+        "etcd": "",
+        "java": "",
+    }.items():
+        (tools / tool).write_text(f"#!/bin/sh\n{script}")
+        (tools / tool).chmod(0o755)
+    path = f"{tools}:{os.environ['PATH']}"
+
+    def npm_calls() -> list[str]:
+        found = calls.read_text().splitlines() if calls.exists() else []
+        calls.unlink(missing_ok=True)
+        return found
+
+    assert bootstrap(checkout, path=path) == [FULL]
+    assert npm_calls() == []  # only the tests need Node.js
+    bootstrap(checkout, "--etcd", path=path)
+    assert npm_calls() == [f"{lock.parent} ci --no-audit --no-fund --loglevel=error"]
+    bootstrap(checkout, "--etcd", path=path)
+    assert npm_calls() == []  # installed already
+    with lock.open("a") as changed:
+        changed.write("\n")
+    bootstrap(checkout, "--etcd", path=path)
+    assert npm_calls() == [f"{lock.parent} ci --no-audit --no-fund --loglevel=error"]
