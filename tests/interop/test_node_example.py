@@ -1,8 +1,8 @@
 """The Node.js client of examples/node, against a real ``magnetar standalone``, with the Python
 client on the other end: Node produces and Python consumes, Python produces and Node consumes and
 acknowledges, and a Node producer and a Node consumer each keep going across a broker-side close
-with nothing lost or duplicated. The example speaks the protocol from the .proto files alone, so these tests hold the
-wire contract to what a client in another language sees.
+with nothing lost or duplicated. The example speaks the protocol from the .proto files alone,
+so these tests hold the wire contract to what a client in another language sees.
 
 Node.js and npm must be installed (scripts/bootstrap.sh --etcd installs them and runs ``npm ci``
 in examples/node); the tests run ``npm ci`` themselves when the packages are missing or stale.
