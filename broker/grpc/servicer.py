@@ -339,7 +339,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                 try:
                     receipt = topic.publish(producer, incoming)
                 except MOVED as e:
-                    producer.close_with(e)
+                    producer.close_with(_moved(e))
                     return
                 except MagnetarError as e:
                     receipt = loop.create_future()
@@ -397,7 +397,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                     )
                 elif isinstance(error, MOVED) or not isinstance(error, MagnetarError):
                     moved = (
-                        error
+                        _moved(error)
                         if isinstance(error, MagnetarError)
                         else ServiceNotReadyError(f"the batch could not be stored: {error}")
                     )
@@ -642,6 +642,19 @@ async def _reap(reader: asyncio.Task[None]) -> None:
 
 def _producer_closed(error: MagnetarError) -> pb.ProduceResponse:
     return pb.ProduceResponse(closed=pb.ProducerClosed(reason=error_to_detail(error)))
+
+
+def _moved(error: MagnetarError) -> MagnetarError:
+    """A write that failed because the partition's writer did (its managed ledger fenced by a
+    new owner, or failed here) means "look the partition up again and resend what was not
+    receipted", which is what a retriable reason tells a client; a client would give up on
+    the managed ledger's own, final, error."""
+    if error.retriable:
+        return error
+    return TopicNotOwnedError(
+        f"{error.message}; look the partition up again and resend",
+        context={**error.context, "cause": error.code.name},
+    )
 
 
 def _consumer_closed(error: MagnetarError, *, end_of_topic: bool = False) -> pb.ConsumeResponse:
