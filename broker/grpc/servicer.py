@@ -259,6 +259,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         )
         inflight: deque[tuple[int, asyncio.Future[Receipt]]] = deque()
         arrived = asyncio.Event()
+        taken = asyncio.Event()
+        """Set when receipts left ``inflight``: a reader waiting for room looks again."""
         challenges: deque[int] = deque()
 
         def challenge(expired_at_ms: int) -> None:
@@ -274,11 +276,23 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             on_revoked=producer.close_with,
         )
         reader = asyncio.create_task(
-            self._read_produce(request_iterator, producer, inflight, arrived, credentials)
+            self._read_produce(
+                request_iterator,
+                producer,
+                inflight=inflight,
+                arrived=arrived,
+                taken=taken,
+                credentials=credentials,
+            )
         )
         try:
             async for response in self._produce_responses(
-                producer, inflight, arrived, reader, challenges
+                producer,
+                inflight=inflight,
+                arrived=arrived,
+                taken=taken,
+                reader=reader,
+                challenges=challenges,
             ):
                 yield response
             if reader.done() and not reader.cancelled() and reader.exception() is not None:
@@ -301,12 +315,16 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         self,
         requests: AsyncIterator[pb.ProduceRequest],
         producer: ProducerSession,
+        *,
         inflight: deque[tuple[int, asyncio.Future[Receipt]]],
         arrived: asyncio.Event,
+        taken: asyncio.Event,
         credentials: StreamCredentials,
     ) -> None:
         topic = producer.topic
         loop = asyncio.get_running_loop()
+        max_pending = self.broker.config.max_pending_publish_requests
+        producer.closed.add_done_callback(lambda _: taken.set())
         async for request in requests:
             kind = request.WhichOneof("kind")
             if kind == "close":
@@ -322,6 +340,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                 arrived.set()
                 continue
             for batch in request.send.batches:
+                while len(inflight) >= max_pending and not producer.is_closed:
+                    # receipts the client has not taken: read no more until it does
+                    taken.clear()
+                    await taken.wait()
                 await topic.wait_for_space()
                 if producer.is_closed:
                     return
@@ -350,8 +372,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     async def _produce_responses(
         self,
         producer: ProducerSession,
+        *,
         inflight: deque[tuple[int, asyncio.Future[Receipt]]],
         arrived: asyncio.Event,
+        taken: asyncio.Event,
         reader: asyncio.Task[None],
         challenges: deque[int],
     ) -> AsyncIterator[pb.ProduceResponse]:
@@ -413,6 +437,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                 yield pb.ProduceResponse(receipts=receipts)
             for response in errors:
                 yield response
+            taken.set()  # what was popped above is written: the reader may read on
             if moved is not None:
                 # the partition's writer failed: the client resends everything unreceipted
                 producer.close_with(moved)
@@ -593,11 +618,13 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                         size += len(item.payload)
                         if size >= MAX_DELIVERY_MESSAGE_BYTES:
                             yield pb.ConsumeResponse(deliveries=deliveries)
+                            consumer.taken(size)
                             deliveries = pb.Deliveries()
                             size = 0
                     continue
                 if deliveries.deliveries:
                     yield pb.ConsumeResponse(deliveries=deliveries)
+                    consumer.taken(size)
                     deliveries = pb.Deliveries()
                     size = 0
                 if isinstance(event, AckDone):
@@ -625,6 +652,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                     return
             if deliveries.deliveries:
                 yield pb.ConsumeResponse(deliveries=deliveries)
+                consumer.taken(size)
 
 
 async def _reap(reader: asyncio.Task[None]) -> None:

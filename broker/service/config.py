@@ -98,6 +98,17 @@ class BrokerConfig(
     """Entries a subscription may hold back for redelivery, for key order (key_shared) or until
     a consumer has permits, before it stops reading new ones."""
 
+    max_pending_publish_requests: int = 1_000
+    """Batches of one producer stream the broker holds at once, being stored or stored with
+    their receipt not yet taken by the client (Pulsar's maxPendingPublishRequestsPerConnection);
+    past it the broker reads no more from the stream, so a producer that does not read its
+    receipts is slowed, not buffered without bound."""
+
+    max_consumer_buffer_bytes: int = 8 * 1024 * 1024
+    """Bytes of deliveries the broker holds for one consumer stream that its client has not
+    taken yet; past it that consumer gets nothing more until it reads, whatever its permits
+    (at least one entry always goes out)."""
+
     max_unacked_messages_per_consumer: int = 50_000
     """Shared and key_shared: a consumer holding this many unacknowledged messages gets no
     more until it has acknowledged half of them (0: no limit)."""
@@ -223,6 +234,8 @@ class BrokerConfig(
             "max_name_chars",
             "max_properties_bytes",
             "entry_cache_max_bytes",
+            "max_pending_publish_requests",
+            "max_consumer_buffer_bytes",
             "load_report_interval_ms",
             "load_shedding_interval_ms",
             "load_shedding_max_moves",

@@ -84,6 +84,9 @@ class Slot:
     unacked_messages: int = 0
     blocked: bool = False
     """Holding ``max_unacked_per_consumer`` messages: nothing more until half are acked."""
+    backlogged: bool = False
+    """Its stream holds ``max_consumer_buffer_bytes`` its client has not taken: nothing more
+    until the client reads."""
     active: bool = True
     """Failover: this is the partition's active consumer (always true for the other types)."""
     closed: bool = False
@@ -92,7 +95,13 @@ class Slot:
 
     @property
     def available(self) -> bool:
-        return self.active and not self.blocked and not self.closed and self.permits > 0
+        return (
+            self.active
+            and not self.blocked
+            and not self.backlogged
+            and not self.closed
+            and self.permits > 0
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,7 +356,12 @@ class Dispatcher:
     def _assign_single(self, items: Sequence[Item], plan: Plan) -> None:
         slot = self.active_slot()
         for n, item in enumerate(items):
-            if slot is None or slot.blocked or (slot.permits <= 0 and plan.assignments):
+            if (
+                slot is None
+                or slot.blocked
+                or slot.backlogged
+                or (slot.permits <= 0 and plan.assignments)
+            ):
                 # at least one entry goes out per pass, even one larger than the permits
                 self._give_back(items[n:], plan)
                 return
@@ -392,6 +406,7 @@ class Dispatcher:
                 if (
                     target is None
                     or target.blocked
+                    or target.backlogged
                     or target.closed
                     or permits[target.seq] <= 0
                     or (

@@ -72,6 +72,23 @@ class ConsumerSession(Closable):
         """Acks waiting for their receipt until the cursor is persisted."""
         self.msgs_out = 0
         self.bytes_out = 0
+        self.buffered_bytes = 0
+        """Bytes of deliveries handed to this stream that its client has not taken yet."""
+
+    def delivered(self, size: int) -> None:
+        """Deliveries of ``size`` bytes are queued for the stream."""
+        self.buffered_bytes += size
+        if self.buffered_bytes >= self.subscription.topic.config.max_consumer_buffer_bytes:
+            self.slot.backlogged = True
+
+    def taken(self, size: int) -> None:
+        """The client took ``size`` bytes of deliveries (the stream wrote them): below half
+        the bound, the consumer gets deliveries again."""
+        self.buffered_bytes = max(0, self.buffered_bytes - size)
+        limit = self.subscription.topic.config.max_consumer_buffer_bytes
+        if self.slot.backlogged and self.buffered_bytes < limit // 2:
+            self.slot.backlogged = False
+            self.subscription.wake()
 
     @property
     def permits(self) -> int:
@@ -648,7 +665,9 @@ class Subscription:
             self.topic.msgs_out += assignment.count
             self.topic.bytes_out += len(entry.payload)
         for seq, items in batches.items():
-            self._sessions[seq].events.put_nowait(Deliveries(items))
+            session = self._sessions[seq]
+            session.events.put_nowait(Deliveries(items))
+            session.delivered(sum(len(item.payload) for item in items))
 
     # --- closing ----------------------------------------------------------------------------------
 
