@@ -35,6 +35,7 @@ from bookie.service.metrics import BookieMetrics
 from bookie.service.registration import Registration, establish_identity
 from bookie.storage.engine import StorageEngine
 from magnetar.common.errors import InvalidConfigError
+from magnetar.common.grpc_decoding import RequestDecoding
 from magnetar.common.health import READINESS_SERVICE as _READINESS
 from magnetar.common.health import ProcessHealth
 from magnetar.common.security.config import is_loopback
@@ -48,7 +49,7 @@ from magnetar.common.serving import (
 )
 from magnetar.common.status_http import Response, StatusServer, status_server
 from metadata import MetadataStore, open_store
-from proto.bookie.v1 import bookie_pb2_grpc
+from proto.bookie.v1 import bookie_pb2, bookie_pb2_grpc
 
 log = structlog.get_logger("magnetar.bookie.process")
 
@@ -117,7 +118,13 @@ class BookieProcess:
             metrics=metrics,
         )
         raise_file_limit()  # a descriptor per connection: up to max_connections
-        self._server = grpc.aio.server(options=grpc_server_options(MAX_GRPC_MESSAGE_BYTES, config))
+        self._server = grpc.aio.server(
+            options=grpc_server_options(MAX_GRPC_MESSAGE_BYTES, config),
+            # a request that does not decode: INVALID_ARGUMENT naming the field, one log line
+            interceptors=[
+                RequestDecoding([bookie_pb2.DESCRIPTOR.services_by_name["BookieService"]])
+            ],
+        )
         self.access = BookieAccess(
             config, client_roles=config.bookie_client_roles, bookie_id=identity.bookie_id
         )

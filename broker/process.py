@@ -25,12 +25,12 @@ import structlog
 
 from bookie.client.ledger_client import LedgerClient
 from broker.grpc.admin import AdminServicer
-from broker.grpc.decoding import RequestDecoding
 from broker.grpc.servicer import BrokerServicer
 from broker.service.broker import Broker
 from broker.service.config import BrokerConfig
 from broker.service.metrics import BrokerMetrics
 from magnetar import __version__
+from magnetar.common.grpc_decoding import RequestDecoding
 from magnetar.common.health import READINESS_SERVICE as _READINESS
 from magnetar.common.health import ProcessHealth
 from magnetar.common.security.config import is_loopback

@@ -22,7 +22,7 @@ import grpc
 import grpc.aio
 import structlog
 
-from bookie.entries import AddEntry
+from bookie.entries import AddEntry, AddFailure
 from bookie.service.access import BookieAccess
 from bookie.service.bookie import Bookie
 from magnetar import __version__
@@ -91,7 +91,11 @@ class BookieServicer(bookie_pb2_grpc.BookieServiceServicer):
 
         async def handle(request_id: int, adds: list[AddEntry], size: int) -> None:
             try:
-                failures = await self.bookie.add_entries(adds)
+                try:
+                    failures = await self.bookie.add_entries(adds)
+                except MagnetarError as e:
+                    # the request as a whole was refused: each of its entries says why
+                    failures = [AddFailure(a.ledger_id, a.entry_id, e) for a in adds]
                 response = pb.AddEntriesResponse(request_id=request_id)
                 for failure in failures:
                     response.failures.add(
@@ -133,6 +137,11 @@ class BookieServicer(bookie_pb2_grpc.BookieServiceServicer):
         try:
             while (response := await responses.get()) is not None:
                 yield response
+            error = reader.exception() if reader.done() and not reader.cancelled() else None
+            if isinstance(error, MagnetarError):
+                # a request that did not decode or was refused whole ends the stream with its
+                # status (INVALID_ARGUMENT, naming the field), not UNKNOWN
+                await abort_with(context, error)
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):

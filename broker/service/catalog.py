@@ -125,6 +125,11 @@ class TopicCatalog:
         return _parse_topic(name, value, version)
 
     async def update_partitions(self, name: TopicName, partitions: int) -> TopicRecord:
+        if partitions > MAX_PARTITIONS:
+            raise InvalidArgumentError(
+                f"partitions must be at most {MAX_PARTITIONS:,}, got {partitions}",
+                context={"partitions": partitions},
+            )
         current = await self.require(name)
         if partitions < current.partitions or current.partitions == 0:
             raise InvalidArgumentError(

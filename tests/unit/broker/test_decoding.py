@@ -11,14 +11,14 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from broker.grpc.decoding import (
+from magnetar.common.errors import ErrorCode, InvalidArgumentError
+from magnetar.common.grpc_decoding import (
     RateLimitedLog,
     RequestDecoding,
     Undecodable,
     invalid_utf8_field,
     lenient_deserializer,
 )
-from magnetar.common.errors import ErrorCode, InvalidArgumentError
 from magnetar.common.grpc_errors import ERROR_DETAIL_KEY
 from proto.broker.v1 import broker_pb2 as pb
 from proto.common.v1 import errors_pb2

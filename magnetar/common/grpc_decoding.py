@@ -36,7 +36,7 @@ from google.protobuf.message_factory import GetMessageClass
 from magnetar.common.errors import InvalidArgumentError
 from magnetar.common.grpc_errors import abort_with
 
-LOGGER_NAME = "magnetar.broker.grpc"
+LOGGER_NAME = "magnetar.grpc"
 LOG_INTERVAL_S = 10.0
 """At most one ``request_undecodable`` line per method in this many seconds."""
 MAX_NESTING = 32
