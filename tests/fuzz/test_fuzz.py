@@ -5,7 +5,7 @@ run beside them.
 
 What must hold: every process stays up (same pid), each process's memory stays under a bound,
 no call hangs (each answers, with any status, within its deadline), and the control traffic
-loses, duplicates and reorders nothing. The short form (the default run) sends a few thousand
+loses, duplicates and reorders nothing. The short form (the default run) sends about a thousand
 inputs in under a minute; ``MAGNETAR_FUZZ_INPUTS`` raises the count per method (the soak form).
 
 The inputs are seeded (``SEED``), so a failure is replayed by running the test again.
@@ -42,7 +42,7 @@ from proto.broker.v1 import broker_pb2
 pytestmark = [pytest.mark.etcd, pytest.mark.slow]
 
 SEED = 20261125
-INPUTS_PER_METHOD = int(os.environ.get("MAGNETAR_FUZZ_INPUTS", "60"))
+INPUTS_PER_METHOD = int(os.environ.get("MAGNETAR_FUZZ_INPUTS", "30"))
 CONCURRENCY = 8
 CALL_DEADLINE_S = 15.0
 RSS_BOUND_MIB = 1024
