@@ -110,11 +110,11 @@ class BrokerConfig(
     (at least one entry always goes out)."""
 
     max_unacked_messages_per_consumer: int = 50_000
-    """Shared and key_shared: a consumer holding this many unacknowledged messages gets no
-    more until it has acknowledged half of them (0: no limit)."""
+    """Any subscription type: a consumer holding this many unacknowledged messages gets no
+    more until it has acknowledged half of them (0: no limit). Readers are not counted."""
 
     max_unacked_messages_per_subscription: int = 200_000
-    """Shared and key_shared: a subscription whose consumers hold this many unacknowledged
+    """Any subscription type: a subscription whose consumers hold this many unacknowledged
     messages dispatches no more until half of them are acknowledged (0: no limit)."""
 
     message_ttl_ms: int = 0

@@ -16,9 +16,7 @@ The four subscription types:
   consumer changes, the old one is told it is inactive, the new one that it is active, and the
   subscription rewinds to the first unacknowledged entry for the new one.
 - **shared**: entries go round robin to consumers with permits; a consumer that leaves, nacks or
-  asks for redelivery hands its unacknowledged entries to the others. Consumers holding
-  ``max_unacked_per_consumer`` messages (and the subscription at ``max_unacked_per_subscription``)
-  get nothing more until half are acknowledged.
+  asks for redelivery hands its unacknowledged entries to the others.
 - **key_shared**: each message goes to the consumer its key hash maps to on a consistent-hash
   ring (100 points per consumer name, so a restarted consumer with the same name gets the same
   keys back). An entry whose messages have several keys is split (``batch_indexes``). When the
@@ -28,6 +26,12 @@ The four subscription types:
   "draining hashes" rule; its older rule (new consumers wait for the whole subscription's
   mark-delete to pass their join point) is what got Pulsar key_shared subscriptions stuck when
   consumers restarted.
+
+Whatever the type, a consumer holding ``max_unacked_per_consumer`` messages (and a subscription
+at ``max_unacked_per_subscription``) gets nothing more until half are acknowledged, so a client
+that never acknowledges cannot make the broker track an unbounded number of messages. A
+non-durable reader acknowledges nothing and is tracked not at all (``track_unacked=False``): it
+starts again from its own position when it reconnects.
 
 Delayed delivery (``deliver_at_ms``) applies to shared and key_shared, as in Pulsar: such
 entries wait in ``delayed`` until due; exclusive and failover deliver in log order at once.
@@ -173,8 +177,11 @@ class Dispatcher:
         max_unacked_per_consumer: int = 0,
         max_unacked_per_subscription: int = 0,
         max_replay_entries: int = 10_000,
+        track_unacked: bool = True,
     ) -> None:
         self.type = dispatch_type
+        self.track_unacked = track_unacked
+        """False for a non-durable reader: what it was given is not tracked."""
         self.partition = partition
         self.max_unacked_per_consumer = max_unacked_per_consumer
         self.max_unacked_per_subscription = max_unacked_per_subscription
@@ -436,6 +443,10 @@ class Dispatcher:
         hashes: Sequence[int] = (),
     ) -> None:
         count = item.num_messages if indexes is None else len(indexes)
+        slot.permits -= count
+        if not self.track_unacked:
+            plan.assignments.append(Assignment(slot, item.position, indexes, count, 0))
+            return
         held = slot.unacked.get(item.position)
         if held is None:
             slot.unacked[item.position] = Held(indexes, count, item.num_messages, hashes)
@@ -450,10 +461,9 @@ class Dispatcher:
                 h = hashes[i]
                 current = self.holders.get(h)
                 self.holders[h] = (slot, (current[1] if current else 0) + 1)
-        slot.permits -= count
         slot.unacked_messages += count
         self.unacked_messages += count
-        if self.shares and 0 < self.max_unacked_per_consumer <= slot.unacked_messages:
+        if 0 < self.max_unacked_per_consumer <= slot.unacked_messages:
             slot.blocked = True
         plan.assignments.append(
             Assignment(
@@ -632,7 +642,7 @@ class Dispatcher:
 
     def _update_blocked(self) -> None:
         limit = self.max_unacked_per_subscription
-        if not self.shares or limit <= 0:
+        if limit <= 0:
             self.blocked = False
         elif self.unacked_messages >= limit:
             self.blocked = True

@@ -231,6 +231,7 @@ class Subscription:
             max_unacked_per_consumer=per_consumer,
             max_unacked_per_subscription=per_subscription,
             max_replay_entries=replay,
+            track_unacked=self.durable,
         )
 
     @property

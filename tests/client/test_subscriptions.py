@@ -1,7 +1,7 @@
 """Subscription types and delivery semantics, end to end on a real cluster.
 
 One cluster of separate processes (etcd, 3 bookies, 2 brokers) serves the module, with small
-limits so that they are reached: 40 unacknowledged messages per shared consumer, 50 ack holes
+limits so that they are reached: 40 unacknowledged messages per consumer, 15 ack holes
 per cursor. Consumers that must die holding messages run in their own process
 (``sub_worker.py``) and are killed with SIGKILL.
 """
@@ -37,7 +37,7 @@ BROKER_ARGS = [
     "--session-ttl-s", "3",
     "--load-report-interval-ms", "500",
     "--max-unacked-messages-per-consumer", "40",
-    "--managed-ledger-max-inline-ack-ranges", "50",
+    "--managed-ledger-max-inline-ack-ranges", "15",
 ]  # fmt: skip
 WORKER = Path(__file__).with_name("sub_worker.py")
 
@@ -331,6 +331,47 @@ def test_shared_unacked_limit_blocks_a_consumer_until_it_acks_half(
     consumer.close()
 
 
+@pytest.mark.parametrize("sub_type", ["exclusive", "failover"])
+def test_exclusive_and_failover_unacked_limit_and_a_reader_holds_nothing(
+    client: magnetar.Client,
+    admin: magnetar.AdminClient,
+    sub_type: Literal["exclusive", "failover"],
+) -> None:
+    """A consumer that never acknowledges cannot make the broker track an unbounded number of
+    messages, whatever its subscription type; a cumulative ack unblocks it. A reader does not
+    acknowledge, so the broker tracks nothing for it and it is never blocked."""
+    topic = unique(f"{sub_type}-limit")
+    admin.create_topic(topic)
+    consumer = client.subscribe(topic, "lim", sub_type, receiver_queue_size=500)
+    reader = client.create_reader(topic, "earliest", receiver_queue_size=500)
+    with client.create_producer(topic) as producer:
+        for i in range(100):
+            producer.send(f"k:{i}".encode())
+    got = []
+    while True:
+        try:
+            got.append(consumer.receive(timeout_millis=1000))
+        except ReceiveTimeoutError:
+            break
+    assert len(got) == 40  # the broker's max_unacked_messages_per_consumer
+    read = [reader.read_next(timeout_millis=10_000).data() for _ in range(100)]
+    assert read == [f"k:{i}".encode() for i in range(100)]
+    subscriptions = admin.topic_stats(topic)["partitions"][0]["subscriptions"]
+    stats = next(s for s in subscriptions if s["subscription"] == "lim")
+    assert stats["consumers"][0]["blocked"]
+    assert stats["consumers"][0]["unacked_messages"] == 40
+    reader_stats = next(s for s in subscriptions if s["subscription"] != "lim")
+    assert reader_stats["consumers"][0]["unacked_messages"] == 0
+    assert not reader_stats["consumers"][0]["blocked"]
+    consumer.acknowledge_cumulative(got[18])
+    assert nothing_arrives(consumer)  # 21 held: still over half the limit
+    consumer.acknowledge_cumulative(got[19])  # 20 held: unblocked
+    more = consumer.receive(timeout_millis=10_000)
+    assert more.data() == b"k:40"
+    consumer.close()
+    reader.close()
+
+
 # --- key_shared ------------------------------------------------------------------------------
 
 
@@ -507,13 +548,14 @@ def test_ack_holes_over_the_limit_pause_dispatch_and_survive_a_reload(
     admin.create_topic(topic)
     consumer = client.subscribe(topic, "holes", initial_position="earliest", ack_receipts=True)
     with client.create_producer(topic) as producer:
-        for i in range(120):
+        for i in range(40):
             producer.send(f"m{i}".encode())
-    got = [consumer.receive(timeout_millis=10_000) for _ in range(120)]
-    for message in got[1::2]:  # every other one: 60 holes, over the limit of 50
+    # 40 held (the limit of unacknowledged messages per consumer), then 20 holes (over 15)
+    got = [consumer.receive(timeout_millis=10_000) for _ in range(40)]
+    for message in got[1::2]:  # every other one
         consumer.acknowledge(message)
     sub = admin.topic_stats(topic)["partitions"][0]["subscriptions"][0]
-    assert sub["ack_hole_ranges"] == 60
+    assert sub["ack_hole_ranges"] == 20
     assert sub["ack_ranges_over_limit"]
     assert sub["blocked"]
     with client.create_producer(topic) as producer:
@@ -522,7 +564,7 @@ def test_ack_holes_over_the_limit_pause_dispatch_and_survive_a_reload(
 
     # every hole is persisted: after the partition moves, exactly the unacked come back
     admin.unload_topic(topic)
-    redelivered = [consumer.receive(timeout_millis=30_000) for _ in range(60)]
+    redelivered = [consumer.receive(timeout_millis=30_000) for _ in range(20)]
     assert sorted(m.data() for m in redelivered) == sorted(m.data() for m in got[0::2])
     for message in redelivered:
         consumer.acknowledge(message)

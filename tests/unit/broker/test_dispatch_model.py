@@ -20,6 +20,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -735,3 +736,53 @@ def test_failover_standby_leaving_does_not_rewind() -> None:
     changes, rewind = d.remove(active)  # what the active one held must go out again
     assert changes == []
     assert rewind
+
+
+@pytest.mark.parametrize("kind", [SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER])
+def test_exclusive_and_failover_consumers_stop_at_the_unacked_limits(
+    kind: SubscriptionType,
+) -> None:
+    """A consumer that never acknowledges gets nothing past ``max_unacked_per_consumer``, and a
+    cumulative ack down to half the limit lets it go on; the subscription's limit holds too."""
+    d = Dispatcher(kind, max_unacked_per_consumer=4, max_unacked_per_subscription=6)
+    slot, _, _ = d.add("c0")
+    d.flow(slot, 100)
+    plan = d.assign([Item(position(i), 1) for i in range(4)], NOW_MS)
+    assert len(plan.assignments) == 4
+    blocked = []  # whether the consumer, then the subscription, is blocked after each step
+    blocked.append((slot.blocked, d.can_dispatch(), d.fresh_budget()))
+    d.acked_through(slot, position(0))  # 3 held: over half the limit
+    blocked.append((slot.blocked, d.can_dispatch(), d.fresh_budget()))
+    d.acked_through(slot, position(1))  # 2 held: half
+    blocked.append((slot.blocked, d.can_dispatch(), d.fresh_budget()))
+    assert blocked == [(True, False, 0), (True, False, 0), (False, True, 100 - 4)]
+    d = Dispatcher(kind, max_unacked_per_subscription=3)
+    slot, _, _ = d.add("c0")
+    d.flow(slot, 100)
+    d.assign([Item(position(i), 1) for i in range(3)], NOW_MS)
+    held = [(d.blocked, d.can_dispatch())]
+    d.acked_through(slot, position(0))  # 2 held: over half the limit
+    held.append((d.blocked, d.can_dispatch()))
+    d.acked_through(slot, position(1))  # 1 held
+    held.append((d.blocked, d.can_dispatch()))
+    assert held == [(True, False), (True, False), (False, True)]
+
+
+def test_a_reader_is_not_tracked() -> None:
+    """A non-durable reader acknowledges nothing: what it is given is not held, so it is never
+    blocked and the dispatcher's memory does not grow with what it reads."""
+    d = Dispatcher(
+        SubscriptionType.EXCLUSIVE,
+        max_unacked_per_consumer=4,
+        max_unacked_per_subscription=4,
+        track_unacked=False,
+    )
+    slot, _, _ = d.add("reader")
+    d.flow(slot, 1000)
+    plan = d.assign([Item(position(i), 3) for i in range(100)], NOW_MS)
+    assert len(plan.assignments) == 100
+    assert slot.permits == 700
+    assert not slot.unacked
+    assert slot.unacked_messages == d.unacked_messages == 0
+    assert not slot.blocked
+    assert not d.blocked
