@@ -89,7 +89,11 @@ def proto_sources() -> list[Path]:
 def python_path(source_relative: Path) -> Path:
     """Where the generated module of a path relative to the buf module lives, from the root."""
     if source_relative.parts[0] != "magnetar":
-        raise ValueError(f"{source_relative}: sources belong under {SOURCE_ROOT.relative_to(ROOT)}")
+        # a file whose package is not magnetar.* (buf lint would say so too)
+        raise SystemExit(
+            f"proto/{source_relative}: .proto files belong under {SOURCE_ROOT.relative_to(ROOT)}/,"
+            " in the folder of their package"
+        )
     return Path("proto", *source_relative.parts[1:])
 
 
@@ -152,7 +156,7 @@ def generate(out_root: Path) -> None:
                 text = relocate(written.read_text())
                 if LEFT_OVER.search(text):
                     raise SystemExit(f"{written.name}: an import of magnetar.* was not relocated")
-                target = out_root / f"{python_path(stem)}{suffix}"
+                target = out_root / f"{python_path(source).with_suffix('')}{suffix}"
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_text(text)
 
@@ -235,7 +239,7 @@ def check() -> int:
                 )
                 problems.append(f"differs: {rel}\n" + "\n".join(list(diff)[:40]))
     if problems:
-        print("Generated protocol code has drifted from proto/*.proto:", file=sys.stderr)
+        print("Generated protocol code has drifted from the .proto files:", file=sys.stderr)
         for problem in problems:
             print("  " + problem, file=sys.stderr)
         print("Run: python scripts/genproto.py  (and commit the result)", file=sys.stderr)
