@@ -5,11 +5,13 @@
 #   bash scripts/bootstrap.sh            .venv with Magnetar, its dev tools and the extras of
 #                                        the Spark connector (PySpark) and the Helm chart's tests
 #   bash scripts/bootstrap.sh --etcd     the same, plus Debian's etcd-server, a Java runtime
-#                                        (for Spark) and the Node.js example's npm packages
-#                                        (examples/node/node_modules) for the tests
-# Versions are exact: constraints/pinned.txt (users get pyproject.toml's ranges) and
-# examples/node/package-lock.json. Re-running is cheap: pip runs again only when pyproject.toml,
-# the constraints or this script changed, npm ci only when the lock file changed. A stamp
+#                                        (for Spark), the Node.js example's npm packages
+#                                        (examples/node/node_modules) for the tests and the buf
+#                                        CLI (tools/buf/node_modules) for the .proto checks
+# Versions are exact: constraints/pinned.txt (users get pyproject.toml's ranges),
+# examples/node/package-lock.json and tools/buf/package-lock.json. Re-running is cheap: pip runs
+# again only when pyproject.toml, the constraints or this script changed, npm ci only when a lock
+# file changed. A stamp
 # per kind says what is in: a full install holds the runtime too, so --runtime after it installs
 # nothing and removes nothing, and a full install after --runtime adds the rest.
 set -euo pipefail
@@ -88,18 +90,21 @@ if [ "$want_etcd" = 1 ] && ! command -v java >/dev/null 2>&1; then
   apt_install default-jre-headless
 fi
 
-# tests/interop runs the Node.js example against a standalone; it runs the same npm ci with the
-# same stamp when the packages are missing, so either may come first
+# tests/interop runs the Node.js example against a standalone, and scripts/buf.sh runs buf from
+# tools/buf; each runs the same npm ci with the same stamp when its packages are missing, so
+# either may come first
 if [ "$want_etcd" = 1 ]; then
   if ! command -v npm >/dev/null 2>&1; then
     echo "bootstrap: installing Node.js and npm (tests/interop runs examples/node)"
     apt_install nodejs npm
   fi
-  npm_want="$(sha256sum examples/node/package-lock.json | cut -d' ' -f1)"
-  npm_stamp=examples/node/node_modules/.magnetar-npm-ci
-  if [ "$(cat "$npm_stamp" 2>/dev/null)" != "$npm_want" ]; then
-    echo "bootstrap: installing the Node.js example's packages (npm ci in examples/node)"
-    (cd examples/node && npm ci --no-audit --no-fund --loglevel=error)
-    echo "$npm_want" > "$npm_stamp"
-  fi
+  for npm_dir in examples/node tools/buf; do
+    npm_want="$(sha256sum "$npm_dir/package-lock.json" | cut -d' ' -f1)"
+    npm_stamp="$npm_dir/node_modules/.magnetar-npm-ci"
+    if [ "$(cat "$npm_stamp" 2>/dev/null)" != "$npm_want" ]; then
+      echo "bootstrap: installing the npm packages of $npm_dir (npm ci)"
+      (cd "$npm_dir" && npm ci --no-audit --no-fund --loglevel=error)
+      echo "$npm_want" > "$npm_stamp"
+    fi
+  done
 fi

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Static checks: lint, format, types (strict, generated code excluded), import contracts, and
-# that the generated protocol code matches proto/*.proto.
+# Static checks: lint, format, types (strict, generated code excluded), import contracts, that
+# the generated protocol code matches the .proto files, and buf's lint, format and breaking-change
+# checks of the .proto files (scripts/buf.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
@@ -11,5 +12,6 @@ run .venv/bin/ruff format --check .
 run .venv/bin/mypy
 run .venv/bin/lint-imports
 run .venv/bin/python scripts/genproto.py --check
+run bash scripts/buf.sh
 run .venv/bin/python scripts/gendocs.py --check
 exit $status

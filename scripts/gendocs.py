@@ -33,7 +33,7 @@ from metadata.config import MetadataStoreConfig
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = ROOT / "docs" / "configuration.md"
 PROTOCOL = ROOT / "docs" / "protocol.md"
-ERRORS_PROTO = ROOT / "proto" / "common" / "v1" / "errors.proto"
+ERRORS_PROTO = ROOT / "proto" / "magnetar" / "common" / "v1" / "errors.proto"
 CHART = ROOT / "helm" / "magnetar"
 
 SECTIONS: list[tuple[str, type, str]] = [

@@ -6,6 +6,15 @@
 Generated per .proto: ``*_pb2.py`` and its typed stub ``*_pb2.pyi`` (mypy-protobuf), plus
 ``*_pb2_grpc.py`` / ``*_pb2_grpc.pyi`` for files that declare a service.
 
+Where things are: the sources are a buf module rooted at ``proto/`` (buf.yaml), each file in the
+folder of its package, ``proto/magnetar/broker/v1/broker.proto`` for ``magnetar.broker.v1``, and
+they import each other by that path (``import "magnetar/common/v1/types.proto"``), which is also
+the file's name in the descriptors (and so in server reflection). The generated Python sits where
+it always has, ``proto/broker/v1/broker_pb2.py``, imported as ``proto.broker.v1.broker_pb2``:
+protoc writes ``magnetar/broker/v1/...`` modules into a scratch folder, and this script moves them
+to ``proto/broker/v1/`` and rewrites their references to each other to match (``from
+magnetar.common.v1 import types_pb2`` would otherwise name Magnetar's own ``magnetar`` package).
+
 The generated modules check their runtime when imported: ``*_pb2_grpc.py`` raises when grpcio is
 older than the grpcio-tools that wrote it (``GRPC_GENERATED_VERSION``), and ``*_pb2.py`` raises
 when protobuf is older than the protoc that wrote it (``ValidateProtobufRuntimeVersion``; some
@@ -56,8 +65,43 @@ PROTOBUF_DEMAND = re.compile(
 )
 
 
+SOURCE_ROOT = PROTO_DIR / "magnetar"
+"""Where the sources of the ``magnetar.*`` packages live, each in its package's folder."""
+
+# A reference to a generated module of ours, as protoc and mypy-protobuf write it for the source
+# layout: `magnetar.common.v1.types_pb2`, `from magnetar.common.v1 import`, the import alias
+# `magnetar_dot_common_dot_v1_dot_types__pb2` and the output path in the _grpc module's version
+# check. Comments that name a protobuf message (`magnetar.format.v1.MessageBatch`) match none.
+_V = r"v[0-9]+(?:(?:alpha|beta)[0-9]*)?"
+MODULE_REFERENCES = (
+    (re.compile(rf"\bmagnetar\.([a-z0-9_]+\.{_V}\.[a-z0-9_]+_pb2(?:_grpc)?)\b"), r"proto.\1"),
+    (re.compile(rf"\bfrom magnetar\.([a-z0-9_]+\.{_V}) import "), r"from proto.\1 import "),
+    (re.compile(rf"\bmagnetar_dot_([a-z0-9_]+_dot_{_V}_dot_)"), r"proto_dot_\1"),
+    (re.compile(rf"\bmagnetar/([a-z0-9_]+/{_V}/[a-z0-9_]+_pb2(?:_grpc)?\.pyi?)\b"), r"proto/\1"),
+)
+LEFT_OVER = re.compile(r"^\s*(?:from|import) magnetar\b", re.M)
+
+
 def proto_sources() -> list[Path]:
     return sorted(PROTO_DIR.rglob("*.proto"))
+
+
+def python_path(source_relative: Path) -> Path:
+    """Where the generated module of a path relative to the buf module lives, from the root."""
+    if source_relative.parts[0] != "magnetar":
+        # a file whose package is not magnetar.* (buf lint would say so too)
+        raise SystemExit(
+            f"proto/{source_relative}: .proto files belong under {SOURCE_ROOT.relative_to(ROOT)}/,"
+            " in the folder of their package"
+        )
+    return Path("proto", *source_relative.parts[1:])
+
+
+def relocate(text: str) -> str:
+    """A generated module's text with its references to our generated modules moved to proto."""
+    for pattern, replacement in MODULE_REFERENCES:
+        text = pattern.sub(replacement, text)
+    return text
 
 
 def generator_python() -> Path:
@@ -84,27 +128,37 @@ def generator_python() -> Path:
 def generate(out_root: Path) -> None:
     """Run protoc for every source, writing the generated tree under ``out_root``."""
     bin_dir = Path(sys.executable).parent
-    sources = [str(p.relative_to(ROOT)) for p in proto_sources()]
-    cmd = [
-        str(generator_python()),
-        "-m",
-        "grpc_tools.protoc",  # adds grpcio-tools' own well-known protos to the include path
-        f"-I{ROOT}",
-        f"--plugin=protoc-gen-mypy={bin_dir / 'protoc-gen-mypy'}",
-        f"--plugin=protoc-gen-mypy_grpc={bin_dir / 'protoc-gen-mypy_grpc'}",
-        f"--python_out={out_root}",
-        f"--mypy_out=quiet:{out_root}",
-        f"--grpc_python_out={out_root}",
-        f"--mypy_grpc_out=quiet:{out_root}",
-        *sources,
-    ]
-    subprocess.run(cmd, check=True, cwd=ROOT)
-    # Files without a service get empty gRPC modules; drop them so the tree shows what is real.
-    for source in proto_sources():
-        if "\nservice " not in source.read_text():
-            rel = source.relative_to(ROOT).with_suffix("")
-            for suffix in ("_pb2_grpc.py", "_pb2_grpc.pyi"):
-                (out_root / f"{rel}{suffix}").unlink(missing_ok=True)
+    sources = [p.relative_to(PROTO_DIR) for p in proto_sources()]
+    with tempfile.TemporaryDirectory() as tmp:
+        scratch = Path(tmp)
+        cmd = [
+            str(generator_python()),
+            "-m",
+            "grpc_tools.protoc",  # adds grpcio-tools' own well-known protos to the include path
+            f"-I{PROTO_DIR}",
+            f"--plugin=protoc-gen-mypy={bin_dir / 'protoc-gen-mypy'}",
+            f"--plugin=protoc-gen-mypy_grpc={bin_dir / 'protoc-gen-mypy_grpc'}",
+            f"--python_out={scratch}",
+            f"--mypy_out=quiet:{scratch}",
+            f"--grpc_python_out={scratch}",
+            f"--mypy_grpc_out=quiet:{scratch}",
+            *map(str, sources),
+        ]
+        subprocess.run(cmd, check=True, cwd=PROTO_DIR)
+        for source in sources:
+            # Files without a service get empty gRPC modules; leave them out so the tree shows
+            # what is real.
+            has_service = "\nservice " in (PROTO_DIR / source).read_text()
+            suffixes = GENERATED_SUFFIXES if has_service else ("_pb2.py", "_pb2.pyi")
+            stem = source.with_suffix("")
+            for suffix in suffixes:
+                written = scratch / f"{stem}{suffix}"
+                text = relocate(written.read_text())
+                if LEFT_OVER.search(text):
+                    raise SystemExit(f"{written.name}: an import of magnetar.* was not relocated")
+                target = out_root / f"{python_path(source).with_suffix('')}{suffix}"
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(text)
 
 
 def generated_files(root: Path) -> set[Path]:
@@ -185,7 +239,7 @@ def check() -> int:
                 )
                 problems.append(f"differs: {rel}\n" + "\n".join(list(diff)[:40]))
     if problems:
-        print("Generated protocol code has drifted from proto/*.proto:", file=sys.stderr)
+        print("Generated protocol code has drifted from the .proto files:", file=sys.stderr)
         for problem in problems:
             print("  " + problem, file=sys.stderr)
         print("Run: python scripts/genproto.py  (and commit the result)", file=sys.stderr)
@@ -205,8 +259,8 @@ def regenerate() -> int:
             (ROOT / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(Path(tmp) / rel, ROOT / rel)
     # Every folder that holds generated modules is a package.
-    for proto_folder in {p.parent for p in (ROOT / "proto").rglob("*.proto")}:
-        folder = proto_folder
+    for module_folder in {(ROOT / rel).parent for rel in generated_files(ROOT)}:
+        folder = module_folder
         while folder != ROOT:
             (folder / "__init__.py").touch()
             folder = folder.parent

@@ -2,7 +2,7 @@
 
 This is the only module of the managed ledger that handles protobuf classes: everything else
 works with the plain values below. The formats are ``magnetar.format.v1.ManagedLedgerInfo`` and
-``CursorInfo`` (``proto/format/v1/managed_ledger.proto``), stored at the keys of
+``CursorInfo`` (``proto/magnetar/format/v1/managed_ledger.proto``), stored at the keys of
 :mod:`metadata.layout`.
 """
 

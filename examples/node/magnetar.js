@@ -33,25 +33,26 @@ const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
 const protobuf = require('protobufjs');
 
-// The .proto files import each other by their path from the repository's root.
-const REPO = path.resolve(__dirname, '..', '..');
+// The .proto files import each other by their path from proto/, the root of the buf module
+// (import "magnetar/common/v1/types.proto").
+const PROTO_ROOT = path.resolve(__dirname, '..', '..', 'proto');
 const LOAD_OPTIONS = {
   keepCase: true, // field names as in the .proto files (snake_case)
   longs: Number,
   enums: String, // enum values by name: 'SUBSCRIPTION_TYPE_SHARED'
   defaults: true,
   oneofs: true, // a response says which member of its oneof is set: response.kind
-  includeDirs: [REPO],
+  includeDirs: [PROTO_ROOT],
 };
 const services = grpc.loadPackageDefinition(
-  protoLoader.loadSync('proto/broker/v1/broker.proto', LOAD_OPTIONS),
+  protoLoader.loadSync('magnetar/broker/v1/broker.proto', LOAD_OPTIONS),
 );
 const BrokerService = services.magnetar.broker.v1.BrokerService;
 
 // The persisted entry format is not a gRPC message: protobufjs encodes and decodes it.
 const formats = new protobuf.Root();
-formats.resolvePath = (_origin, target) => path.join(REPO, target);
-formats.loadSync('proto/format/v1/entry.proto', { keepCase: true });
+formats.resolvePath = (_origin, target) => path.join(PROTO_ROOT, target);
+formats.loadSync('magnetar/format/v1/entry.proto', { keepCase: true });
 const MessageBatch = formats.lookupType('magnetar.format.v1.MessageBatch');
 const EntryEnvelope = formats.lookupType('magnetar.format.v1.EntryEnvelope');
 const TO_OBJECT = { longs: Number, enums: String, defaults: true };

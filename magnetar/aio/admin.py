@@ -10,8 +10,9 @@
 Every call goes to the service URL's brokers in turn (a broker that cannot be reached, or answers
 with a retriable error, passes the call to the next one) and is retried with backoff for up to
 ``operation_timeout_s``. Answers are plain ``dict``/``list`` values with the field names of
-``proto/admin/v1/admin.proto`` (enums as lower-case names: ``"shared"``, ``"writable"``), ready
-for ``json.dumps``. Failures are the typed errors of :mod:`magnetar.common.errors`.
+``proto/magnetar/admin/v1/admin.proto`` (enums as lower-case names: ``"shared"``,
+``"writable"``), ready for ``json.dumps``. Failures are the typed errors of
+:mod:`magnetar.common.errors`.
 """
 
 from __future__ import annotations

@@ -77,12 +77,13 @@ def test_the_runtime_alone_cannot_serve_the_tests(checkout: Path) -> None:
     assert "drop --runtime" in result.stderr
 
 
-def test_the_tests_get_the_node_examples_packages_when_the_lock_file_changes(
-    checkout: Path,
-) -> None:
-    lock = checkout / "examples" / "node" / "package-lock.json"
-    lock.parent.mkdir(parents=True)
-    shutil.copy2(REPO / "examples" / "node" / "package-lock.json", lock)
+def test_the_tests_get_the_npm_packages_when_a_lock_file_changes(checkout: Path) -> None:
+    # the Node.js example's packages (tests/interop) and the buf CLI (scripts/buf.sh)
+    example = checkout / "examples" / "node" / "package-lock.json"
+    buf = checkout / "tools" / "buf" / "package-lock.json"
+    for lock in (example, buf):
+        lock.parent.mkdir(parents=True)
+        shutil.copy2(REPO / lock.relative_to(checkout), lock)
     # stand-ins that only write down how they were called (etcd and java: already installed)
     tools = checkout / "fakebin"
     tools.mkdir()
@@ -101,13 +102,17 @@ def test_the_tests_get_the_node_examples_packages_when_the_lock_file_changes(
         calls.unlink(missing_ok=True)
         return found
 
+    def npm_ci(lock: Path) -> str:
+        return f"{lock.parent} ci --no-audit --no-fund --loglevel=error"
+
     assert bootstrap(checkout, path=path) == [FULL]
     assert npm_calls() == []  # only the tests need Node.js
     bootstrap(checkout, "--etcd", path=path)
-    assert npm_calls() == [f"{lock.parent} ci --no-audit --no-fund --loglevel=error"]
+    assert npm_calls() == [npm_ci(example), npm_ci(buf)]
     bootstrap(checkout, "--etcd", path=path)
     assert npm_calls() == []  # installed already
-    with lock.open("a") as changed:
-        changed.write("\n")
-    bootstrap(checkout, "--etcd", path=path)
-    assert npm_calls() == [f"{lock.parent} ci --no-audit --no-fund --loglevel=error"]
+    for lock in (example, buf):
+        with lock.open("a") as changed:
+            changed.write("\n")
+        bootstrap(checkout, "--etcd", path=path)
+        assert npm_calls() == [npm_ci(lock)]  # that one only

@@ -1,7 +1,7 @@
 """An in-process fake of the broker protocol, for the client's reconnect and flow-control tests.
 
-Real grpc.aio servers on port 0 speak ``proto/broker/v1/broker.proto`` over an in-memory store:
-topics, partitions, entries in ledgers (a new ledger on every ownership change, as the real
+Real grpc.aio servers on port 0 speak ``proto/magnetar/broker/v1/broker.proto`` over an in-memory
+store: topics, partitions, entries in ledgers (a new ledger on every ownership change, as the real
 broker rolls on failover), producer deduplication by (name, sequence id), durable exclusive
 subscriptions with individual and cumulative acks, non-durable readers, permits counted in
 messages, seeks. Tests move partitions between brokers (the old owner closes its streams, as a
