@@ -38,6 +38,7 @@ from magnetar.common.errors import InvalidConfigError
 from magnetar.common.grpc_decoding import RequestDecoding
 from magnetar.common.health import READINESS_SERVICE as _READINESS
 from magnetar.common.health import ProcessHealth
+from magnetar.common.peer_limits import ConnectionsPerIp
 from magnetar.common.security.config import is_loopback
 from magnetar.common.security.tls import ReloadingServerCredentials
 from magnetar.common.serving import (
@@ -122,7 +123,10 @@ class BookieProcess:
             options=grpc_server_options(MAX_GRPC_MESSAGE_BYTES, config),
             # a request that does not decode: INVALID_ARGUMENT naming the field, one log line
             interceptors=[
-                RequestDecoding([bookie_pb2.DESCRIPTOR.services_by_name["BookieService"]])
+                RequestDecoding(
+                    [bookie_pb2.DESCRIPTOR.services_by_name["BookieService"]],
+                    per_ip=ConnectionsPerIp(config.max_connections_per_ip),
+                )
             ],
         )
         self.access = BookieAccess(

@@ -33,6 +33,7 @@ from magnetar import __version__
 from magnetar.common.grpc_decoding import RequestDecoding
 from magnetar.common.health import READINESS_SERVICE as _READINESS
 from magnetar.common.health import ProcessHealth
+from magnetar.common.peer_limits import ConnectionsPerIp
 from magnetar.common.security.config import is_loopback
 from magnetar.common.security.tls import ReloadingServerCredentials
 from magnetar.common.serving import (
@@ -108,7 +109,8 @@ class BrokerProcess:
                     [
                         broker_pb2.DESCRIPTOR.services_by_name["BrokerService"],
                         admin_pb2.DESCRIPTOR.services_by_name["AdminService"],
-                    ]
+                    ],
+                    per_ip=ConnectionsPerIp(config.max_connections_per_ip),
                 )
             ],
         )

@@ -15,6 +15,10 @@ trailers). On a stream, reading that request raises the error, which the stream 
 (a ``closed`` message with the error, then status OK), as it does any refused request. Each is
 logged as one ``request_undecodable`` line, at most one per method every
 :data:`LOG_INTERVAL_S`, the next line counting those left out.
+
+Given a :class:`~magnetar.common.peer_limits.ConnectionsPerIp`, the same wrappers count every call
+by its client's address and refuse one that would open a connection too many from that address
+(logged as ``connection_refused_per_ip``, rate-limited the same way).
 """
 
 from __future__ import annotations
@@ -33,8 +37,9 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor, ServiceDescr
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.message_factory import GetMessageClass
 
-from magnetar.common.errors import InvalidArgumentError
+from magnetar.common.errors import InvalidArgumentError, ServiceUnavailableError
 from magnetar.common.grpc_errors import abort_with
+from magnetar.common.peer_limits import ConnectionsPerIp
 
 LOGGER_NAME = "magnetar.grpc"
 LOG_INTERVAL_S = 10.0
@@ -182,8 +187,13 @@ class RequestDecoding(grpc.aio.ServerInterceptor):
     """Decodes the requests of ``services`` leniently (see the module doc)."""
 
     def __init__(
-        self, services: Iterable[ServiceDescriptor], *, limiter: RateLimitedLog | None = None
+        self,
+        services: Iterable[ServiceDescriptor],
+        *,
+        limiter: RateLimitedLog | None = None,
+        per_ip: ConnectionsPerIp | None = None,
     ) -> None:
+        self.per_ip = per_ip
         self._inputs: dict[str, type[Message]] = {
             f"/{service.full_name}/{method.name}": GetMessageClass(method.input_type)
             for service in services
@@ -227,6 +237,29 @@ class RequestDecoding(grpc.aio.ServerInterceptor):
                 left_out=left_out,
             )
 
+    async def _admit(self, context: Context) -> bool:
+        """Count the call against its address's connections; refuse it past the bound."""
+        if self.per_ip is None:
+            return False
+        peer = context.peer()
+        try:
+            return self.per_ip.admit(peer)
+        except ServiceUnavailableError as e:
+            left_out = self._limiter.admit("connection_refused_per_ip")
+            if left_out is not None:
+                structlog.get_logger(LOGGER_NAME).warning(
+                    "connection_refused_per_ip",
+                    address=e.context.get("address"),
+                    limit=self.per_ip.limit,
+                    left_out=left_out,
+                )
+            await abort_with(context, e)
+            raise  # abort raised already
+
+    def _release(self, counted: bool, context: Context) -> None:
+        if counted and self.per_ip is not None:
+            self.per_ip.release(context.peer())
+
     def _wrap(
         self,
         method: str,
@@ -241,7 +274,11 @@ class RequestDecoding(grpc.aio.ServerInterceptor):
                 if isinstance(request, Undecodable):
                     self.refused(method, request, context)
                     await abort_with(context, request.error)
-                return await _result(unary_unary(request, context))
+                counted = await self._admit(context)
+                try:
+                    return await _result(unary_unary(request, context))
+                finally:
+                    self._release(counted, context)
 
             return grpc.unary_unary_rpc_method_handler(
                 checked_unary_unary, request_deserializer=deserialize, response_serializer=serialize
@@ -255,9 +292,13 @@ class RequestDecoding(grpc.aio.ServerInterceptor):
                 if isinstance(request, Undecodable):
                     self.refused(method, request, context)
                     await abort_with(context, request.error)
-                async with contextlib.aclosing(unary_stream(request, context)) as responses:
-                    async for response in responses:
-                        yield response
+                counted = await self._admit(context)
+                try:
+                    async with contextlib.aclosing(unary_stream(request, context)) as responses:
+                        async for response in responses:
+                            yield response
+                finally:
+                    self._release(counted, context)
 
             return grpc.unary_stream_rpc_method_handler(
                 checked_unary_stream,
@@ -270,9 +311,13 @@ class RequestDecoding(grpc.aio.ServerInterceptor):
             async def checked_stream_unary(
                 requests: AsyncIterator[object], context: Context
             ) -> object:
-                return await _result(
-                    stream_unary(self._checked(method, requests, context), context)
-                )
+                counted = await self._admit(context)
+                try:
+                    return await _result(
+                        stream_unary(self._checked(method, requests, context), context)
+                    )
+                finally:
+                    self._release(counted, context)
 
             return grpc.stream_unary_rpc_method_handler(
                 checked_stream_unary,
@@ -284,10 +329,14 @@ class RequestDecoding(grpc.aio.ServerInterceptor):
         async def checked_stream_stream(
             requests: AsyncIterator[object], context: Context
         ) -> AsyncIterator[object]:
-            responses = stream_stream(self._checked(method, requests, context), context)
-            async with contextlib.aclosing(responses):
-                async for response in responses:
-                    yield response
+            counted = await self._admit(context)
+            try:
+                responses = stream_stream(self._checked(method, requests, context), context)
+                async with contextlib.aclosing(responses):
+                    async for response in responses:
+                        yield response
+            finally:
+                self._release(counted, context)
 
         return grpc.stream_stream_rpc_method_handler(
             checked_stream_stream, request_deserializer=deserialize, response_serializer=serialize

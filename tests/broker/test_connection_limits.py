@@ -95,6 +95,7 @@ def test_a_server_raises_its_soft_file_limit() -> None:
     ("name", "value"),
     [
         ("max_connections", -1),
+        ("max_connections_per_ip", -1),
         ("connection_handshake_timeout_ms", 10),
         ("max_connection_idle_ms", -5),
     ],
@@ -102,3 +103,50 @@ def test_a_server_raises_its_soft_file_limit() -> None:
 def test_bad_limits_are_refused_naming_the_setting(name: str, value: int) -> None:
     with pytest.raises(InvalidConfigError, match=name):
         broker_config(**{name: value})
+
+
+async def test_connections_per_ip_are_capped_and_the_ones_in_use_go_on(
+    start_cluster: StartCluster,
+) -> None:
+    """Two connections from 127.0.0.1 hold streams open; a call on a third is refused with
+    UNAVAILABLE naming the address and the setting; the first two go on; once one closes its
+    stream, the third gets through."""
+    import grpc  # noqa: PLC0415
+    import grpc.aio  # noqa: PLC0415
+
+    from proto.broker.v1 import broker_pb2, broker_pb2_grpc  # noqa: PLC0415
+
+    cluster = await start_cluster(bookies=3, max_connections_per_ip=2)
+    target = f"127.0.0.1:{cluster.brokers[0].port}"
+    # a subchannel pool of its own: each channel is a connection of its own
+    channels = [
+        grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+        for _ in range(3)
+    ]
+    try:
+        stubs = [broker_pb2_grpc.BrokerServiceStub(c) for c in channels]
+        lookup = broker_pb2.LookupRequest(topic="per-ip")
+        streams = [stubs[i].Produce() for i in range(2)]
+        for stream in streams:  # the stream is open at the broker once it answers a lookup
+            await stream.wait_for_connection()
+        for stub in stubs[:2]:
+            await stub.Lookup(lookup, timeout=30)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stubs[2].Lookup(lookup, timeout=30)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "too many connections from 127.0.0.1" in (refused.value.details() or "")
+        assert "max_connections_per_ip = 2" in (refused.value.details() or "")
+        await stubs[0].Lookup(lookup, timeout=30)  # a connection in use goes on
+        streams[0].cancel()
+        async with asyncio.timeout(30):  # a hang guard, not a measure
+            while True:
+                try:
+                    await stubs[2].Lookup(lookup, timeout=30)
+                    break
+                except grpc.aio.AioRpcError as e:
+                    if e.code() != grpc.StatusCode.UNAVAILABLE:
+                        raise
+                    await asyncio.sleep(0.1)
+    finally:
+        for channel in channels:
+            await channel.close()

@@ -201,6 +201,11 @@ class ConnectionSettings:
     closed as soon as it is accepted (the client sees UNAVAILABLE and retries). 0: no bound
     but the process's file limit (which a server raises to its hard limit at start)."""
 
+    max_connections_per_ip: int = 1024
+    """Connections from one IP address that may have calls or streams open at once; a call on
+    a further one is refused with UNAVAILABLE, naming the address (clients retry). Connections
+    that open no call are bounded by the other settings here. 0: no bound."""
+
     connection_handshake_timeout_ms: int = 10_000
     """A connection that has not completed its TLS handshake and sent its HTTP/2 settings
     within this long is closed (a TCP connection that never speaks is not held)."""
@@ -212,6 +217,10 @@ class ConnectionSettings:
     def _check_connections(self) -> None:
         if self.max_connections < 0:
             raise config_error("max_connections", self.max_connections, "must be >= 0")
+        if self.max_connections_per_ip < 0:
+            raise config_error(
+                "max_connections_per_ip", self.max_connections_per_ip, "must be >= 0"
+            )
         if self.connection_handshake_timeout_ms < 100:
             raise config_error(
                 "connection_handshake_timeout_ms",
