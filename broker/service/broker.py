@@ -30,6 +30,7 @@ from broker.service.catalog import (
 )
 from broker.service.config import BrokerConfig
 from broker.service.envelope import EnvelopeCodec
+from broker.service.liveness import Peer, PeerWatchdog, parse_service_address
 from broker.service.load import BrokerLoadInfo, choose_least_loaded
 from broker.service.load_manager import LoadManager
 from broker.service.security import BrokerSecurity
@@ -131,6 +132,14 @@ class Broker:
         )
         self.catalog = TopicCatalog(store, clock)
         self.live_brokers: dict[str, cluster_pb2.BrokerRegistration] = {}
+        self.peer_watchdog: PeerWatchdog | None = None
+        if config.peer_probe_interval_ms > 0:
+            self.peer_watchdog = PeerWatchdog(
+                store,
+                self_id=broker_id,
+                interval_s=config.peer_probe_interval_ms / 1000,
+                on_revoked=self._peer_revoked,
+            )
         self.topics = TopicManager(
             store,
             self.factory,
@@ -179,6 +188,8 @@ class Broker:
         await self._refresh_live()
         self._spawn(self._live_loop())
         self._spawn(self._handover_loop())
+        if self.peer_watchdog is not None:
+            self._spawn(self.peer_watchdog.run())
         self.ready.set()
         log.info(
             "broker_started",
@@ -296,11 +307,44 @@ class Broker:
 
     async def _refresh_live(self) -> None:
         live = {}
+        peers = []
         for record in (await self.store.list(layout.BROKERS)).records:
             registration = cluster_pb2.BrokerRegistration()
             registration.ParseFromString(record.value)
             live[registration.broker_id] = registration
+            address = parse_service_address(
+                registration.service_url or registration.service_url_tls
+            )
+            if address is not None:
+                peers.append(Peer(registration.broker_id, *address, record.lease_id))
         self.live_brokers = live
+        if self.peer_watchdog is not None:
+            self.peer_watchdog.set_peers(peers)
+
+    def _peer_revoked(self, peer: Peer) -> None:
+        # its registration is gone; the next listing agrees, this one need not wait for it
+        self.live_brokers.pop(peer.broker_id, None)
+
+    @property
+    def peer_leases_revoked(self) -> int:
+        """Leases of other brokers this one revoked because their process was found dead."""
+        return 0 if self.peer_watchdog is None else self.peer_watchdog.revoked
+
+    async def _free_dead_owners(
+        self, owners: list[cluster_pb2.OwnershipRecord | None]
+    ) -> list[cluster_pb2.OwnershipRecord | None]:
+        """The owners with those whose process was just found dead (their lease revoked, so
+        their ownership keys are gone) replaced by None, to be assigned again."""
+        watchdog = self.peer_watchdog
+        if watchdog is None:
+            return owners
+        others = {o.broker_id for o in owners if o is not None and o.broker_id != self.broker_id}
+        if not others:
+            return owners
+        ids = sorted(others)
+        found = await asyncio.gather(*map(watchdog.check, ids))
+        dead = {b for b, gone in zip(ids, found, strict=True) if gone}
+        return [None if o is not None and o.broker_id in dead else o for o in owners]
 
     async def _live_loop(self) -> None:
         while True:
@@ -424,7 +468,9 @@ class Broker:
         name = parse_topic(topic)
         record = await self.topic_record(name, create=True)
         partitions = [name] if name.is_partition else record.partition_names()
-        owners = await asyncio.gather(*(read_owner(self.store, p.full) for p in partitions))
+        owners = await self._free_dead_owners(
+            await asyncio.gather(*(read_owner(self.store, p.full) for p in partitions))
+        )
         result: list[PartitionOwner] = []
         snapshot_infos = None
         promised: dict[str, int] = {}
