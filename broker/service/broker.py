@@ -465,6 +465,7 @@ class Broker:
         """Who owns each partition of ``topic``, assigning owners to unowned partitions."""
         if self._stopping:
             raise ShuttingDownError(f"broker {self.broker_id} is shutting down")
+        self._check_session()
         name = parse_topic(topic)
         record = await self.topic_record(name, create=True)
         partitions = [name] if name.is_partition else record.partition_names()
@@ -493,6 +494,16 @@ class Broker:
             # a partition looked up on its own is served like a non-partitioned topic
             return LookupResult(name.full, 0, result)
         return LookupResult(name.topic, record.partitions, result)
+
+    def _check_session(self) -> None:
+        """Refuse at once, retriably, while this broker has no live session: it can take no
+        partition, and its reads of a store it lost touch with would hang, while the client
+        could be asking another broker."""
+        if self.session is None or not self.session.alive:
+            raise ServiceNotReadyError(
+                f"broker {self.broker_id} has no metadata session now; ask another broker",
+                context={"broker": self.broker_id},
+            )
 
     async def _assign(
         self, partition: TopicName, infos: list[BrokerLoadInfo], promised: dict[str, int]
@@ -546,6 +557,7 @@ class Broker:
             # owned: checked when it was taken (a topic's partition count changes only by
             # deleting it, which unloads it)
             return topic
+        self._check_session()
         if not name.is_partition:
             record = await self.topic_record(name, create=True)
             if record.partitions > 0:
