@@ -38,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,20 @@ class Sender:
     def stall_s(self, since: float) -> float:
         times = [t for t, _, _ in self.acks if t >= since]
         return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
+
+
+async def wait_watched(node: BrokerNode, peers: int, timeout_s: float = 30) -> None:
+    """Until ``node`` has seen ``peers`` other brokers listening (a broker ends only the session
+    of a peer it saw alive: one refusing from the start is taken for a misconfiguration)."""
+    url = f"http://{node.http_address}/metrics"
+    line = f'magnetar_broker_peers_watched{{broker="{node.broker_id}"}} {peers}.0'
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read())
+        if line in text.decode():
+            return
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"{node.broker_id} did not see {peers} peer(s) listening in {timeout_s} s")
 
 
 async def owner_of(store: MetadataStore, topic: str) -> str | None:
@@ -174,6 +189,8 @@ async def crash_run(cluster: LocalCluster, store: MetadataStore, index: int) -> 
     await asyncio.sleep(WARMUP_S)
     owner = await owner_of(store, topic)
     victim = next(b for b in cluster.brokers if b.broker_id == owner)
+    survivor = next(b for b in cluster.brokers if b is not victim)
+    await wait_watched(survivor, 1)
     fault_at = time.monotonic()
     await victim.kill()
     old = sender.ledgers_before(fault_at)

@@ -326,6 +326,11 @@ class Broker:
         self.live_brokers.pop(peer.broker_id, None)
 
     @property
+    def peers_watched(self) -> int:
+        """Other brokers seen listening, whose process dying this broker would notice."""
+        return 0 if self.peer_watchdog is None else self.peer_watchdog.watched
+
+    @property
     def peer_leases_revoked(self) -> int:
         """Leases of other brokers this one revoked because their process was found dead."""
         return 0 if self.peer_watchdog is None else self.peer_watchdog.revoked

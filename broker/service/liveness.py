@@ -11,6 +11,10 @@ to it, the registration and every ownership key, goes in one step, and the next 
 the partitions again. Lookups also check the owner they are about to name (:meth:`check`), so a
 client reconnecting after the crash is sent to a live broker on its first try.
 
+A peer this broker has never seen listening is not revoked either: if its advertised address
+refuses connections from here from the start (a wrong ``advertised_host``, a port that only
+clients outside can reach), that is a configuration problem, logged once, not a crash.
+
 What is *not* a death: a probe that times out or finds the host unreachable (a network cut, a
 paused process, a host that vanished) proves nothing, and the peer is left alone; a cut-off
 broker stops serving on its own when its session lapses, as before. A probe that connects
@@ -122,6 +126,8 @@ class PeerWatchdog:
         self._on_revoked = on_revoked
         self._peers: dict[str, Peer] = {}
         self._alive_at: dict[str, float] = {}
+        self._seen_alive: set[Peer] = set()
+        self._warned: set[Peer] = set()
         self._checking: dict[Peer, asyncio.Task[bool]] = {}
         self.revoked = 0
         """Leases this broker revoked because their broker's process was found dead."""
@@ -129,6 +135,11 @@ class PeerWatchdog:
     @property
     def peers(self) -> dict[str, Peer]:
         return dict(self._peers)
+
+    @property
+    def watched(self) -> int:
+        """Peers seen listening, whose death this broker would notice now."""
+        return sum(1 for p in self._peers.values() if p in self._seen_alive)
 
     def set_peers(self, peers: Iterable[Peer]) -> None:
         """The peers to watch from now on (this broker itself is left out)."""
@@ -138,6 +149,9 @@ class PeerWatchdog:
                 # a new incarnation (another lease) starts with no history
                 self._alive_at.pop(broker_id, None)
         self._peers = fresh
+        known = set(fresh.values())
+        self._seen_alive &= known
+        self._warned &= known
 
     async def check(self, broker_id: str) -> bool:
         """Probe ``broker_id`` now (unless it was seen alive just now); True when its process
@@ -181,7 +195,19 @@ class PeerWatchdog:
             result = await self._probe(peer.host, peer.port, self.timeout_s)
         if result is ProbeResult.ALIVE:
             self._alive_at[peer.broker_id] = asyncio.get_running_loop().time()
+            self._seen_alive.add(peer)
         if result is not ProbeResult.REFUSED:
+            return False
+        if peer not in self._seen_alive:
+            if peer not in self._warned:
+                self._warned.add(peer)
+                log.warning(
+                    "peer_refuses_probes",
+                    peer=peer.broker_id,
+                    address=f"{peer.host}:{peer.port}",
+                    reason="its advertised address refused every connection from this broker;"
+                    " check its advertised_host (its session is left alone)",
+                )
             return False
         try:
             record = await self.store.get(layout.broker(peer.broker_id))
@@ -211,3 +237,5 @@ class PeerWatchdog:
         if self._peers.get(peer.broker_id) == peer:
             del self._peers[peer.broker_id]
         self._alive_at.pop(peer.broker_id, None)
+        self._seen_alive.discard(peer)
+        self._warned.discard(peer)

@@ -50,6 +50,13 @@ class BrokerCollector(Collector):
         )
         revoked.add_metric(b, broker.peer_leases_revoked)
         yield revoked
+        watched = GaugeMetricFamily(
+            "magnetar_broker_peers_watched",
+            "Other brokers seen listening, whose process dying this broker would notice",
+            labels=labels,
+        )
+        watched.add_metric(b, broker.peers_watched)
+        yield watched
         security = broker.security
         failures = CounterMetricFamily(
             "magnetar_broker_authentication_failures",

@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc.aio
 import pytest
 
-from magnetar.testing import LocalCluster
+from magnetar.testing import BrokerNode, LocalCluster
 from proto.admin.v1 import admin_pb2 as admin
 from proto.admin.v1 import admin_pb2_grpc
 from proto.broker.v1 import broker_pb2_grpc
@@ -114,6 +114,9 @@ async def test_a_crashed_process_is_replaced_long_before_its_session_could_expir
         before = await stub.GetTopicStats(admin.GetTopicStatsRequest(topic="sudden"))
         old_ledgers = {p.ledgers[-1].ledger_id for p in before.partitions if p.ledgers}
         await channel.close()
+        # a peer is revoked only once it was seen listening (a refusal from the start is a
+        # configuration problem, not a crash)
+        await wait_for(lambda: metric(survivor, "magnetar_broker_peers_watched", 1), 30)
 
         killed_at = time.monotonic()
         await victim.kill()
@@ -126,13 +129,17 @@ async def test_a_crashed_process_is_replaced_long_before_its_session_could_expir
 
         channel, stub = admin_stub(survivor.service_url)
         assert set((await owners(stub)).values()) == {survivor.broker_id}
-        metrics = await asyncio.to_thread(
-            lambda: urllib.request.urlopen(f"http://{survivor.http_address}/metrics").read()
-        )
-        assert re.search(rb"magnetar_broker_peer_leases_revoked_total\{[^}]*\} 1\.0", metrics)
+        assert await metric(survivor, "magnetar_broker_peer_leases_revoked_total", 1)
         totals = await _finish(work)
         print(f"\ncrash with a 60 s session TTL: totals {totals}")
         await channel.close()
+
+
+async def metric(node: BrokerNode, name: str, value: int) -> bool:
+    """Whether the broker's /metrics has ``name`` at ``value``."""
+    url = f"http://{node.http_address}/metrics"
+    text = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read())
+    return re.search(rb"^%s\{[^}]*\} %d\.0$" % (name.encode(), value), text, re.M) is not None
 
 
 async def _finish(work: Workload) -> dict[str, int]:

@@ -1,6 +1,7 @@
 """The peer watchdog's decisions, with a scripted probe and the memory metadata store: a refusal
-confirmed twice revokes the peer's lease (and so every key bound to it); a timeout, an
-unreachable host, a connection, or a new incarnation under another lease revokes nothing."""
+confirmed twice revokes the lease of a peer seen alive before (and so every key bound to it); a
+timeout, an unreachable host, a connection, a new incarnation under another lease, or a peer
+that never answered revokes nothing."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import asyncio
 from collections.abc import Iterable
 
 import pytest
+import structlog
 
 from broker.service.config import BrokerConfig
 from broker.service.liveness import (
+    LOOKUP_FRESH_S,
     Peer,
     PeerWatchdog,
     ProbeResult,
@@ -67,10 +70,13 @@ async def test_a_refusal_confirmed_twice_ends_the_peers_session_and_frees_its_pa
     store = MemoryMetadataStore()
     dead, owned = await registered_peer(store, "dead", 1)
     alive, alive_owned = await registered_peer(store, "alive", 2)
-    probe = ScriptedProbe({("10.0.0.1", 1): [REFUSED], ("10.0.0.1", 2): [ALIVE]})
+    probe = ScriptedProbe({("10.0.0.1", 1): [ALIVE, REFUSED], ("10.0.0.1", 2): [ALIVE]})
     told: list[Peer] = []
     dog = watchdog(store, probe, told)
     dog.set_peers([dead, alive])
+    assert dog.watched == 0
+    assert await dog.probe_all() == []  # both seen alive
+    assert dog.watched == 2
 
     assert await dog.probe_all() == [dead]
 
@@ -78,10 +84,11 @@ async def test_a_refusal_confirmed_twice_ends_the_peers_session_and_frees_its_pa
     assert await store.get(owned) is None
     assert await store.get(layout.broker("alive")) is not None
     assert await store.get(alive_owned) is not None
-    assert probe.calls.count(("10.0.0.1", 1)) == 2  # the first refusal was confirmed
+    assert probe.calls.count(("10.0.0.1", 1)) == 3  # the first refusal was confirmed
     assert dog.revoked == 1
     assert told == [dead]
     assert set(dog.peers) == {"alive"}
+    assert dog.watched == 1
     await store.close()
 
 
@@ -100,8 +107,9 @@ async def test_anything_but_two_refusals_revokes_nothing(
 ) -> None:
     store = MemoryMetadataStore()
     peer, owned = await registered_peer(store, "peer", 1)
-    dog = watchdog(store, ScriptedProbe({("10.0.0.1", 1): script}))
+    dog = watchdog(store, ScriptedProbe({("10.0.0.1", 1): [ALIVE, *script]}))
     dog.set_peers([peer])
+    assert await dog.probe_all() == []  # seen alive
 
     assert await dog.probe_all() == [], why
 
@@ -117,13 +125,14 @@ async def test_a_new_incarnation_under_another_lease_is_not_revoked_for_the_old_
 ):
     store = MemoryMetadataStore()
     old, _ = await registered_peer(store, "peer", 1)
+    dog = watchdog(store, ScriptedProbe({("10.0.0.1", 1): [ALIVE, REFUSED]}))
+    dog.set_peers([old])
+    assert await dog.probe_all() == []  # seen alive
     # the old incarnation's session ended and the broker registered again (same id, same
     # address) before the watchdog listed the brokers again
     await store.revoke_lease(old.lease_id)
     new, new_owned = await registered_peer(store, "peer", 1)
     assert new.lease_id != old.lease_id
-    dog = watchdog(store, ScriptedProbe({("10.0.0.1", 1): [REFUSED]}))
-    dog.set_peers([old])
 
     assert await dog.probe_all() == []
 
@@ -139,9 +148,10 @@ async def test_a_new_incarnation_under_another_lease_is_not_revoked_for_the_old_
 async def test_a_peer_gone_already_is_not_counted() -> None:
     store = MemoryMetadataStore()
     peer, _ = await registered_peer(store, "peer", 1)
-    await store.revoke_lease(peer.lease_id)  # expired, or another broker was quicker
-    dog = watchdog(store, ScriptedProbe({("10.0.0.1", 1): [REFUSED]}))
+    dog = watchdog(store, ScriptedProbe({("10.0.0.1", 1): [ALIVE, REFUSED]}))
     dog.set_peers([peer])
+    assert await dog.probe_all() == []  # seen alive
+    await store.revoke_lease(peer.lease_id)  # expired, or another broker was quicker
     assert await dog.probe_all() == []
     assert dog.revoked == 0
     await store.close()
@@ -153,12 +163,14 @@ async def test_lookups_asking_together_share_one_check_and_a_live_peer_is_not_pr
     store = MemoryMetadataStore()
     dead, _ = await registered_peer(store, "dead", 1)
     alive, _ = await registered_peer(store, "alive", 2)
-    probe = ScriptedProbe({("10.0.0.1", 1): [REFUSED], ("10.0.0.1", 2): [ALIVE]})
+    probe = ScriptedProbe({("10.0.0.1", 1): [ALIVE, REFUSED], ("10.0.0.1", 2): [ALIVE]})
     dog = watchdog(store, probe)
     dog.set_peers([dead, alive])
+    assert await dog.check("dead") is False  # seen alive
+    await asyncio.sleep(LOOKUP_FRESH_S)
 
     assert await asyncio.gather(*(dog.check("dead") for _ in range(5))) == [True] * 5
-    assert probe.calls.count(("10.0.0.1", 1)) == 2
+    assert probe.calls.count(("10.0.0.1", 1)) == 3
     assert dog.revoked == 1
     assert await dog.check("dead") is False  # forgotten: nothing left to check
 
@@ -166,6 +178,22 @@ async def test_lookups_asking_together_share_one_check_and_a_live_peer_is_not_pr
     assert await dog.check("alive") is False  # seen alive just now: no second probe
     assert probe.calls.count(("10.0.0.1", 2)) == 1
     assert await dog.check("unknown-broker") is False
+    await store.close()
+
+
+async def test_a_peer_never_seen_listening_is_left_alone_and_reported_once() -> None:
+    store = MemoryMetadataStore()
+    peer, owned = await registered_peer(store, "peer", 1)
+    dog = watchdog(store, ScriptedProbe({("10.0.0.1", 1): [REFUSED]}))
+    dog.set_peers([peer])
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(3):
+            assert await dog.probe_all() == []
+    assert [e["event"] for e in logs] == ["peer_refuses_probes"]
+    assert dog.watched == 0
+    assert "advertised_host" in logs[0]["reason"]
+    assert await store.get(owned) is not None
+    assert dog.revoked == 0
     await store.close()
 
 
