@@ -30,7 +30,7 @@ from broker.service.catalog import (
 )
 from broker.service.config import BrokerConfig
 from broker.service.envelope import EnvelopeCodec
-from broker.service.liveness import Peer, PeerWatchdog, parse_service_address
+from broker.service.liveness import LOOKUP_WAIT_S, Peer, PeerWatchdog, parse_service_address
 from broker.service.load import BrokerLoadInfo, choose_least_loaded
 from broker.service.load_manager import LoadManager
 from broker.service.security import BrokerSecurity
@@ -347,7 +347,7 @@ class Broker:
         if not others:
             return owners
         ids = sorted(others)
-        found = await asyncio.gather(*map(watchdog.check, ids))
+        found = await asyncio.gather(*(watchdog.check(b, wait_s=LOOKUP_WAIT_S) for b in ids))
         dead = {b for b, gone in zip(ids, found, strict=True) if gone}
         return [None if o is not None and o.broker_id in dead else o for o in owners]
 

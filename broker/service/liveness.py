@@ -47,6 +47,9 @@ CONFIRM_FRACTION = 0.2
 LOOKUP_FRESH_S = 0.05
 """A lookup does not probe a peer again that was seen alive this recently."""
 
+LOOKUP_WAIT_S = 0.2
+"""How long a lookup waits for the check of an owner it is about to name."""
+
 
 class ProbeResult(enum.Enum):
     ALIVE = "alive"
@@ -153,16 +156,23 @@ class PeerWatchdog:
         self._seen_alive &= known
         self._warned &= known
 
-    async def check(self, broker_id: str) -> bool:
+    async def check(self, broker_id: str, *, wait_s: float | None = None) -> bool:
         """Probe ``broker_id`` now (unless it was seen alive just now); True when its process
-        was found dead and its lease revoked, so what it owned is free."""
+        was found dead and its lease revoked, so what it owned is free.
+
+        With ``wait_s``, False after that long: the check goes on in the background (a lookup
+        must not wait a whole probe timeout on a peer behind a network cut)."""
         peer = self._peers.get(broker_id)
         if peer is None:
             return False
         seen = self._alive_at.get(broker_id)
         if seen is not None and asyncio.get_running_loop().time() - seen < LOOKUP_FRESH_S:
             return False
-        return await self._check_once(peer)
+        try:
+            async with asyncio.timeout(wait_s):
+                return await self._check_once(peer)
+        except TimeoutError:
+            return False
 
     async def probe_all(self) -> list[Peer]:
         """One round over every peer; the peers whose lease was revoked."""

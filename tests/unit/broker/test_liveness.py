@@ -181,6 +181,24 @@ async def test_lookups_asking_together_share_one_check_and_a_live_peer_is_not_pr
     await store.close()
 
 
+async def test_a_lookup_waits_a_bounded_time_while_the_check_goes_on() -> None:
+    store = MemoryMetadataStore()
+    peer, owned = await registered_peer(store, "peer", 1)
+    answer: asyncio.Future[ProbeResult] = asyncio.get_running_loop().create_future()
+
+    async def slow_probe(host: str, port: int, timeout_s: float) -> ProbeResult:
+        return await answer
+
+    dog = PeerWatchdog(store, self_id="me", interval_s=0.01, probe=slow_probe)
+    dog.set_peers([peer])
+    assert await dog.check("peer", wait_s=0.01) is False  # gave up waiting, not a verdict
+    answer.set_result(ALIVE)
+    assert await dog.check("peer", wait_s=1.0) is False
+    assert dog.watched == 1  # the first check went on and saw it alive
+    assert await store.get(owned) is not None
+    await store.close()
+
+
 async def test_a_peer_never_seen_listening_is_left_alone_and_reported_once() -> None:
     store = MemoryMetadataStore()
     peer, owned = await registered_peer(store, "peer", 1)
