@@ -30,6 +30,7 @@ from broker.service.catalog import (
 )
 from broker.service.config import BrokerConfig
 from broker.service.envelope import EnvelopeCodec
+from broker.service.liveness import LOOKUP_WAIT_S, Peer, PeerWatchdog, parse_service_address
 from broker.service.load import BrokerLoadInfo, choose_least_loaded
 from broker.service.load_manager import LoadManager
 from broker.service.security import BrokerSecurity
@@ -131,6 +132,14 @@ class Broker:
         )
         self.catalog = TopicCatalog(store, clock)
         self.live_brokers: dict[str, cluster_pb2.BrokerRegistration] = {}
+        self.peer_watchdog: PeerWatchdog | None = None
+        if config.peer_probe_interval_ms > 0:
+            self.peer_watchdog = PeerWatchdog(
+                store,
+                self_id=broker_id,
+                interval_s=config.peer_probe_interval_ms / 1000,
+                on_revoked=self._peer_revoked,
+            )
         self.topics = TopicManager(
             store,
             self.factory,
@@ -179,6 +188,8 @@ class Broker:
         await self._refresh_live()
         self._spawn(self._live_loop())
         self._spawn(self._handover_loop())
+        if self.peer_watchdog is not None:
+            self._spawn(self.peer_watchdog.run())
         self.ready.set()
         log.info(
             "broker_started",
@@ -296,11 +307,49 @@ class Broker:
 
     async def _refresh_live(self) -> None:
         live = {}
+        peers = []
         for record in (await self.store.list(layout.BROKERS)).records:
             registration = cluster_pb2.BrokerRegistration()
             registration.ParseFromString(record.value)
             live[registration.broker_id] = registration
+            address = parse_service_address(
+                registration.service_url or registration.service_url_tls
+            )
+            if address is not None:
+                peers.append(Peer(registration.broker_id, *address, record.lease_id))
         self.live_brokers = live
+        if self.peer_watchdog is not None:
+            self.peer_watchdog.set_peers(peers)
+
+    def _peer_revoked(self, peer: Peer) -> None:
+        # its registration is gone; the next listing agrees, this one need not wait for it
+        self.live_brokers.pop(peer.broker_id, None)
+
+    @property
+    def peers_watched(self) -> int:
+        """Other brokers seen listening, whose process dying this broker would notice."""
+        return 0 if self.peer_watchdog is None else self.peer_watchdog.watched
+
+    @property
+    def peer_leases_revoked(self) -> int:
+        """Leases of other brokers this one revoked because their process was found dead."""
+        return 0 if self.peer_watchdog is None else self.peer_watchdog.revoked
+
+    async def _free_dead_owners(
+        self, owners: list[cluster_pb2.OwnershipRecord | None]
+    ) -> list[cluster_pb2.OwnershipRecord | None]:
+        """The owners with those whose process was just found dead (their lease revoked, so
+        their ownership keys are gone) replaced by None, to be assigned again."""
+        watchdog = self.peer_watchdog
+        if watchdog is None:
+            return owners
+        others = {o.broker_id for o in owners if o is not None and o.broker_id != self.broker_id}
+        if not others:
+            return owners
+        ids = sorted(others)
+        found = await asyncio.gather(*(watchdog.check(b, wait_s=LOOKUP_WAIT_S) for b in ids))
+        dead = {b for b, gone in zip(ids, found, strict=True) if gone}
+        return [None if o is not None and o.broker_id in dead else o for o in owners]
 
     async def _live_loop(self) -> None:
         while True:
@@ -421,10 +470,13 @@ class Broker:
         """Who owns each partition of ``topic``, assigning owners to unowned partitions."""
         if self._stopping:
             raise ShuttingDownError(f"broker {self.broker_id} is shutting down")
+        self._check_session()
         name = parse_topic(topic)
         record = await self.topic_record(name, create=True)
         partitions = [name] if name.is_partition else record.partition_names()
-        owners = await asyncio.gather(*(read_owner(self.store, p.full) for p in partitions))
+        owners = await self._free_dead_owners(
+            await asyncio.gather(*(read_owner(self.store, p.full) for p in partitions))
+        )
         result: list[PartitionOwner] = []
         snapshot_infos = None
         promised: dict[str, int] = {}
@@ -447,6 +499,16 @@ class Broker:
             # a partition looked up on its own is served like a non-partitioned topic
             return LookupResult(name.full, 0, result)
         return LookupResult(name.topic, record.partitions, result)
+
+    def _check_session(self) -> None:
+        """Refuse at once, retriably, while this broker has no live session: it can take no
+        partition, and its reads of a store it lost touch with would hang, while the client
+        could be asking another broker."""
+        if self.session is None or not self.session.alive:
+            raise ServiceNotReadyError(
+                f"broker {self.broker_id} has no metadata session now; ask another broker",
+                context={"broker": self.broker_id},
+            )
 
     async def _assign(
         self, partition: TopicName, infos: list[BrokerLoadInfo], promised: dict[str, int]
@@ -500,6 +562,7 @@ class Broker:
             # owned: checked when it was taken (a topic's partition count changes only by
             # deleting it, which unloads it)
             return topic
+        self._check_session()
         if not name.is_partition:
             record = await self.topic_record(name, create=True)
             if record.partitions > 0:

@@ -53,8 +53,15 @@ class BrokerConfig(
     """Identity in the cluster (default: '<advertised host>-<port>')."""
 
     session_ttl_s: int = 10
-    """TTL of the metadata session that ownership is bound to: a crashed broker's partitions
-    move after about this long."""
+    """TTL of the metadata session that ownership is bound to: the partitions of a broker that
+    is paused, cut off or gone with its host move after about this long (a crashed process on a
+    live host is noticed sooner; see peer_probe_interval_ms)."""
+
+    peer_probe_interval_ms: int = 250
+    """How often the broker probes each other live broker's port (0: never). A connection
+    refused twice in a row means that broker's process is gone: its session lease is revoked,
+    so its partitions move within about a second instead of one session TTL. A probe that times
+    out (a network cut, a vanished host) changes nothing."""
 
     allow_auto_topic_creation: bool = True
     """Create a topic on first lookup instead of refusing it as unknown."""
@@ -213,6 +220,12 @@ class BrokerConfig(
             )
         if self.session_ttl_s < 2:
             raise config_error("session_ttl_s", self.session_ttl_s, "must be at least 2")
+        if self.peer_probe_interval_ms != 0 and not 10 <= self.peer_probe_interval_ms <= 60_000:
+            raise config_error(
+                "peer_probe_interval_ms",
+                self.peer_probe_interval_ms,
+                "must be 0 (no probes) or from 10 to 60,000",
+            )
         if self.auto_topic_partitions < 0:
             raise config_error("auto_topic_partitions", self.auto_topic_partitions, "must be >= 0")
         limit = MAX_ENTRY_BYTES - ENVELOPE_ALLOWANCE_BYTES

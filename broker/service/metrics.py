@@ -43,6 +43,20 @@ class BrokerCollector(Collector):
         )
         lost.add_metric(b, broker.sessions_lost)
         yield lost
+        revoked = CounterMetricFamily(
+            "magnetar_broker_peer_leases_revoked",
+            "Sessions of other brokers this broker ended because their process was found dead",
+            labels=labels,
+        )
+        revoked.add_metric(b, broker.peer_leases_revoked)
+        yield revoked
+        watched = GaugeMetricFamily(
+            "magnetar_broker_peers_watched",
+            "Other brokers seen listening, whose process dying this broker would notice",
+            labels=labels,
+        )
+        watched.add_metric(b, broker.peers_watched)
+        yield watched
         security = broker.security
         failures = CounterMetricFamily(
             "magnetar_broker_authentication_failures",

@@ -34,6 +34,11 @@ class Backoff:
         self.attempts = 0
         """Delays handed out since the last reset."""
 
+    @property
+    def initial_s(self) -> float:
+        """The first pause, without jitter."""
+        return self._initial_ms / 1000.0
+
     def next_delay_s(self) -> float:
         base = self._next_ms
         self._next_ms = min(self._max_ms, self._next_ms * self._multiplier)

@@ -31,6 +31,7 @@ from magnetar.common.errors import (
     ProtocolError,
     ServiceNotReadyError,
     TopicLookupError,
+    TopicNotOwnedError,
 )
 from magnetar.common.grpc_errors import error_from_detail, error_from_rpc_error
 from proto.common.v1 import errors_pb2
@@ -41,9 +42,28 @@ if TYPE_CHECKING:
     from magnetar.common.log import LibraryLogger
     from proto.broker.v1 import broker_pb2_grpc
 
-__all__ = ["PartitionStream"]
+__all__ = ["PartitionStream", "reconnect_delay_s"]
 
 _SETTLE_TIMEOUT_S = 1.0
+
+MOVING_RETRY_MAX_S = 0.25
+"""Longest pause before reconnecting a partition that a broker reported as moving."""
+
+
+def reconnect_delay_s(error: MagnetarError, backoff: Backoff) -> float:
+    """The pause before the next attempt: the backoff's, but at most
+    :data:`MOVING_RETRY_MAX_S` (or the backoff's first pause, if longer) when a broker said the
+    partition is moving (not owned there, or no session there).
+
+    Such a partition gets its next owner the moment the old owner's session ends, which the
+    client cannot foresee (a broker cut off from the metadata store gives its partitions up a
+    little before its lease expires). Sleeping a whole ``max_backoff_ms`` then would add up to
+    that much to the outage; a quarter of a second is no tight loop.
+    """
+    delay_s = backoff.next_delay_s()
+    if isinstance(error, TopicNotOwnedError | ServiceNotReadyError):
+        return min(delay_s, max(MOVING_RETRY_MAX_S, backoff.initial_s))
+    return delay_s
 
 
 class PartitionStream(ABC):
@@ -207,7 +227,7 @@ class PartitionStream(ABC):
             if not self._retriable(error):
                 self._fail(error)
                 return
-            delay_s = backoff.next_delay_s()
+            delay_s = reconnect_delay_s(error, backoff)
             self._log.info(
                 f"{role}_reconnecting",
                 error=repr(error),

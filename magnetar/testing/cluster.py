@@ -19,7 +19,7 @@ Typical use in a test::
 
         client_url = cluster.service_url  # "magnetar://127.0.0.1:p1,127.0.0.1:p2"
         broker = cluster.brokers[0]
-        await broker.kill()  # its partitions move once its session expires
+        await broker.kill()  # another broker finds its port closed and ends its session
         await cluster.wait_broker_unregistered("broker-0")
         await broker.restart()  # the same broker id (the cluster names its brokers)
         await cluster.add_broker(extra_args=["--load-shedding-interval-ms", "2000"])
@@ -1257,8 +1257,10 @@ class LocalCluster:
         )
 
     async def wait_broker_unregistered(self, broker_id: str, timeout_s: float = 30) -> None:
-        """Wait until ``broker_id`` is gone from ``/magnetar/brokers/`` (stopped, or session
-        expired: about the broker's ``session_ttl_s`` after a SIGKILL or a long pause)."""
+        """Wait until ``broker_id`` is gone from ``/magnetar/brokers/``: stopped; SIGKILLed and
+        found dead by another broker's probes (well within a second, unless
+        ``--peer-probe-interval-ms 0``); or its session expired (about its ``session_ttl_s``
+        after a SIGKILL nobody noticed, a long pause, or a cut from etcd)."""
         await self._poll(
             self._read_brokers,
             lambda found: {broker_id} & found.keys(),

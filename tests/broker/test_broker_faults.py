@@ -6,14 +6,16 @@ consumed, in order per partition, with no gaps and nothing stored twice."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc.aio
 import pytest
 
-from magnetar.testing import LocalCluster
+from magnetar.testing import BrokerNode, LocalCluster
 from proto.admin.v1 import admin_pb2 as admin
 from proto.admin.v1 import admin_pb2_grpc
 from proto.broker.v1 import broker_pb2_grpc
@@ -90,6 +92,54 @@ async def test_crash_failover_loses_nothing(tmp_path: Path) -> None:
         assert after.partitions[0].owner_broker_id != victim_id
         assert after.partitions[0].ledgers[-1].ledger_id != last_ledger
         await channel.close()
+
+
+async def test_a_crashed_process_is_replaced_long_before_its_session_could_expire(
+    tmp_path: Path,
+) -> None:
+    # A 60 s session TTL: only the peer watchdog (a refused connection to the dead broker's
+    # port, then its lease revoked) can explain a takeover within this test's 40 s waits.
+    args = ["--session-ttl-s", "60", "--load-shedding-enabled", "false"]
+    async with LocalCluster(tmp_path, bookies=3, brokers=2, broker_args=args) as cluster:
+        channel, stub = admin_stub(cluster.service_url)
+        await stub.CreateTopic(admin.CreateTopicRequest(topic="sudden", partitions=2))
+        work = Workload(cluster.service_url, "public/default/sudden", 2)
+        await work.start()
+        await work.wait_acked(200)
+        owned = await owners(stub)
+        victim_id = owned["public/default/sudden-partition-0"]
+        victim = next(b for b in cluster.brokers if b.broker_id == victim_id)
+        survivor = next(b for b in cluster.brokers if b is not victim)
+        lost = [int(p.rsplit("-", 1)[1]) for p, b in owned.items() if b == victim_id]
+        before = await stub.GetTopicStats(admin.GetTopicStatsRequest(topic="sudden"))
+        old_ledgers = {p.ledgers[-1].ledger_id for p in before.partitions if p.ledgers}
+        await channel.close()
+        # a peer is revoked only once it was seen listening (a refusal from the start is a
+        # configuration problem, not a crash)
+        await wait_for(lambda: metric(survivor, "magnetar_broker_peers_watched", 1), 30)
+
+        killed_at = time.monotonic()
+        await victim.kill()
+        # its registration goes with its lease, far ahead of the 60 s TTL
+        await cluster.wait_broker_unregistered(victim_id, timeout_s=40)
+        async with asyncio.timeout(40):
+            while work.first_ack_after(killed_at, lost, not_in_ledgers=old_ledgers) is None:
+                await asyncio.sleep(0.05)
+        await work.wait_acked(200, timeout_s=40)
+
+        channel, stub = admin_stub(survivor.service_url)
+        assert set((await owners(stub)).values()) == {survivor.broker_id}
+        assert await metric(survivor, "magnetar_broker_peer_leases_revoked_total", 1)
+        totals = await _finish(work)
+        print(f"\ncrash with a 60 s session TTL: totals {totals}")
+        await channel.close()
+
+
+async def metric(node: BrokerNode, name: str, value: int) -> bool:
+    """Whether the broker's /metrics has ``name`` at ``value``."""
+    url = f"http://{node.http_address}/metrics"
+    text = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read())
+    return re.search(rb"^%s\{[^}]*\} %d\.0$" % (name.encode(), value), text, re.M) is not None
 
 
 async def _finish(work: Workload) -> dict[str, int]:

@@ -19,7 +19,8 @@ from proto.format.v1 import cluster_pb2
 
 pytestmark = pytest.mark.etcd
 
-SHORT_SESSION = ("--session-ttl-s", "2")
+# peer probes off: a killed broker then lingers until its session expires, as the kit documents
+SHORT_SESSION = ("--session-ttl-s", "2", "--peer-probe-interval-ms", "0")
 
 
 def is_alive(pid: int) -> bool:
@@ -169,7 +170,9 @@ async def test_a_killed_broker_lingers_until_its_session_expires_and_comes_back(
         assert added.broker_id == f"{prefix}-2"
         assert added.log_path == tmp_path / "broker-2.log"
         harness_line = added.log_path.read_text().splitlines()[0]
-        assert harness_line.endswith("--session-ttl-s 2 --load-shedding-interval-ms 2000")
+        assert harness_line.endswith(
+            "--session-ttl-s 2 --peer-probe-interval-ms 0 --load-shedding-interval-ms 2000"
+        )
         assert cluster.service_url == f"magnetar://{victim.address},{added.address}"
 
 
