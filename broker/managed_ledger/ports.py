@@ -72,6 +72,11 @@ class LedgerWriter(Protocol):
 
     async def close(self) -> LedgerMetadataView: ...
 
+    async def close_confirmed(self) -> LedgerMetadataView:
+        """After the writer failed without losing the ledger: close it at the last entry it
+        confirmed (raises ``LedgerFencedError`` if another client is recovering it)."""
+        ...
+
 
 class LedgerClientApi(Protocol):
     """The ledger client (``bookie.client.ledger_client.LedgerClient``)."""
