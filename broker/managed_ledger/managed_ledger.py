@@ -758,6 +758,8 @@ class ManagedLedger:
             self.write_problem_since_ms = 0
             self._log.info("managed_ledger_writing_again", problem=previous.message)
         self.write_problem = problem
+        if previous is not None and problem is not None and previous.message == problem.message:
+            return  # the same problem, retried: nothing new to tell
         if self.on_write_problem is not None:
             self.on_write_problem(problem)
 
