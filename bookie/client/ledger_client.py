@@ -66,6 +66,7 @@ from magnetar.common.errors import (
     NoSuchEntryError,
     NoSuchKeyError,
     NoSuchLedgerError,
+    NotEnoughBookiesError,
 )
 from metadata import MetadataStore
 
@@ -150,6 +151,29 @@ class LedgerClient:
                 del self._quarantine[bookie_id]
         return set(self._quarantine)
 
+    async def release_answering(self, *, skip: set[str] | frozenset[str] = frozenset()) -> bool:
+        """Probe the quarantined bookies that are still registered (but those in ``skip``):
+        the ones that answer leave quarantine. Returns whether any did.
+
+        Called only when quarantine leaves too few bookies: a connection blip to a live bookie
+        must not keep it out when it is needed (on a busy machine a first connection can time
+        out), while a crashed bookie whose registration has not expired yet stays out."""
+        suspects = [b for b in self.unreachable() if b in self.view.bookies and b not in skip]
+        if not suspects:
+            return False
+        timeout_s = min(2.0, self.config.read_timeout_ms / 1000)
+
+        async def probe(bookie_id: str) -> bool:
+            try:
+                await asyncio.wait_for(self.pool.client(bookie_id).info(), timeout_s)
+            except (MagnetarError, TimeoutError):
+                return False
+            self._quarantine.pop(bookie_id, None)
+            log.info("bookie_quarantine_lifted", bookie=bookie_id, reason="answered a probe")
+            return True
+
+        return any(await asyncio.gather(*(probe(b) for b in suspects)))
+
     # --- creating and writing -----------------------------------------------------------------
 
     async def create_ledger(
@@ -170,13 +194,25 @@ class LedgerClient:
         qw = write_quorum or min(self.config.write_quorum, e)
         qa = ack_quorum or min(self.config.ack_quorum, qw)
         check_quorums(e, qw, qa)
-        bookies = choose_ensemble(
-            self.view.candidates(self._placed),
-            e,
-            qw,
-            exclude=self.unreachable(),
-            min_ensemble_size=qw if self.config.under_striped_ledgers else None,
-        )
+        minimum = qw if self.config.under_striped_ledgers else None
+        try:
+            bookies = choose_ensemble(
+                self.view.candidates(self._placed),
+                e,
+                qw,
+                exclude=self.unreachable(),
+                min_ensemble_size=minimum,
+            )
+        except NotEnoughBookiesError:
+            if not await self.release_answering():
+                raise
+            bookies = choose_ensemble(
+                self.view.candidates(self._placed),
+                e,
+                qw,
+                exclude=self.unreachable(),
+                min_ensemble_size=minimum,
+            )
         for bookie in bookies:
             self._placed[bookie] = self._placed.get(bookie, 0) + 1
         properties = dict(custom or {})

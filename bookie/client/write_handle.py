@@ -359,6 +359,8 @@ class WriteHandle:
                             exclude=self._still_failed() | self._client.unreachable(),
                         )
                 except NotEnoughBookiesError as e:
+                    if await self._client.release_answering(skip=frozenset(self._failed)):
+                        continue  # a quarantined bookie answers: it may replace
                     if config.under_striped_ledgers and not self._recovery:
                         self._no_replacement(failed, e)
                         return
