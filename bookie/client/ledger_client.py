@@ -174,6 +174,11 @@ class LedgerClient:
 
         return any(await asyncio.gather(*(probe(b) for b in suspects)))
 
+    def writable_bookies(self) -> int:
+        """Bookies a new ledger could be placed on now: registered, writable, not quarantined."""
+        down = self.unreachable()
+        return sum(1 for c in self.view.candidates() if c.writable and c.bookie_id not in down)
+
     # --- creating and writing -----------------------------------------------------------------
 
     async def create_ledger(

@@ -1320,8 +1320,18 @@ class ManagedLedger:
             if not self._trim_again:
                 return
 
+    def _restripe_due(self) -> bool:
+        """The current ledger is under-striped and its full E of bookies is writable again:
+        roll early, so that the load spreads over all of them again."""
+        metadata = self._handle.metadata
+        return (
+            metadata.under_striped
+            and self._client.writable_bookies() >= metadata.intended_ensemble_size
+        )
+
     async def _run_periodic(self) -> None:
-        """Roll a ledger that got too old while idle, and trim, every ``trim_interval_ms``."""
+        """Roll a ledger that got too old while idle, or an under-striped one once E bookies
+        are writable again, and trim, every ``trim_interval_ms``."""
         interval = self.config.trim_interval_ms / 1000
         while self._state is not _State.CLOSED and self._state is not _State.FENCED:
             await self._clock.sleep(interval)
@@ -1334,6 +1344,8 @@ class ManagedLedger:
                 reason = self._roll_reason()
                 if reason is not None:
                     self._start_switch(reason.value)
+                elif self._restripe_due():
+                    self._start_switch("restripe")
             if self._state is _State.WRITING or self._state is _State.SWITCHING:
                 try:
                     await self.trim()

@@ -27,7 +27,15 @@ from dataclasses import replace
 from bookie.client.ledger_metadata import LedgerState
 from broker.managed_ledger import AppendResult, ManagedLedger
 from magnetar.common.errors import MagnetarError
-from tests.broker.managed_ledger.conftest import FAST, Env, HeaderCodec, append, body_of, wait_until
+from tests.broker.managed_ledger.conftest import (
+    FAST,
+    Env,
+    HeaderCodec,
+    append,
+    body_of,
+    eventually,
+    wait_until,
+)
 
 QUORUMS = replace(FAST, ensemble_size=3, write_quorum=3, ack_quorum=3)
 
@@ -118,7 +126,8 @@ def problem_of(ml: ManagedLedger) -> MagnetarError | None:
 
 async def test_a_lost_bookie_moves_writing_to_an_under_striped_ledger(ml_env: Env) -> None:
     client = await ml_env.new_client(add_timeout_ms=1000, read_timeout_ms=1000)
-    config = replace(FAST, ensemble_size=3, write_quorum=2, ack_quorum=2)
+    # checks every 100 ms whether an under-striped ledger can be rolled to full width
+    config = replace(FAST, ensemble_size=3, write_quorum=2, ack_quorum=2, trim_interval_ms=100)
     ml = await ml_env.factory(client, config=config).open("t")
     problems: list[str | None] = []
     ml.on_write_problem = lambda p: problems.append(p.message if p else None)
@@ -157,4 +166,19 @@ async def test_a_lost_bookie_moves_writing_to_an_under_striped_ledger(ml_env: En
     assert problems[0] is not None
     assert problems[-1] is None
     await check_log(ml, results, 50)
+
+    # all three writable again: the under-striped ledger is rolled early, to full width
+    await ml_env.start_bookie("b2")
+    narrow_now = ml.ledgers[-1].ledger_id
+    assert (await client.ledgers.read(narrow_now)).under_striped
+
+    async def full_width() -> bool:
+        current = ml.ledgers[-1].ledger_id
+        return not (await client.ledgers.read(current)).under_striped
+
+    await eventually(full_width)
+    assert (await client.ledgers.read(narrow_now)).closed
+    results += [await f for f in [append(ml, b"m%d" % i) for i in range(50, 60)]]
+    await check_log(ml, results, 60)
+    assert (await client.ledgers.read(ml.ledgers[-1].ledger_id)).ensemble_size == 3
     assert not ml.fenced.is_set()
