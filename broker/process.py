@@ -196,7 +196,15 @@ class BrokerProcess:
             return Response(503, b"stopping\n")
         if not self._ready():
             return Response(503, b"no metadata session\n")
-        return Response(200, f"ok {len(self.broker.topics.topics)} partitions\n".encode())
+        topics = list(self.broker.topics.topics.values())
+        body = f"ok {len(topics)} partitions"
+        # still ready: a broker cannot fix its bookies, and it serves reads meanwhile
+        stalled = [t for t in topics if t.ml.write_problem is not None]
+        if stalled:
+            problem = stalled[0].ml.write_problem
+            assert problem is not None
+            body += f"; {len(stalled)} cannot write (e.g. {stalled[0].name}: {problem.message})"
+        return Response(200, f"{body}\n".encode())
 
     async def stop(self, *, graceful: bool = True, grace_s: float = 5.0) -> None:
         """Hand partitions over (graceful), then stop serving and close everything."""

@@ -589,6 +589,13 @@ async def _cluster(args: argparse.Namespace) -> int:
                         "state": metadata.state.name.lower(),
                         "quorums": f"E{metadata.ensemble_size}/Qw{metadata.write_quorum}"
                         f"/Qa{metadata.ack_quorum}",
+                        # a ledger made on fewer bookies than its E while fewer were writable
+                        "striping": (
+                            f"under-striped ({metadata.ensemble_size} of"
+                            f" {metadata.intended_ensemble_size})"
+                            if metadata.under_striped
+                            else "full"
+                        ),
                         "last_entry": metadata.last_entry_id,
                         "ensembles": " ".join(
                             f"{s.first_entry_id}:{','.join(s.bookies)}" for s in metadata.segments
@@ -601,7 +608,7 @@ async def _cluster(args: argparse.Namespace) -> int:
                         ),
                     }
                 )
-            columns = ["ledger", "state", "quorums", "last_entry", "ensembles"]
+            columns = ["ledger", "state", "quorums", "striping", "last_entry", "ensembles"]
             if args.cluster_command == "ledger":
                 columns.append("properties")
         else:

@@ -723,6 +723,12 @@ def render_stats(stats: dict[str, Any]) -> str:
                 "publishers",
             ],
         ),
+        *(
+            f"cannot write: partition {_partition_label(p)} since"
+            f" {_time(p['write_problem_since_ms'])}: {p['write_problem']}"
+            for p in partitions
+            if p.get("write_problem")
+        ),
         "",
         _subscription_table(_subscription_rows(stats, ())),
     ]
@@ -1341,7 +1347,7 @@ def run_cluster_admin(args: argparse.Namespace) -> int:
         elif what == "ledgers":
             document = admin.list_ledgers(args.topic or "")
             rows = [_ledger_row(ledger) for ledger in document]
-            columns = ["ledger", "state", "quorums", "last_entry", "length", "topic"]
+            columns = ["ledger", "state", "quorums", "striping", "last_entry", "length", "topic"]
         else:
             document = admin.get_ledger(args.ledger_id)
             rows = [
@@ -1357,8 +1363,8 @@ def run_cluster_admin(args: argparse.Namespace) -> int:
                     ),
                 }
             ]
-            columns = ["ledger", "state", "quorums", "last_entry", "length", "ensembles"]
-            columns += ["created", "properties"]
+            columns = ["ledger", "state", "quorums", "striping", "last_entry", "length"]
+            columns += ["ensembles", "created", "properties"]
     return _emit(args, document, table(rows, columns))
 
 
@@ -1368,7 +1374,16 @@ def _ledger_row(ledger: dict[str, Any]) -> dict[str, Any]:
         "state": ledger["state"].lower(),
         "quorums": f"E{ledger['ensemble_size']}/Qw{ledger['write_quorum_size']}"
         f"/Qa{ledger['ack_quorum_size']}",
+        "striping": _striping(ledger["ensemble_size"], ledger.get("intended_ensemble_size", 0)),
         "last_entry": ledger["last_entry_id"],
         "length": ledger["length"],
         "topic": ledger["topic"] or "-",
     }
+
+
+def _striping(ensemble_size: int, intended: int) -> str:
+    """``full``, or ``under-striped (2 of 3)`` for a ledger made on fewer bookies than its E
+    while fewer were writable (0: a broker too old to say)."""
+    if intended > ensemble_size:
+        return f"under-striped ({ensemble_size} of {intended})"
+    return "full"

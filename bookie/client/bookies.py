@@ -35,6 +35,7 @@ class BookieRecord:
     free_bytes: int
     total_bytes: int
     ledger_count: int
+    start_time_ms: int = 0
 
     @classmethod
     def from_bytes(cls, data: bytes) -> BookieRecord:
@@ -47,6 +48,7 @@ class BookieRecord:
             free_bytes=message.free_disk_bytes,
             total_bytes=message.total_disk_bytes,
             ledger_count=message.ledger_count,
+            start_time_ms=message.start_time_ms,
         )
 
 

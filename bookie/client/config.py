@@ -33,6 +33,16 @@ class LedgerClientConfig:
     ensemble_change_timeout_ms: int = 30_000
     """How long a writer waits for a replacement bookie before failing its pending adds."""
 
+    under_striped_ledgers: bool = True
+    """With fewer than E writable bookies, new ledgers go on as many as there are, down to Qw
+    (each entry still has Qw copies and needs Qa acknowledgements), and a writer whose bookie
+    fails with no replacement stops at once so its owner can roll to such a ledger. Off: a new
+    ledger needs E writable bookies, and a writer waits ensemble_change_timeout_ms for one."""
+
+    bookie_quarantine_ms: int = 60_000
+    """A bookie that failed an add is left out of new ensembles for this long, unless it
+    registers again (restarted) sooner: its registration outlives a crash by its session TTL."""
+
     max_pending_adds: int = 10_000
     """Adds in flight per ledger before add() waits (back-pressure)."""
 
@@ -73,6 +83,7 @@ class LedgerClientConfig:
             "add_timeout_ms",
             "read_timeout_ms",
             "ensemble_change_timeout_ms",
+            "bookie_quarantine_ms",
             "max_pending_adds",
             "max_pending_bytes",
             "recovery_read_batch",

@@ -37,6 +37,7 @@ that end, so every reader sees one sequence of entries.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -46,6 +47,7 @@ from bookie.client.bookie_client import BookieCredentials
 from bookie.client.bookies import BookiePool, BookieView
 from bookie.client.config import LedgerClientConfig
 from bookie.client.ledger_metadata import (
+    INTENDED_ENSEMBLE_PROPERTY,
     LedgerMetadata,
     LedgerMetadataStore,
     LedgerState,
@@ -64,6 +66,7 @@ from magnetar.common.errors import (
     NoSuchEntryError,
     NoSuchKeyError,
     NoSuchLedgerError,
+    NotEnoughBookiesError,
 )
 from metadata import MetadataStore
 
@@ -107,6 +110,12 @@ class LedgerClient:
         """Ledgers this client recovered and closed (metrics)."""
         self.unbacked_lac_recoveries = 0
         """Recoveries that found a LAC no replica backs and closed below it (metrics)."""
+        self.under_striped_created = 0
+        """Ledgers created on fewer than their intended E bookies (metrics)."""
+        self.under_striped_open: set[int] = set()
+        """Under-striped ledgers this client is writing now (metrics)."""
+        # bookie -> (quarantined until, on the monotonic clock; its registration's start time)
+        self._quarantine: dict[str, tuple[float, int]] = {}
 
     @classmethod
     async def start(
@@ -124,6 +133,52 @@ class LedgerClient:
         await self.view.close()
         await self.pool.close()
 
+    # --- unreachable bookies ------------------------------------------------------------------
+
+    def quarantine(self, bookie_id: str) -> None:
+        """An add to ``bookie_id`` failed: keep it out of new ensembles for
+        ``bookie_quarantine_ms``, or until it registers again (a restart)."""
+        record = self.view.bookies.get(bookie_id)
+        until = time.monotonic() + self.config.bookie_quarantine_ms / 1000
+        self._quarantine[bookie_id] = (until, record.start_time_ms if record else 0)
+
+    def unreachable(self) -> set[str]:
+        """The quarantined bookies (see :meth:`quarantine`)."""
+        now = time.monotonic()
+        for bookie_id, (until, started) in list(self._quarantine.items()):
+            record = self.view.bookies.get(bookie_id)
+            if now >= until or (record is not None and record.start_time_ms != started):
+                del self._quarantine[bookie_id]
+        return set(self._quarantine)
+
+    async def release_answering(self, *, skip: set[str] | frozenset[str] = frozenset()) -> bool:
+        """Probe the quarantined bookies that are still registered (but those in ``skip``):
+        the ones that answer leave quarantine. Returns whether any did.
+
+        Called only when quarantine leaves too few bookies: a connection blip to a live bookie
+        must not keep it out when it is needed (on a busy machine a first connection can time
+        out), while a crashed bookie whose registration has not expired yet stays out."""
+        suspects = [b for b in self.unreachable() if b in self.view.bookies and b not in skip]
+        if not suspects:
+            return False
+        timeout_s = min(2.0, self.config.read_timeout_ms / 1000)
+
+        async def probe(bookie_id: str) -> bool:
+            try:
+                await asyncio.wait_for(self.pool.client(bookie_id).info(), timeout_s)
+            except (MagnetarError, TimeoutError):
+                return False
+            self._quarantine.pop(bookie_id, None)
+            log.info("bookie_quarantine_lifted", bookie=bookie_id, reason="answered a probe")
+            return True
+
+        return any(await asyncio.gather(*(probe(b) for b in suspects)))
+
+    def writable_bookies(self) -> int:
+        """Bookies a new ledger could be placed on now: registered, writable, not quarantined."""
+        down = self.unreachable()
+        return sum(1 for c in self.view.candidates() if c.writable and c.bookie_id not in down)
+
     # --- creating and writing -----------------------------------------------------------------
 
     async def create_ledger(
@@ -134,18 +189,58 @@ class LedgerClient:
         ack_quorum: int | None = None,
         custom: Mapping[str, bytes] | None = None,
     ) -> WriteHandle:
-        """A new, open ledger on E writable bookies; returns its write handle."""
+        """A new, open ledger on E writable bookies; returns its write handle.
+
+        With fewer than E writable (and reachable) bookies and ``under_striped_ledgers`` on,
+        the ledger goes on as many as there are, down to Qw, and records the E it was meant
+        to have (:attr:`LedgerMetadata.under_striped`). Below that, NotEnoughBookiesError
+        names every bookie that cannot be used and why."""
         e = ensemble_size or self.config.ensemble_size
         qw = write_quorum or min(self.config.write_quorum, e)
         qa = ack_quorum or min(self.config.ack_quorum, qw)
         check_quorums(e, qw, qa)
-        bookies = choose_ensemble(self.view.candidates(self._placed), e, qw)
+        minimum = qw if self.config.under_striped_ledgers else None
+        try:
+            bookies = choose_ensemble(
+                self.view.candidates(self._placed),
+                e,
+                qw,
+                exclude=self.unreachable(),
+                min_ensemble_size=minimum,
+            )
+        except NotEnoughBookiesError:
+            if not await self.release_answering():
+                raise
+            bookies = choose_ensemble(
+                self.view.candidates(self._placed),
+                e,
+                qw,
+                exclude=self.unreachable(),
+                min_ensemble_size=minimum,
+            )
         for bookie in bookies:
             self._placed[bookie] = self._placed.get(bookie, 0) + 1
+        properties = dict(custom or {})
+        if len(bookies) < e:
+            properties[INTENDED_ENSEMBLE_PROPERTY] = str(e).encode()
         metadata = await self.ledgers.create(
-            e, qw, qa, bookies, creator=self.creator, custom=custom
+            len(bookies), qw, qa, bookies, creator=self.creator, custom=properties
         )
-        log.info("ledger_created", ledger=metadata.ledger_id, ensemble=bookies, quorums=(e, qw, qa))
+        if metadata.under_striped:
+            self.under_striped_created += 1
+            self.under_striped_open.add(metadata.ledger_id)
+            log.warning(
+                "ledger_created_under_striped",
+                ledger=metadata.ledger_id,
+                ensemble=bookies,
+                quorums=(len(bookies), qw, qa),
+                intended_ensemble_size=e,
+                unreachable=sorted(self.unreachable()),
+            )
+        else:
+            log.info(
+                "ledger_created", ledger=metadata.ledger_id, ensemble=bookies, quorums=(e, qw, qa)
+            )
         return WriteHandle(self, metadata)
 
     # --- opening and reading ------------------------------------------------------------------

@@ -21,6 +21,10 @@ from proto.format.v1 import ledger_pb2
 
 _FORMAT_VERSION = 1
 
+INTENDED_ENSEMBLE_PROPERTY = "intended-ensemble-size"
+"""Custom property of an under-striped ledger: the E it was meant to have (decimal), when fewer
+writable bookies than that existed at its creation. Its ``ensemble_size`` is the E it got."""
+
 
 class LedgerState(enum.Enum):
     OPEN = ledger_pb2.LEDGER_STATE_OPEN
@@ -71,6 +75,20 @@ class LedgerMetadata:
     @property
     def closed(self) -> bool:
         return self.state is LedgerState.CLOSED
+
+    @property
+    def intended_ensemble_size(self) -> int:
+        """The E this ledger was meant to have: more than ``ensemble_size`` if under-striped."""
+        raw = self.custom.get(INTENDED_ENSEMBLE_PROPERTY)
+        try:
+            return max(self.ensemble_size, int(raw)) if raw else self.ensemble_size
+        except ValueError:
+            return self.ensemble_size
+
+    @property
+    def under_striped(self) -> bool:
+        """Created on fewer bookies than intended (still Qw copies of each entry, Qa acks)."""
+        return self.intended_ensemble_size > self.ensemble_size
 
     @property
     def last_segment(self) -> Segment:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 
 
 class LedgerClientCollector(Collector):
-    """Recoveries, and the ones that met a last-add-confirmed no replica backs."""
+    """Recoveries, the ones that met a last-add-confirmed no replica backs, and under-striped
+    ledgers (created on fewer bookies than their E, while fewer were writable)."""
 
     def __init__(self, client: LedgerClient, labels: Mapping[str, str]) -> None:
         self.client = client
@@ -40,3 +41,18 @@ class LedgerClientCollector(Collector):
         )
         unbacked.add_metric(values, self.client.unbacked_lac_recoveries)
         yield unbacked
+        created = CounterMetricFamily(
+            "magnetar_ledger_under_striped_created",
+            "Ledgers created on fewer bookies than their intended E (fewer were writable; each"
+            " entry still has Qw copies and Qa acknowledgements)",
+            labels=names,
+        )
+        created.add_metric(values, self.client.under_striped_created)
+        yield created
+        open_now = GaugeMetricFamily(
+            "magnetar_ledgers_under_striped",
+            "Under-striped ledgers this process is writing now",
+            labels=names,
+        )
+        open_now.add_metric(values, len(self.client.under_striped_open))
+        yield open_now

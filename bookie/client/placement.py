@@ -6,6 +6,12 @@ last registration refresh, so a burst of creations spreads out). Zones are honou
 enough of them exist. With at least E zones, all replicas of a ledger are in distinct zones.
 With at least Qw zones, every write quorum (the Qw consecutive positions that store one entry)
 has distinct zones. With fewer zones, zones are ignored, since the requirement cannot be met.
+
+**Under-striped ensembles.** Given ``min_ensemble_size`` (the ledger client passes Qw), a new
+ledger gets as many bookies as are writable when that is fewer than E, down to that minimum:
+each entry still goes to Qw bookies and needs Qa acknowledgements, so durability is unchanged;
+only the striping (how many bookies share the load) is narrower. Below the minimum the error
+names every bookie that could not be used and why (read-only with its disk usage, unreachable).
 """
 
 from __future__ import annotations
@@ -57,22 +63,53 @@ def _windows_ok(zones: Sequence[str | None], write_quorum: int, size: int) -> bo
     return True
 
 
+def describe_unusable(
+    candidates: Iterable[BookieCandidate], unreachable: Iterable[str] = ()
+) -> list[str]:
+    """Why each bookie that cannot take writes cannot: ``bookie-0 read-only (disk 96% used)``,
+    ``bookie-1 unreachable``, sorted by bookie id."""
+    down = set(unreachable)
+    reasons: dict[str, str] = {}
+    for c in candidates:
+        if c.bookie_id in down:
+            continue
+        if not c.writable:
+            usage = f" (disk {1 - c.free_fraction:.0%} used)" if c.total_bytes else ""
+            reasons[c.bookie_id] = f"{c.bookie_id} read-only{usage}"
+    for bookie in down:
+        reasons[bookie] = f"{bookie} unreachable"
+    return [reasons[b] for b in sorted(reasons)]
+
+
 def choose_ensemble(
     candidates: Iterable[BookieCandidate],
     ensemble_size: int,
     write_quorum: int,
     *,
     exclude: Iterable[str] = (),
+    min_ensemble_size: int | None = None,
 ) -> list[str]:
-    """E bookie ids for a new ledger, in ensemble order."""
-    usable = _usable(candidates, exclude)
-    if len(usable) < ensemble_size:
+    """E bookie ids for a new ledger, in ensemble order; with ``min_ensemble_size``, fewer
+    (down to it) when fewer than E bookies are writable. ``exclude`` names bookies known to be
+    unreachable."""
+    candidates = list(candidates)
+    excluded = list(exclude)
+    usable = _usable(candidates, excluded)
+    smallest = ensemble_size if min_ensemble_size is None else min(min_ensemble_size, ensemble_size)
+    if len(usable) < smallest:
         names = ", ".join(c.bookie_id for c in usable) or "none"
-        raise NotEnoughBookiesError(
-            f"a ledger with ensemble size {ensemble_size} needs {ensemble_size} writable"
-            f" bookies; {len(usable)} available ({names})",
-            context={"needed": ensemble_size, "available": len(usable)},
+        why = describe_unusable(candidates, excluded)
+        needs = (
+            f"need {smallest} (Qw={write_quorum}) for E{ensemble_size}/Qw{write_quorum}"
+            if smallest < ensemble_size
+            else f"need E={ensemble_size}"
         )
+        raise NotEnoughBookiesError(
+            f"not enough writable bookies for a new ledger: {len(usable)} writable ({names}),"
+            f" {needs}" + (f"; {', '.join(why)}" if why else ""),
+            context={"needed": smallest, "available": len(usable)},
+        )
+    ensemble_size = min(ensemble_size, len(usable))
     zones = {c.zone for c in usable}
     if None in zones or len(zones) < write_quorum:
         return [c.bookie_id for c in usable[:ensemble_size]]

@@ -16,6 +16,15 @@ ensemble after the new segment claims it lives on the replacement. If the compar
 the ledger no longer open (another client is recovering it), or a bookie says the ledger is
 fenced, every pending add fails with :class:`LedgerFencedError`: this writer has lost the
 ledger.
+
+**No replacement.** With ``under_striped_ledgers`` on (the default), a writer whose failed bookie
+no writable bookie can replace does not wait: it completes what already has its Qa
+acknowledgements, fails the other pending adds with :class:`NotEnoughBookiesError` (retriable),
+and its owner calls :meth:`WriteHandle.close_confirmed` to close the ledger at its last
+confirmed entry, then goes on in a new ledger over the bookies left (under-striped, see
+:meth:`LedgerClient.create_ledger`). The failed adds were never confirmed, so nobody has read
+them: they are written again in the new ledger, in order. A recovery handle (or the setting off)
+waits ``ensemble_change_timeout_ms`` for a replacement instead.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from bookie.entries import AddEntry, AddFailure, entry_checksum
 from magnetar.common.errors import (
     BadVersionError,
     BookieUnavailableError,
+    EnsembleUnrepairableError,
     EntryTooLargeError,
     LedgerClosedError,
     LedgerFencedError,
@@ -310,6 +320,7 @@ class WriteHandle:
         )
         record = self._client.view.bookies.get(bookie)
         self._failed[bookie] = record.address if record else ""
+        self._client.quarantine(bookie)
         if self._changing is None or self._changing.done():
             self._changing = asyncio.ensure_future(self._change_ensemble())
 
@@ -345,9 +356,14 @@ class WriteHandle:
                             bookies,
                             position,
                             self.metadata.write_quorum,
-                            exclude=self._still_failed(),
+                            exclude=self._still_failed() | self._client.unreachable(),
                         )
                 except NotEnoughBookiesError as e:
+                    if await self._client.release_answering(skip=frozenset(self._failed)):
+                        continue  # a quarantined bookie answers: it may replace
+                    if config.under_striped_ledgers and not self._recovery:
+                        self._no_replacement(failed, e)
+                        return
                     if loop.time() >= deadline:
                         self._fail(e)
                         return
@@ -373,6 +389,24 @@ class WriteHandle:
         finally:
             if self._error is None:
                 self._complete_in_order()
+
+    def _no_replacement(self, failed: list[str], error: NotEnoughBookiesError) -> None:
+        """Stop writing: confirm what has its acks on the current ensemble, fail the rest."""
+        self._complete_in_order()  # no new segment is coming: acks on this one stand
+        writable = sorted(
+            c.bookie_id
+            for c in self._client.view.candidates()
+            if c.writable and c.bookie_id not in self._client.unreachable()
+        )
+        self._fail(
+            EnsembleUnrepairableError(
+                f"ledger {self.ledger_id}: no writable bookie can replace {', '.join(failed)}"
+                f" ({error.message}); writable now: {', '.join(writable) or 'none'}. The writer"
+                f" stops at entry {self.last_add_confirmed} so that writing can go on in a new"
+                " ledger",
+                context={"ledger": self.ledger_id, "failed": ",".join(failed)},
+            )
+        )
 
     async def _rebase(self) -> bool:
         """The metadata changed under us: keep going on the stored version if we still own it."""
@@ -430,6 +464,7 @@ class WriteHandle:
         if self._error is not None:
             return
         self._error = error
+        self._client.under_striped_open.discard(self.ledger_id)
         log.warning("ledger_writer_failed", ledger=self.ledger_id, error=error.message)
         for entry in self._entries.values():
             if not entry.future.done():
@@ -480,7 +515,65 @@ class WriteHandle:
                     raise self._error from None  # type: ignore[misc]
                 self.metadata = current
         self._closed = True
+        self._client.under_striped_open.discard(self.ledger_id)
         for answer in list(self._sends):
             answer.cancel()
         log.info("ledger_closed", ledger=self.ledger_id, last_entry=lac, length=self._length)
         return self.metadata
+
+    async def close_confirmed(self) -> LedgerMetadata:
+        """After this writer failed without losing the ledger (a bookie with no replacement, a
+        timeout): close the ledger at the last entry it confirmed, without recovery. Adds past
+        that were never confirmed, so no reader has seen them; the closed end hides whatever
+        copies of them bookies hold.
+
+        Returns the closed metadata (another client's, if one recovered and closed the ledger
+        first: its end is then at or past ours). Raises :class:`LedgerFencedError` if another
+        client is recovering the ledger.
+        """
+        if self._closed:
+            return self.metadata
+        if self._error is None:
+            self._fail(LedgerClosedError(f"ledger {self.ledger_id} is being closed"))
+        self._closing = True
+        if self._changing is not None and not self._changing.done():
+            self._changing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._changing
+        for answer in list(self._sends):
+            answer.cancel()
+        lac = self._tracker.last_add_confirmed
+        metadata = self.metadata
+        while True:
+            if metadata.closed:
+                if metadata.last_entry_id < lac:
+                    raise LedgerFencedError(
+                        f"ledger {self.ledger_id} was closed at entry {metadata.last_entry_id},"
+                        f" before entry {lac} this writer confirmed",
+                        context={"ledger": self.ledger_id},
+                    )
+                break
+            if not self._may_write(metadata):
+                raise LedgerFencedError(
+                    f"ledger {self.ledger_id} is {metadata.state.name.lower()}: another client"
+                    " is recovering it",
+                    context={"ledger": self.ledger_id},
+                )
+            closing = replace(
+                metadata, state=LedgerState.CLOSED, last_entry_id=lac, length=self._length
+            )
+            try:
+                metadata = await self._client.ledgers.write(closing)
+                break
+            except (BadVersionError, NoSuchKeyError):
+                metadata = await self._client.ledgers.read(self.ledger_id)
+        self.metadata = metadata
+        self._closed = True
+        log.info(
+            "ledger_closed_at_confirmed",
+            ledger=self.ledger_id,
+            last_entry=metadata.last_entry_id,
+            length=metadata.length,
+            error=self._error.message if self._error else None,
+        )
+        return metadata

@@ -346,6 +346,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             storage_size_bytes=ml.storage_size_bytes,
             earliest_offset=ml.earliest_offset,
             next_offset=ml.next_offset,
+            write_problem=ml.write_problem.message if ml.write_problem else "",
+            write_problem_since_ms=ml.write_problem_since_ms,
         )
         for producer in topic.producers.values():
             stats.publishers.add(
@@ -931,4 +933,5 @@ def _ledger_summary(meta: LedgerMetadata, topic: str) -> pb.LedgerSummary:
         write_quorum_size=meta.write_quorum,
         ack_quorum_size=meta.ack_quorum,
         topic=topic,
+        intended_ensemble_size=meta.intended_ensemble_size,
     )

@@ -384,10 +384,18 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         # it when done), the producer closing, or the reader ending; no task per wait
         producer.closed.add_done_callback(lambda _: arrived.set())
         reader.add_done_callback(lambda _: arrived.set())
+        producer.on_problem = arrived.set
         while True:
             while challenges:
                 yield pb.ProduceResponse(
                     auth_challenge=pb.AuthChallenge(expired_at_ms=challenges.popleft())
+                )
+            while producer.problems:
+                problem = producer.problems.popleft()
+                yield pb.ProduceResponse(
+                    stalled=pb.ProduceStalled(problem=error_to_detail(problem))
+                    if problem is not None
+                    else pb.ProduceStalled()
                 )
             if not (inflight and inflight[0][1].done()):
                 if producer.is_closed:

@@ -11,7 +11,9 @@ the same sequence, while appends keep queueing:
 
 1. close the current ledger. Closing waits for its pending adds, so the ledger's end is known
    and every entry in it is confirmed;
-2. if that failed (the writer lost its bookies): recover the ledger (fence, re-add, close) to
+2. if that failed because the writer lost a bookie that nothing could replace: close the
+   ledger at the last entry the writer confirmed (``close_confirmed``, one metadata write). If
+   it failed otherwise (or that close failed): recover the ledger (fence, re-add, close) to
    learn its real last entry. Queued entries at or below it are in the log and complete
    successfully. Those above it go back to the head of the queue unchanged, same bytes and same
    offsets, for the next ledger. Nothing confirmed is lost and nothing is written twice;
@@ -21,6 +23,12 @@ the same sequence, while appends keep queueing:
 Waiting for the old ledger before writing the new one costs one round trip per roll. In return,
 a failure of the old ledger can never leave entries of the new ledger ahead of entries that
 still need a home.
+
+**Write problems.** While a step of the switch keeps failing (no ledger can be created: fewer
+writable bookies than Qw, say), the managed ledger retries it with backoff and keeps the error
+as :attr:`ManagedLedger.write_problem`, from when it began, until a new ledger takes writes
+again; ``on_write_problem`` hears each change, so the broker can tell producers why their
+entries wait.
 
 **Ownership.** A lost compare-and-swap on the info or a cursor, or a bookie answering "fenced",
 means another broker opened this managed ledger. It is *fenced* then: ``fenced`` is set, every
@@ -58,6 +66,7 @@ from broker.managed_ledger.persistence import (
 from broker.managed_ledger.ports import (
     MAX_ENTRY_BYTES,
     LedgerClientApi,
+    LedgerMetadataView,
     LedgerReader,
     LedgerWriter,
 )
@@ -77,6 +86,7 @@ from magnetar.common.errors import (
     BadVersionError,
     CursorAlreadyExistsError,
     CursorNotFoundError,
+    EnsembleUnrepairableError,
     EntryTooLargeError,
     InternalError,
     InvalidArgumentError,
@@ -195,6 +205,12 @@ class ManagedLedger:
         """Messages confirmed since this instance opened."""
         self.fenced = asyncio.Event()
         """Set when another owner took this managed ledger; every append fails from then on."""
+        self.write_problem: MagnetarError | None = None
+        """Why appends wait now: the last error of a switch step being retried (None: none)."""
+        self.write_problem_since_ms = 0
+        """When the current write problem began (clock ms; 0 with none)."""
+        self.on_write_problem: Callable[[MagnetarError | None], None] | None = None
+        """Called with each new write problem, and with None once writes go on again."""
 
         self._cursors: dict[str, ManagedCursor] = {}
         self._creating_cursors: dict[str, asyncio.Future[ManagedCursor]] = {}
@@ -638,12 +654,26 @@ class ManagedLedger:
             self._finish_close()
 
     async def _recover_failed(self, old: LedgerWriter, error: MagnetarError) -> None:
-        """The writer of ``old`` failed: find the ledger's real end, complete what is in it,
-        queue the rest again for the next ledger."""
-        self._log.warning("managed_ledger_recovering", ledger=old.ledger_id, error=error.message)
-        metadata = await self._retrying(
-            "recover_ledger", functools.partial(self._client.recover, old.ledger_id)
-        )
+        """The writer of ``old`` failed: close the ledger where the writer confirmed it (or
+        recover it to find its real end), complete what is in it, queue the rest again for
+        the next ledger."""
+        metadata: LedgerMetadataView | None = None
+        if isinstance(error, EnsembleUnrepairableError):
+            # the writer stopped with the ledger still its own: no fencing or re-adding needed
+            try:
+                metadata = await old.close_confirmed()
+            except LedgerFencedError as e:
+                self._fence(f"ledger {old.ledger_id} was fenced: {e.message}")
+                raise _Stop from None
+            except MagnetarError as e:
+                error = e
+        if metadata is None:
+            self._log.warning(
+                "managed_ledger_recovering", ledger=old.ledger_id, error=error.message
+            )
+            metadata = await self._retrying(
+                "recover_ledger", functools.partial(self._client.recover, old.ledger_id)
+            )
         last = metadata.last_entry_id
         again: list[_Append] = []
         for append in self._pending:
@@ -683,6 +713,7 @@ class ManagedLedger:
         self._sent_entries = 0
         self._sent_bytes = 0
         self._state = _State.WRITING
+        self._set_write_problem(None)
         self._log.info(
             "ledger_rolled",
             reason=reason,
@@ -713,8 +744,24 @@ class ManagedLedger:
                 self._log.warning(
                     "managed_ledger_retrying", step=what, error=e.message, delay_s=delay
                 )
+                self._set_write_problem(e)
             await self._clock.sleep(delay)
             delay = min(delay * 2, _RETRY_MAX_S)
+
+    def _set_write_problem(self, problem: MagnetarError | None) -> None:
+        previous = self.write_problem
+        if previous is None:
+            if problem is None:
+                return
+            self.write_problem_since_ms = self._clock.time_ms()
+        elif problem is None:
+            self.write_problem_since_ms = 0
+            self._log.info("managed_ledger_writing_again", problem=previous.message)
+        self.write_problem = problem
+        if previous is not None and problem is not None and previous.message == problem.message:
+            return  # the same problem, retried: nothing new to tell
+        if self.on_write_problem is not None:
+            self.on_write_problem(problem)
 
     def _stopped_error(self) -> ManagedLedgerError:
         if self._state is _State.FENCED:
@@ -1273,8 +1320,18 @@ class ManagedLedger:
             if not self._trim_again:
                 return
 
+    def _restripe_due(self) -> bool:
+        """The current ledger is under-striped and its full E of bookies is writable again:
+        roll early, so that the load spreads over all of them again."""
+        metadata = self._handle.metadata
+        return (
+            metadata.under_striped
+            and self._client.writable_bookies() >= metadata.intended_ensemble_size
+        )
+
     async def _run_periodic(self) -> None:
-        """Roll a ledger that got too old while idle, and trim, every ``trim_interval_ms``."""
+        """Roll a ledger that got too old while idle, or an under-striped one once E bookies
+        are writable again, and trim, every ``trim_interval_ms``."""
         interval = self.config.trim_interval_ms / 1000
         while self._state is not _State.CLOSED and self._state is not _State.FENCED:
             await self._clock.sleep(interval)
@@ -1287,6 +1344,8 @@ class ManagedLedger:
                 reason = self._roll_reason()
                 if reason is not None:
                     self._start_switch(reason.value)
+                elif self._restripe_due():
+                    self._start_switch("restripe")
             if self._state is _State.WRITING or self._state is _State.SWITCHING:
                 try:
                     await self.trim()

@@ -37,6 +37,14 @@ class LedgerMetadataView(Protocol):
     @property
     def closed(self) -> bool: ...
 
+    @property
+    def under_striped(self) -> bool:
+        """Created on fewer bookies than its intended E (fewer were writable)."""
+        ...
+
+    @property
+    def intended_ensemble_size(self) -> int: ...
+
 
 class LedgerEntryView(Protocol):
     @property
@@ -68,9 +76,17 @@ class LedgerWriter(Protocol):
     @property
     def ledger_id(self) -> int: ...
 
+    @property
+    def metadata(self) -> LedgerMetadataView: ...
+
     async def add_async(self, payload: bytes) -> asyncio.Future[int]: ...
 
     async def close(self) -> LedgerMetadataView: ...
+
+    async def close_confirmed(self) -> LedgerMetadataView:
+        """After the writer failed without losing the ledger: close it at the last entry it
+        confirmed (raises ``LedgerFencedError`` if another client is recovering it)."""
+        ...
 
 
 class LedgerClientApi(Protocol):
@@ -90,3 +106,7 @@ class LedgerClientApi(Protocol):
     async def recover(self, ledger_id: int) -> LedgerMetadataView: ...
 
     async def delete_ledger(self, ledger_id: int) -> None: ...
+
+    def writable_bookies(self) -> int:
+        """Bookies a new ledger could be placed on now (writable, registered, reachable)."""
+        ...

@@ -79,6 +79,16 @@ class BrokerCollector(Collector):
         )
         cache.add_metric(b, broker.cache.size_bytes)
         yield cache
+        stalled = GaugeMetricFamily(
+            "magnetar_broker_partitions_cannot_write",
+            "Owned partitions whose entries wait on a write problem (e.g. fewer writable"
+            " bookies than Qw); topic stats name it",
+            labels=labels,
+        )
+        stalled.add_metric(
+            b, sum(1 for t in list(broker.topics.topics.values()) if t.ml.write_problem)
+        )
+        yield stalled
         t_labels = ["broker", "topic"]
         msgs_in = CounterMetricFamily(
             "magnetar_topic_messages_in", "Messages stored", labels=t_labels

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import enum
 import itertools
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -77,6 +78,15 @@ class ProducerSession(Closable):
         self.msgs_in = 0
         self.bytes_in = 0
         self.last_sequence_id = topic.dedup.last_sequence_id(name)
+        self.problems: deque[MagnetarError | None] = deque(maxlen=8)
+        """Write problems of the partition to tell this producer (None: writing again); the
+        latest is always last."""
+        self.on_problem: Callable[[], None] | None = None
+
+    def tell_problem(self, problem: MagnetarError | None) -> None:
+        self.problems.append(problem)
+        if self.on_problem is not None:
+            self.on_problem()
 
 
 class Topic:
@@ -118,6 +128,7 @@ class Topic:
         self._batch_limits = BatchLimits(
             max_message_bytes=config.max_message_bytes, max_messages=config.max_messages_per_batch
         )
+        ml.on_write_problem = self._write_problem_changed
         self._fence_watch = asyncio.create_task(self._watch_fenced(), name=f"fenced:{name}")
         self.closed = asyncio.Event()
         """Set once :meth:`close` begins: whatever watches the partition for this broker can
@@ -144,8 +155,20 @@ class Topic:
                 context={"producer": name, "topic": str(self.name)},
             )
         producer = ProducerSession(self, name, address)
+        if self.ml.write_problem is not None:
+            producer.tell_problem(self.ml.write_problem)
         self.producers[name] = producer
         return producer
+
+    def _write_problem_changed(self, problem: MagnetarError | None) -> None:
+        """The managed ledger cannot store entries now (or can again): tell every producer, so
+        that a send that times out names the cause."""
+        if problem is not None:
+            log.warning("partition_cannot_write", topic=str(self.name), problem=problem.message)
+        else:
+            log.info("partition_writing_again", topic=str(self.name))
+        for producer in self.producers.values():
+            producer.tell_problem(problem)
 
     def remove_producer(self, producer: ProducerSession) -> None:
         if self.producers.get(producer.name) is producer:

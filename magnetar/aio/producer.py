@@ -723,7 +723,18 @@ class _PartitionProducer(PartitionStream):
             self._on_receipts(response.receipts.receipts)
         elif kind == "error":
             return self._on_produce_error(response.error)
+        elif kind == "stalled":
+            self._on_stalled(response.stalled)
         return None
+
+    def _on_stalled(self, stalled: broker_pb2.ProduceStalled) -> None:
+        """The broker cannot store this partition's entries now (or can again). Nothing is
+        failed: the batches stay queued; a send that times out names this problem."""
+        if stalled.HasField("problem"):
+            self.last_error = error_from_detail(stalled.problem)
+            self._log.warning("producer_partition_stalled", problem=self.last_error.message)
+        else:
+            self._log.info("producer_partition_writing_again")
 
     def _on_receipts(self, receipts: Any) -> None:
         confirmed = 0

@@ -49,6 +49,7 @@ with :func:`error_from_code`. Codes are grouped by layer in blocks of 100.
     │   └── EntryExistsError              the entry is stored with other bytes: write-once (212)
     ├── LedgerError                       the ledger client (300)
     │   ├── NotEnoughBookiesError         fewer writable bookies than the ensemble needs (301)
+    │   │   └── EnsembleUnrepairableError a writer's bookie has no replacement: it stopped (301)
     │   ├── LedgerClosedError             the ledger is closed for writing (302)
     │   ├── LedgerNotFoundError           no metadata for the ledger (303)
     │   ├── LedgerRecoveryError           recovery could not complete (304, retriable)
@@ -553,6 +554,11 @@ class NotEnoughBookiesError(LedgerError):
     code = ErrorCode.NOT_ENOUGH_BOOKIES
     retriable = True
     grpc_status = "UNAVAILABLE"
+
+
+class EnsembleUnrepairableError(NotEnoughBookiesError):
+    """A ledger's writer lost a bookie that no writable bookie can replace, and stopped; the
+    ledger is still its own, to close at the last entry it confirmed. (Same wire code.)"""
 
 
 class LedgerClosedError(LedgerError):

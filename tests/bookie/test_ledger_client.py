@@ -133,10 +133,19 @@ async def test_write_close_reopen_read(cluster, quorums: tuple[int, int, int]) -
 
 async def test_not_enough_bookies_says_how_many(cluster) -> None:
     c = await cluster(2)
-    client = await c.client()
+    client = await c.client(under_striped_ledgers=False)
     await c.wait_view(client, 2)
-    with pytest.raises(NotEnoughBookiesError, match="needs 3 writable bookies; 2 available"):
+    with pytest.raises(NotEnoughBookiesError, match=r"2 writable \(.*\), need E=3"):
         await client.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2)
+    # by default the ledger is made on the two there are, and says it is under-striped
+    default = await c.client()
+    await c.wait_view(default, 2)
+    narrow = await default.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2)
+    assert narrow.metadata.ensemble_size == 2
+    assert narrow.metadata.intended_ensemble_size == 3
+    assert narrow.metadata.under_striped
+    with pytest.raises(NotEnoughBookiesError, match=r"2 writable \(.*\), need 3 \(Qw=3\)"):
+        await default.create_ledger(ensemble_size=4, write_quorum=3, ack_quorum=2)
     with pytest.raises(InvalidArgumentError, match="E2/Qw3/Qa1"):
         await client.create_ledger(ensemble_size=2, write_quorum=3, ack_quorum=1)
 

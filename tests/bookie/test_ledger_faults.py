@@ -17,7 +17,12 @@ from bookie.client.config import LedgerClientConfig
 from bookie.client.ledger_client import LedgerClient
 from bookie.client.ledger_metadata import LedgerMetadata, LedgerState, write_set_indexes
 from bookie.entries import entry_checksum
-from magnetar.common.errors import LedgerFencedError
+from magnetar.common.errors import (
+    EnsembleUnrepairableError,
+    LedgerClosedError,
+    LedgerFencedError,
+    NotEnoughBookiesError,
+)
 from magnetar.testing import BookieNode, LocalCluster
 from metadata import MetadataStore, open_store
 
@@ -135,8 +140,11 @@ async def test_a_hung_bookie_is_replaced_once_its_adds_time_out(
 async def test_with_three_bookies_the_writer_waits_for_the_killed_one_to_return(
     tmp_path: Path,
 ) -> None:
+    # with under-striped ledgers off; on (the default) the writer stops at once: next test
     async with LocalCluster(tmp_path / "three", bookies=3) as cluster:
-        store, client = await connect(cluster, ensemble_change_timeout_ms=60_000)
+        store, client = await connect(
+            cluster, ensemble_change_timeout_ms=60_000, under_striped_ledgers=False
+        )
         ledger = await client.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2)
         victim = ledger.metadata.last_segment.bookies[1]
         futures = [await ledger.add_async(payload(i)) for i in range(5_000)]
@@ -154,6 +162,61 @@ async def test_with_three_bookies_the_writer_waits_for_the_killed_one_to_return(
         entries = await reader.read(0, 9_999)
         assert [e.payload for e in entries] == [payload(i) for i in range(10_000)]
         await replicas_agree(cluster, closed)
+        await client.close()
+        await store.close()
+
+
+async def test_with_three_bookies_the_writer_stops_and_the_next_ledger_is_under_striped(
+    tmp_path: Path,
+) -> None:
+    async with LocalCluster(tmp_path / "three", bookies=3) as cluster:
+        store, client = await connect(cluster)
+        # on a busy machine a first connection may time out, which now ends a writer at once
+        for _ in range(5):
+            client._quarantine.clear()
+            ledger = await client.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2)
+            futures = [await ledger.add_async(payload(i)) for i in range(2_000)]
+            if not any(
+                isinstance(r, Exception)
+                for r in await asyncio.gather(*futures, return_exceptions=True)
+            ):
+                break
+        victim = ledger.metadata.last_segment.bookies[1]
+        await node(cluster, victim).kill()
+        with contextlib.suppress(NotEnoughBookiesError, LedgerClosedError):
+            futures += [await ledger.add_async(payload(i)) for i in range(2_000, 4_000)]
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        confirmed = [r for r in results if not isinstance(r, BaseException)]
+        failed = [r for r in results if isinstance(r, BaseException)]
+        assert confirmed == list(range(len(confirmed)))  # a prefix, in order
+        assert failed, "entries owed to the killed bookie cannot all have been confirmed"
+        assert all(isinstance(e, EnsembleUnrepairableError) for e in failed), failed[:3]
+        assert f"no writable bookie can replace {victim}" in str(failed[0])
+        closed = await ledger.close_confirmed()
+        assert closed.state is LedgerState.CLOSED
+        assert closed.last_entry_id == len(confirmed) - 1  # exactly what the writer confirmed
+        reader = await client.open_ledger(closed.ledger_id)
+        entries = await reader.read(0, closed.last_entry_id)
+        assert [e.payload for e in entries] == [payload(i) for i in range(len(confirmed))]
+
+        # the killed bookie may still be registered (its lease outlives it): it is not chosen
+        narrow = await client.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2)
+        assert narrow.metadata.ensemble_size == 2
+        assert narrow.metadata.under_striped
+        assert victim not in narrow.metadata.last_segment.bookies
+        assert len(client.under_striped_open) == 1
+        assert [await narrow.add(payload(i)) for i in range(3)] == [0, 1, 2]
+        await narrow.close()
+        assert client.under_striped_open == set()
+
+        await node(cluster, victim).start()  # registers again: out of quarantine
+        async with asyncio.timeout(30):
+            while victim not in client.view.bookies or victim in client.unreachable():
+                await asyncio.sleep(0.05)
+        full = await client.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2)
+        assert full.metadata.ensemble_size == 3
+        assert not full.metadata.under_striped
+        await full.close()
         await client.close()
         await store.close()
 

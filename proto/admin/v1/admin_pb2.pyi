@@ -637,6 +637,8 @@ class PartitionStats(_message.Message):
     SUBSCRIPTIONS_FIELD_NUMBER: _builtins.int
     LEDGERS_FIELD_NUMBER: _builtins.int
     CURSORS_FIELD_NUMBER: _builtins.int
+    WRITE_PROBLEM_FIELD_NUMBER: _builtins.int
+    WRITE_PROBLEM_SINCE_MS_FIELD_NUMBER: _builtins.int
     partition_topic: _builtins.str
     partition: _builtins.int
     owner_broker_id: _builtins.str
@@ -648,6 +650,10 @@ class PartitionStats(_message.Message):
     earliest_offset: _builtins.int
     next_offset: _builtins.int
     """Offset the next message will get."""
+    write_problem: _builtins.str
+    """Why appends wait now (e.g. not enough writable bookies, naming each and why); empty: none."""
+    write_problem_since_ms: _builtins.int
+    """When that problem began (ms since the epoch; 0 with none)."""
     @_builtins.property
     def publishers(self) -> _containers.RepeatedCompositeFieldContainer[Global___PublisherStats]: ...
     @_builtins.property
@@ -675,10 +681,12 @@ class PartitionStats(_message.Message):
         subscriptions: _abc.Iterable[Global___SubscriptionStats] | None = ...,
         ledgers: _abc.Iterable[Global___LedgerStats] | None = ...,
         cursors: _abc.Iterable[Global___CursorStats] | None = ...,
+        write_problem: _builtins.str = ...,
+        write_problem_since_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cursors", b"cursors", "earliest_offset", b"earliest_offset", "ledgers", b"ledgers", "msg_rate_in", b"msg_rate_in", "msg_rate_out", b"msg_rate_out", "msg_throughput_in", b"msg_throughput_in", "msg_throughput_out", b"msg_throughput_out", "next_offset", b"next_offset", "owner_broker_id", b"owner_broker_id", "partition", b"partition", "partition_topic", b"partition_topic", "publishers", b"publishers", "storage_size_bytes", b"storage_size_bytes", "subscriptions", b"subscriptions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cursors", b"cursors", "earliest_offset", b"earliest_offset", "ledgers", b"ledgers", "msg_rate_in", b"msg_rate_in", "msg_rate_out", b"msg_rate_out", "msg_throughput_in", b"msg_throughput_in", "msg_throughput_out", b"msg_throughput_out", "next_offset", b"next_offset", "owner_broker_id", b"owner_broker_id", "partition", b"partition", "partition_topic", b"partition_topic", "publishers", b"publishers", "storage_size_bytes", b"storage_size_bytes", "subscriptions", b"subscriptions", "write_problem", b"write_problem", "write_problem_since_ms", b"write_problem_since_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1172,6 +1180,7 @@ class LedgerSummary(_message.Message):
     WRITE_QUORUM_SIZE_FIELD_NUMBER: _builtins.int
     ACK_QUORUM_SIZE_FIELD_NUMBER: _builtins.int
     TOPIC_FIELD_NUMBER: _builtins.int
+    INTENDED_ENSEMBLE_SIZE_FIELD_NUMBER: _builtins.int
     ledger_id: _builtins.int
     state: _builtins.str
     last_entry_id: _builtins.int
@@ -1180,6 +1189,10 @@ class LedgerSummary(_message.Message):
     write_quorum_size: _builtins.int
     ack_quorum_size: _builtins.int
     topic: _builtins.str
+    intended_ensemble_size: _builtins.int
+    """The E the ledger was meant to have: above ensemble_size for an under-striped ledger
+    (created while fewer than E bookies were writable; still Qw copies, Qa acks).
+    """
     def __init__(
         self,
         *,
@@ -1191,10 +1204,11 @@ class LedgerSummary(_message.Message):
         write_quorum_size: _builtins.int = ...,
         ack_quorum_size: _builtins.int = ...,
         topic: _builtins.str = ...,
+        intended_ensemble_size: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_quorum_size", b"ack_quorum_size", "ensemble_size", b"ensemble_size", "last_entry_id", b"last_entry_id", "ledger_id", b"ledger_id", "length", b"length", "state", b"state", "topic", b"topic", "write_quorum_size", b"write_quorum_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_quorum_size", b"ack_quorum_size", "ensemble_size", b"ensemble_size", "intended_ensemble_size", b"intended_ensemble_size", "last_entry_id", b"last_entry_id", "ledger_id", b"ledger_id", "length", b"length", "state", b"state", "topic", b"topic", "write_quorum_size", b"write_quorum_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -335,6 +335,7 @@ class ProduceResponse(_message.Message):
     ERROR_FIELD_NUMBER: _builtins.int
     CLOSED_FIELD_NUMBER: _builtins.int
     AUTH_CHALLENGE_FIELD_NUMBER: _builtins.int
+    STALLED_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def opened(self) -> Global___ProducerOpened: ...
     @_builtins.property
@@ -349,6 +350,10 @@ class ProduceResponse(_message.Message):
     def auth_challenge(self) -> Global___AuthChallenge:
         """The stream's credentials expired: answer with an AuthResponse."""
 
+    @_builtins.property
+    def stalled(self) -> Global___ProduceStalled:
+        """The partition cannot store entries now, or can again: sent batches stay queued."""
+
     def __init__(
         self,
         *,
@@ -357,16 +362,43 @@ class ProduceResponse(_message.Message):
         error: Global___ProduceError | None = ...,
         closed: Global___ProducerClosed | None = ...,
         auth_challenge: Global___AuthChallenge | None = ...,
+        stalled: Global___ProduceStalled | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["auth_challenge", b"auth_challenge", "closed", b"closed", "error", b"error", "kind", b"kind", "opened", b"opened", "receipts", b"receipts"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["auth_challenge", b"auth_challenge", "closed", b"closed", "error", b"error", "kind", b"kind", "opened", b"opened", "receipts", b"receipts", "stalled", b"stalled"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["auth_challenge", b"auth_challenge", "closed", b"closed", "error", b"error", "kind", b"kind", "opened", b"opened", "receipts", b"receipts"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["auth_challenge", b"auth_challenge", "closed", b"closed", "error", b"error", "kind", b"kind", "opened", b"opened", "receipts", b"receipts", "stalled", b"stalled"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["opened", "receipts", "error", "closed", "auth_challenge"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["opened", "receipts", "error", "closed", "auth_challenge", "stalled"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
 Global___ProduceResponse: _TypeAlias = ProduceResponse  # noqa: Y015
+
+@_typing.final
+class ProduceStalled(_message.Message):
+    """Why the partition's entries wait (e.g. NOT_ENOUGH_BOOKIES naming the bookies and why each
+    cannot take writes), sent when the problem begins or changes, and to a producer opening
+    while it lasts; without `problem`, writes go on again. Nothing is refused: batches stay
+    queued and are receipted once stored. Clients name the problem when a send times out.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROBLEM_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def problem(self) -> _errors_pb2.ErrorDetail: ...
+    def __init__(
+        self,
+        *,
+        problem: _errors_pb2.ErrorDetail | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["problem", b"problem"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["problem", b"problem"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProduceStalled: _TypeAlias = ProduceStalled  # noqa: Y015
 
 @_typing.final
 class ProducerOpened(_message.Message):

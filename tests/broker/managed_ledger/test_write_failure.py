@@ -1,8 +1,14 @@
-"""A ledger's writer fails (not fenced): recover it, complete what is in it, move the rest.
+"""A ledger's writer fails (not fenced): close it where it is confirmed (or recover it),
+complete what is in it, move the rest.
 
-Three bookies and E=Qw=Qa=3, so a writer that loses a bookie has no replacement to change its
-ensemble to: after ``ensemble_change_timeout_ms`` it fails every pending add. Both ways an
-unconfirmed entry can end are shown:
+Three bookies and E3/Qw2/Qa2: a writer that loses a bookie has no replacement, stops at once,
+the ledger is closed at its last confirmed entry and the rest goes to a new ledger on the two
+bookies left (under-striped). With a second bookie gone too, no ledger can be made (fewer than
+Qw writable): the managed ledger says why, and goes on once a bookie is back.
+
+With under-striped ledgers off and E=Qw=Qa=3, the writer fails every pending add after
+``ensemble_change_timeout_ms`` and the ledger is recovered. Both ways an unconfirmed entry can
+end are shown:
 
 - one bookie down: entries sent during the outage reached the other two; recovery (once the
   bookie is back, so that re-adding them reaches Qa) finds them, so they complete in the old
@@ -20,14 +26,23 @@ from dataclasses import replace
 
 from bookie.client.ledger_metadata import LedgerState
 from broker.managed_ledger import AppendResult, ManagedLedger
-from tests.broker.managed_ledger.conftest import FAST, Env, HeaderCodec, append, body_of, wait_until
+from magnetar.common.errors import MagnetarError
+from tests.broker.managed_ledger.conftest import (
+    FAST,
+    Env,
+    HeaderCodec,
+    append,
+    body_of,
+    eventually,
+    wait_until,
+)
 
 QUORUMS = replace(FAST, ensemble_size=3, write_quorum=3, ack_quorum=3)
 
 
-async def open_fragile(env: Env) -> ManagedLedger:
+async def open_fragile(env: Env, **config: object) -> ManagedLedger:
     client = await env.new_client(
-        ensemble_change_timeout_ms=300, add_timeout_ms=1000, read_timeout_ms=1000
+        ensemble_change_timeout_ms=300, add_timeout_ms=1000, read_timeout_ms=1000, **config
     )
     return await env.factory(client, config=QUORUMS).open("t")
 
@@ -50,7 +65,7 @@ async def in_recovery(env: Env, ledger_id: int) -> bool:
 async def test_entries_that_reached_some_bookies_complete_in_the_recovered_ledger(
     ml_env: Env,
 ) -> None:
-    ml = await open_fragile(ml_env)
+    ml = await open_fragile(ml_env, under_striped_ledgers=False)
     before = [await f for f in [append(ml, b"m%d" % i) for i in range(20)]]
     failing = ml.ledgers[-1].ledger_id
 
@@ -103,3 +118,67 @@ async def test_entries_that_reached_no_bookie_move_to_a_new_ledger_unchanged(
     assert [r.position.entry_id for r in moved] == list(range(15))
     assert [lg.entries for lg in ml.ledgers][-2:] == [20, 15]
     await check_log(ml, results, 35)
+
+
+def problem_of(ml: ManagedLedger) -> MagnetarError | None:
+    return ml.write_problem
+
+
+async def test_a_lost_bookie_moves_writing_to_an_under_striped_ledger(ml_env: Env) -> None:
+    client = await ml_env.new_client(add_timeout_ms=1000, read_timeout_ms=1000)
+    # checks every 100 ms whether an under-striped ledger can be rolled to full width
+    config = replace(FAST, ensemble_size=3, write_quorum=2, ack_quorum=2, trim_interval_ms=100)
+    ml = await ml_env.factory(client, config=config).open("t")
+    problems: list[str | None] = []
+    ml.on_write_problem = lambda p: problems.append(p.message if p else None)
+    before = [await f for f in [append(ml, b"m%d" % i) for i in range(20)]]
+    first = ml.ledgers[-1].ledger_id
+    assert not (await client.ledgers.read(first)).under_striped
+
+    await ml_env.stop_bookie("b2")
+    results = before + [await f for f in [append(ml, b"m%d" % i) for i in range(20, 40)]]
+    second = ml.ledgers[-1].ledger_id
+    assert second != first
+    assert (await client.ledgers.read(first)).closed
+    narrow = await client.ledgers.read(second)
+    assert narrow.under_striped
+    assert (narrow.ensemble_size, narrow.intended_ensemble_size) == (2, 3)
+    assert (narrow.write_quorum, narrow.ack_quorum) == (2, 2)  # durability as before
+    assert "b2" not in narrow.all_bookies()
+    assert ml.write_problem is None
+    await check_log(ml, results, 40)
+
+    # below Qw: entries wait, and the managed ledger says why
+    await ml_env.stop_bookie("b1")
+    stuck = [append(ml, b"m%d" % i) for i in range(40, 50)]
+    await wait_until(lambda: ml.write_problem is not None)
+    assert not any(f.done() for f in stuck)
+    problem = problem_of(ml)
+    assert problem is not None
+    assert "not enough writable bookies" in problem.message
+    assert "1 writable (b0)" in problem.message
+    assert "b1 unreachable" in problem.message
+    assert ml.write_problem_since_ms > 0
+
+    await ml_env.start_bookie("b1")
+    results += [await f for f in stuck]
+    assert ml.write_problem is None
+    assert problems[0] is not None
+    assert problems[-1] is None
+    await check_log(ml, results, 50)
+
+    # all three writable again: the under-striped ledger is rolled early, to full width
+    await ml_env.start_bookie("b2")
+    narrow_now = ml.ledgers[-1].ledger_id
+    assert (await client.ledgers.read(narrow_now)).under_striped
+
+    async def full_width() -> bool:
+        current = ml.ledgers[-1].ledger_id
+        return not (await client.ledgers.read(current)).under_striped
+
+    await eventually(full_width)
+    assert (await client.ledgers.read(narrow_now)).closed
+    results += [await f for f in [append(ml, b"m%d" % i) for i in range(50, 60)]]
+    await check_log(ml, results, 60)
+    assert (await client.ledgers.read(ml.ledgers[-1].ledger_id)).ensemble_size == 3
+    assert not ml.fenced.is_set()

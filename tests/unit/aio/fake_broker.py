@@ -139,6 +139,8 @@ class FakeCluster:
         """Store batches but send no receipts (as if the broker died before answering)."""
         self.refuse_next_batch: MagnetarError | None = None
         """Answer the next batch with a ProduceError carrying this error."""
+        self.write_problem: MagnetarError | None = None
+        """Tell producers on opening that batches wait, and why (ProduceStalled)."""
 
     async def start(self, brokers: int = 2) -> FakeCluster:
         for index in range(brokers):
@@ -290,6 +292,9 @@ class FakeBroker(broker_pb2_grpc.BrokerServiceServicer):
                     max_message_bytes=1024 * 1024,
                 )
             )
+            if self.cluster.write_problem is not None:
+                problem = error_to_detail(self.cluster.write_problem)
+                yield pb.ProduceResponse(stalled=pb.ProduceStalled(problem=problem))
             while True:
                 event = await events.get()
                 if event is None:

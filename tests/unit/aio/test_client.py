@@ -32,6 +32,7 @@ from magnetar.common.errors import (
     AuthenticationExpiredError,
     InvalidArgumentError,
     InvalidConfigError,
+    NotEnoughBookiesError,
 )
 from tests.unit.aio.fake_broker import FakeCluster
 
@@ -187,6 +188,23 @@ async def test_a_killed_broker_costs_nothing_but_time(cluster: FakeCluster, clie
     await asyncio.gather(*pending)
     received = [m.data() for m in await receive_all(consumer, 20)]
     assert received == [f"b{i}".encode() for i in range(10)] + [f"c{i}".encode() for i in range(10)]
+
+
+async def test_a_send_timeout_names_the_problem_the_broker_reported(
+    cluster: FakeCluster, client: Client
+) -> None:
+    cluster.create_topic("stalled")
+    cluster.write_problem = NotEnoughBookiesError(
+        "not enough writable bookies for a new ledger: 1 writable (bookie-2), need 2 (Qw=2)"
+        " for E3/Qw2; bookie-0 read-only (disk 96% used), bookie-1 unreachable"
+    )
+    cluster.drop_receipts = True  # the batch waits in the broker
+    producer = await client.create_producer("stalled", send_timeout_ms=300)
+    with pytest.raises(OperationTimeoutError) as info:
+        await producer.send(b"waits")
+    assert "last problem: not enough writable bookies" in info.value.message
+    assert "bookie-0 read-only (disk 96% used), bookie-1 unreachable" in info.value.message
+    assert info.value.retriable
 
 
 async def test_sends_fail_with_a_timeout_when_the_broker_never_confirms(

@@ -31,11 +31,50 @@ def test_most_free_space_then_least_load_first() -> None:
 
 
 def test_not_enough_bookies_names_both_numbers() -> None:
-    with pytest.raises(
-        NotEnoughBookiesError, match="needs 3 writable bookies; 2 available"
-    ) as info:
+    with pytest.raises(NotEnoughBookiesError, match=r"2 writable \(a, b\), need E=3") as info:
         choose_ensemble([bookie("a"), bookie("b"), bookie("c", writable=False)], 3, 2)
     assert info.value.context == {"needed": "3", "available": "2"}
+
+
+def test_fewer_writable_than_e_gives_an_under_striped_ensemble_down_to_qw() -> None:
+    candidates = [bookie("a"), bookie("b"), bookie("c", writable=False)]
+    assert sorted(choose_ensemble(candidates, 3, 2, min_ensemble_size=2)) == ["a", "b"]
+    # an unreachable bookie is left out even while still registered as writable
+    three = [bookie("a"), bookie("b"), bookie("c")]
+    assert sorted(choose_ensemble(three, 3, 2, exclude=["b"], min_ensemble_size=2)) == ["a", "c"]
+    # enough bookies: full width, whatever the minimum
+    assert len(choose_ensemble([*three, bookie("d")], 3, 2, min_ensemble_size=2)) == 3
+
+
+def test_below_qw_the_error_names_every_bookie_and_why() -> None:
+    candidates = [bookie("bookie-2"), bookie("bookie-0", free=0.04, writable=False)]
+    with pytest.raises(NotEnoughBookiesError) as info:
+        choose_ensemble(candidates, 3, 2, exclude=["bookie-1"], min_ensemble_size=2)
+    assert info.value.message == (
+        "not enough writable bookies for a new ledger: 1 writable (bookie-2), need 2 (Qw=2)"
+        " for E3/Qw2; bookie-0 read-only (disk 96% used), bookie-1 unreachable"
+    )
+    assert info.value.context == {"needed": "2", "available": "1"}
+
+
+@given(
+    writable=st.integers(min_value=0, max_value=6),
+    e=st.integers(min_value=1, max_value=5),
+    qw=st.integers(min_value=1, max_value=5),
+)
+def test_under_striped_size_is_available_capped_by_e_never_below_qw(
+    writable: int, e: int, qw: int
+) -> None:
+    qw = min(qw, e)
+    candidates = [bookie(f"b{i}") for i in range(writable)] + [bookie("ro", writable=False)]
+    if writable < qw:
+        with pytest.raises(NotEnoughBookiesError):
+            choose_ensemble(candidates, e, qw, min_ensemble_size=qw)
+        return
+    ensemble = choose_ensemble(candidates, e, qw, min_ensemble_size=qw)
+    assert len(ensemble) == min(e, writable)
+    assert len(set(ensemble)) == len(ensemble)
+    assert "ro" not in ensemble
 
 
 def test_replicas_go_to_distinct_zones_when_enough_exist() -> None:
