@@ -142,6 +142,10 @@ class Availability:
             for kind in sorted(starts)
         }
 
+    def lateness(self) -> Distribution:
+        """Of every outage's lateness: what the recovery bound judges."""
+        return Distribution.of([o.lateness_s for o in self.outages])
+
     def overall(self) -> dict[str, Distribution]:
         return {
             "after_start": Distribution.of([r.after_start_s for r in self.recoveries]),
@@ -183,6 +187,7 @@ class Availability:
             "bound_s": self.bound_s,
             "gap_s": self.gap_s,
             "late": len(self.late),
+            "lateness": self.lateness().to_json(),
             "overall": {k: d.to_json() for k, d in self.overall().items()},
             "by_kind": {
                 kind: {k: d.to_json() for k, d in dists.items()}

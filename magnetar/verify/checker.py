@@ -180,6 +180,9 @@ class Verdict:
             "late_recoveries": len(self.late_recoveries),
             "recovery_bound_s": self.availability.bound_s if self.availability else None,
             "recovery_after_heal": after_heal.to_json() if after_heal else None,
+            "recovery_lateness": (
+                self.availability.lateness().to_json() if self.availability else None
+            ),
         }
 
     def to_json(self) -> dict[str, Any]:

@@ -270,14 +270,15 @@ def _recovery_lines(verdict: Verdict) -> list[str]:
         f" {_distribution_cells(d['after_heal'])} |"
         for kind, d in rows
     )
-    lateness = max(availability.outages, key=lambda o: o.lateness_s, default=None)
+    longest = max(availability.outages, key=lambda o: o.lateness_s, default=None)
     lines.append("")
-    if lateness is not None:
+    if longest is not None:
         lines += [
             (
-                f"Longest stretch out with no fault active: {lateness.lateness_s:.2f} s"
-                f" (partition {lateness.partition}, {lateness.late_from:.1f}-"
-                f"{lateness.late_to:.1f} s)."
+                "Out with no fault active that could explain it (lateness, judged against the"
+                f" bound), over the {len(availability.outages)} outages: p50 / p99 / max"
+                f" {_distribution_cells(availability.lateness())} s; the longest on partition"
+                f" {longest.partition}, {longest.late_from:.1f}-{longest.late_to:.1f} s."
             ),
             "",
         ]

@@ -303,7 +303,10 @@ def _after_heal(summary: dict[str, Any]) -> str:
         "never" if after_heal[k] is None else f"{after_heal[k]:.2f}s"
         for k in ("p50_s", "p99_s", "max_s")
     ]
-    return "first ack after heal p50 {} p99 {} max {}".format(*figures)
+    longest = summary["recovery_lateness"]["max_s"]
+    return "first ack after heal p50 {} p99 {} max {}; longest out with no fault {}".format(
+        *figures, "never recovered" if longest is None else f"{longest:.2f}s"
+    )
 
 
 async def _rotate(

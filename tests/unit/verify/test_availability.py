@@ -211,6 +211,9 @@ def test_the_report_has_a_recovery_section_and_an_availability_plot(tmp_path: Pa
     assert "1 late" in text
     assert "| kill-broker | 2 | 5.00 / 11.50 / 11.50 | 1.00 / 7.50 / 7.50 |" in text
     assert "| late_recoveries | 1 |" in text
+    # outage 0 is late by 7.5 s (14-21.5), outage 1 by 1 s (14-15)
+    assert "over the 2 outages: p50 / p99 / max 1.00 / 7.50 / 7.50 s" in text
+    assert "the longest on partition 0, 14.0-21.5 s" in text
     body = verdict.to_json()["availability"]
     assert body["late"] == 1
     assert body["by_kind"]["kill-broker"]["after_heal"] == {
