@@ -156,7 +156,7 @@ class Availability:
         """One line naming the partition, the outage and the faults, for a failure."""
         ending = f"{outage.end:.1f}s" if outage.recovered else "the end, never recovered"
         if not outage.faults:
-            cause = "no fault explains it"
+            cause = "no fault explains it" + self._healed_before(outage.start)
         else:
             cause = "faults that could explain it: " + ", ".join(
                 self._name(i) for i in outage.faults
@@ -170,6 +170,17 @@ class Availability:
             f"partition {outage.partition} acknowledged no send from {outage.start:.1f}s to"
             f" {ending} ({cause}); out {outage.lateness_s:.1f}s with none of them active,"
             f" {stretch}, over the {self.bound_s:g}s recovery bound"
+        )
+
+    def _healed_before(self, at: float) -> str:
+        """The fault healed last before ``at``, for an outage none explains."""
+        before = [i for i, heal in self.heals.items() if heal < at]
+        if not before:
+            return ""
+        index = max(before, key=lambda i: self.heals[i])
+        return (
+            f"; the last fault before it, {self._name(index)}, healed"
+            f" {at - self.heals[index]:.1f}s before it began"
         )
 
     def _name(self, index: int) -> str:

@@ -145,7 +145,16 @@ def test_an_outage_no_fault_explains_is_late_by_its_whole_length() -> None:
     [late] = availability.late
     assert late.partition == 0
     assert late.lateness_s == pytest.approx(6.0)
-    assert "no fault explains it" in availability.describe(late)
+    assert "no fault explains it)" in availability.describe(late)
+    # one healed before the outage began is named, to help find what it left behind
+    fault(history, "pause-bookie", 2.0, 3.5)
+    [late] = measure(history).late
+    assert late.faults == ()
+    assert (
+        "(no fault explains it; the last fault before it, #1 pause-bookie:t1 2.0s-3.5s,"
+        " healed 1.5s before it began); out 6.0s with none of them active, for its whole"
+        " length, over the 5s recovery bound" in measure(history).describe(late)
+    )
     assert availability.recoveries == []
 
 
