@@ -401,6 +401,14 @@ def _add_verify_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
         help="the first pause-broker and cut-broker-etcd faults last at least S seconds"
         " (more than the 4 s session TTL: a zombie broker even at a fast pace)",
     )
+    add(
+        "--recovery-bound-s",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="fail when a partition acknowledges no send for more than S seconds with no fault"
+        " active that could explain it, e.g. S seconds after the faults healed (5)",
+    )
     add("--bookies", type=int, default=4, help="bookies (4)")
     add(
         "--brokers",
@@ -450,6 +458,7 @@ def _run_verify(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
             faults=faults,
             pace=args.pace,
             zombie_s=args.zombie_s,
+            recovery_bound_s=args.recovery_bound_s,
             bookies=args.bookies,
             brokers=args.brokers,
             etcd_members=args.etcd_members,

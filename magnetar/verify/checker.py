@@ -35,14 +35,21 @@ count in :class:`Verdict` (a violation fails the run):
 
 Unavailability windows are the gaps in each partition's stream of acknowledgements longer
 than ``gap_s``, with the faults active during each.
+
+- **late recoveries** (:mod:`magnetar.verify.availability`): a partition that stayed in an
+  outage (no acknowledged send while the workload sent to it) for more than the recovery
+  bound with no fault active that could explain it, e.g. longer than the bound after the
+  faults healed. The report also gives, per fault kind, the distribution of each partition's
+  time to its first acknowledged send after the fault began and after it healed.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from magnetar.verify.availability import DEFAULT_RECOVERY_BOUND_S, Availability, measure
 from magnetar.verify.history import Delivery, History, Name
 
 ORDERED_PER_CONSUMER = ("exclusive", "failover")
@@ -100,6 +107,11 @@ class Verdict:
     """Secure runs: no rotation, or TLS listeners not presenting their rotated certificate at
     the end."""
     samples: dict[str, list[str]] = field(default_factory=dict)
+    late_recoveries: list[str] = field(default_factory=list)
+    """Outages that outlasted, by more than the recovery bound, every fault that could explain
+    them: one line each naming the partition, the outage and the faults."""
+    availability: Availability | None = None
+    """Outages and recovery times (:func:`magnetar.verify.availability.measure`)."""
 
     @property
     def duplicates_unexplained(self) -> int:
@@ -116,6 +128,7 @@ class Verdict:
             and self.unexplained_redeliveries_after_ack == 0
             and self.drain_complete
             and not self.security_problems
+            and not self.late_recoveries
         )
 
     def problems(self) -> list[str]:
@@ -135,10 +148,12 @@ class Verdict:
         if not self.drain_complete:
             found.append("the final read did not reach the end of every partition")
         found.extend(self.security_problems)
+        found.extend(f"late recovery: {line}" for line in self.late_recoveries)
         return found
 
     def summary(self) -> dict[str, Any]:
         """The one-line summary (``magnetar verify --json``)."""
+        after_heal = self.availability.overall()["after_heal"] if self.availability else None
         return {
             "ok": self.ok,
             "acked": self.acked,
@@ -162,10 +177,17 @@ class Verdict:
             "longest_unavailability_s": round(self.longest_window_s, 3),
             "secure": self.secure,
             "security_problems": len(self.security_problems),
+            "late_recoveries": len(self.late_recoveries),
+            "recovery_bound_s": self.availability.bound_s if self.availability else None,
+            "recovery_after_heal": after_heal.to_json() if after_heal else None,
+            "recovery_lateness": (
+                self.availability.lateness().to_json() if self.availability else None
+            ),
         }
 
     def to_json(self) -> dict[str, Any]:
-        body = asdict(self)
+        body = asdict(replace(self, availability=None))
+        body["availability"] = self.availability.to_json() if self.availability else None
         body["ok"] = self.ok
         body["problems"] = self.problems()
         return body
@@ -181,13 +203,24 @@ def _label(name: Name) -> str:
     return f"{name[0]}/{name[1]}#{name[2]}"
 
 
-def check(history: History, *, gap_s: float = 1.0, switch_s: float = 2.0) -> Verdict:
-    """Judge one history (see the module docstring for the rules)."""
+def check(
+    history: History,
+    *,
+    gap_s: float = 1.0,
+    switch_s: float = 2.0,
+    recovery_bound_s: float | None = None,
+) -> Verdict:
+    """Judge one history (see the module docstring for the rules). The recovery bound is the
+    run's (``recovery_bound_s`` in its configuration) unless given."""
     verdict = Verdict(drain_complete=history.drain_complete)
     verdict.dedup = bool(history.config.get("dedup", True))
     _check_sends_and_log(history, verdict)
     _check_subscriptions(history, verdict, switch_s)
     _check_faults_and_windows(history, verdict, gap_s)
+    if recovery_bound_s is None:
+        recovery_bound_s = float(history.config.get("recovery_bound_s", DEFAULT_RECOVERY_BOUND_S))
+    verdict.availability = measure(history, bound_s=recovery_bound_s, gap_s=gap_s)
+    verdict.late_recoveries = verdict.availability.problems()
     verdict.lost = verdict.lost_from_log + sum(verdict.lost_by_subscription.values())
     _check_security(history, verdict)
     return verdict

@@ -1,8 +1,11 @@
-"""A verify run's report: ``report.json``, ``timeline.png`` and ``summary.md`` in one directory.
+"""A verify run's report: ``report.json``, ``timeline.png``, ``availability.png`` and
+``summary.md`` in one directory.
 
 The JSON holds the configuration, the seed, the schedule, every fault with its times, the
-checker's verdict (counts, samples, unavailability windows) and the per-second throughput. The
-PNG plots acknowledged sends and deliveries per second with every fault shaded and labelled.
+checker's verdict (counts, samples, unavailability windows, and under ``availability`` every
+outage and recovery time) and the per-second throughput. ``timeline.png`` plots acknowledged
+sends and deliveries per second with every fault shaded and labelled; ``availability.png``
+each partition's outages against the faults, and each fault's recovery times by kind.
 The summary is one page of markdown for humans (and for ``bench/results/``). A secure run's
 report also says what was secured, when the certificates and the token key were rotated (a
 line on the timeline), how soon each server presented its new certificate, and what the
@@ -17,6 +20,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from magnetar.verify.availability import Availability, Distribution
 from magnetar.verify.checker import Verdict
 from magnetar.verify.history import History
 
@@ -81,10 +85,15 @@ def write_report(
     paths = {
         "json": out_dir / "report.json",
         "png": out_dir / "timeline.png",
+        "availability_png": out_dir / "availability.png",
         "summary": out_dir / "summary.md",
     }
     paths["json"].write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
     plot_timeline(paths["png"], history, body["throughput"])
+    if verdict.availability is not None:
+        plot_availability(paths["availability_png"], history, verdict.availability)
+    else:
+        del paths["availability_png"]
     paths["summary"].write_text(summary_markdown(history, verdict))
     return paths
 
@@ -139,6 +148,165 @@ def plot_timeline(path: Path, history: History, series: dict[str, list[int]]) ->
     figure.tight_layout()
     figure.savefig(path)
     plt.close(figure)
+
+
+def plot_availability(path: Path, history: History, availability: Availability) -> None:
+    """Above: each partition's outages (late ones in red) over the faults, shaded by kind.
+    Below: every (fault, partition out) pair's time to its first acknowledged send after the
+    fault healed, by kind, and every outage's lateness, with the recovery bound."""
+    import matplotlib  # noqa: PLC0415 - a heavy import, needed only here
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+    from matplotlib.patches import Patch  # noqa: PLC0415
+
+    figure, (timeline, recovery) = plt.subplots(
+        2, 1, figsize=(14, 8), dpi=100, gridspec_kw={"height_ratios": [3, 2]}
+    )
+    partitions = sorted(
+        {s.partition for s in history.sends if s.outcome == "acked"}
+        | {o.partition for o in availability.outages}
+    )
+    row = {p: i for i, p in enumerate(partitions)}
+    kinds: list[str] = []
+    for index, fault in availability.faults.items():
+        start = fault.started_at or 0.0
+        end = availability.heals[index]
+        end = end if math.isfinite(end) else start + 1
+        timeline.axvspan(start, end, color=_COLORS.get(fault.kind, "#bcbd22"), alpha=0.25, lw=0)
+        timeline.text(start, len(partitions) - 0.45, str(index), fontsize=6, rotation=90)
+        if fault.kind not in kinds:
+            kinds.append(fault.kind)
+    late = set(map(id, availability.late))
+    for outage in availability.outages:
+        color = "#d62728" if id(outage) in late else "#333333"
+        timeline.barh(
+            row[outage.partition], outage.duration_s, left=outage.start, height=0.5,
+            color=color, hatch=None if outage.recovered else "//",
+        )  # fmt: skip
+    for name in ("nemesis", "healed", "producers_stopped"):
+        if name in history.phases:
+            timeline.axvline(history.phases[name], color="#444444", ls=":", lw=0.8)
+    timeline.set_yticks(range(len(partitions)), [f"partition {p}" for p in partitions])
+    timeline.set_ylim(-0.6, len(partitions) - 0.1)
+    timeline.set_xlabel("seconds since start")
+    handles = [
+        Patch(color="#333333", label=f"outage (> {availability.gap_s:g} s without an ack)"),
+        Patch(color="#d62728", label=f"late: out > {availability.bound_s:g} s with no fault"),
+        *(Patch(color=_COLORS.get(k, "#bcbd22"), alpha=0.4, label=k) for k in kinds),
+    ]
+    timeline.legend(
+        handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.14), fontsize=7, ncol=5
+    )
+    timeline.set_title(
+        f"magnetar verify, seed {history.seed}: {len(availability.outages)} outages,"
+        f" {len(availability.late)} late (recovery bound {availability.bound_s:g} s)"
+    )
+    # one column per fault kind (each partition's first ack after the fault healed), and a
+    # last one with every outage's lateness: what the bound judges
+    by_kind = sorted({availability.faults[r.fault].kind for r in availability.recoveries})
+    columns: list[tuple[str, str, list[float | None]]] = [
+        (
+            kind,
+            _COLORS.get(kind, "#bcbd22"),
+            [
+                r.after_heal_s
+                for r in availability.recoveries
+                if availability.faults[r.fault].kind == kind
+            ],
+        )
+        for kind in by_kind
+    ]
+    columns.append(
+        ("lateness\n(per outage)", "#000000", [o.lateness_s for o in availability.outages])
+    )
+    finite = [v for _, _, values in columns for v in values if v is not None and v < math.inf]
+    top = max([availability.bound_s * 1.5, *finite]) * 1.1
+    for x, (_, color, values) in enumerate(columns):
+        recovery.scatter(
+            [x] * len(values),
+            [top if v is None or v == math.inf else v for v in values],
+            color=color,
+            marker="o",
+            s=14,
+            zorder=3,
+        )
+    recovery.axhline(
+        availability.bound_s,
+        color="#d62728",
+        ls="--",
+        lw=1,
+        label="recovery bound (judges each outage's lateness)",
+    )
+    recovery.set_xticks(range(len(columns)), [name for name, _, _ in columns], fontsize=7)
+    recovery.set_xlim(-0.5, len(columns) - 0.5)
+    recovery.set_ylim(0, top * 1.05)
+    recovery.set_ylabel("seconds (top edge: never)")
+    recovery.set_title(
+        "by fault kind: each partition's first acknowledged send after the fault healed (later"
+        " faults may prolong it); last: each outage's longest stretch with no fault active",
+        fontsize=9,
+    )
+    recovery.legend(fontsize=7, loc="upper right")
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
+def _seconds(value: float) -> str:
+    return "never" if math.isinf(value) else "-" if math.isnan(value) else f"{value:.2f}"
+
+
+def _distribution_cells(dist: Distribution) -> str:
+    return f"{_seconds(dist.p50)} / {_seconds(dist.p99)} / {_seconds(dist.max)}"
+
+
+def _recovery_lines(verdict: Verdict) -> list[str]:
+    """The summary's section on availability: recovery times by fault kind, late outages."""
+    availability = verdict.availability
+    if availability is None:
+        return []
+    late = availability.late
+    lines = [
+        "## Recovery",
+        "",
+        (
+            f"{len(availability.outages)} outages (more than {availability.gap_s:g} s without an"
+            " acknowledged send on a partition while the workload sent to it);"
+            f" {len(late)} late: out more than the {availability.bound_s:g} s recovery bound"
+            " with no fault active that could explain it. Per fault kind, over each partition"
+            " in an outage the fault could explain, the time to its first acknowledged send"
+            " after the fault began and after it healed (docs/verify.md, Availability;"
+            " plot: `availability.png`):"
+        ),
+        "",
+        (
+            "| fault kind | partitions out | after start p50 / p99 / max (s) |"
+            " after heal p50 / p99 / max (s) |"
+        ),
+        "|---|---:|---:|---:|",
+    ]
+    rows = [*availability.by_kind().items(), ("all", availability.overall())]
+    lines.extend(
+        f"| {kind} | {d['after_start'].count} | {_distribution_cells(d['after_start'])} |"
+        f" {_distribution_cells(d['after_heal'])} |"
+        for kind, d in rows
+    )
+    longest = max(availability.outages, key=lambda o: o.lateness_s, default=None)
+    lines.append("")
+    if longest is not None:
+        lines += [
+            (
+                "Out with no fault active that could explain it (lateness, judged against the"
+                f" bound), over the {len(availability.outages)} outages: p50 / p99 / max"
+                f" {_distribution_cells(availability.lateness())} s; the longest on partition"
+                f" {longest.partition}, {longest.late_from:.1f}-{longest.late_to:.1f} s."
+            ),
+            "",
+        ]
+    if late:
+        lines += ["Late recoveries:", "", *(f"- {line}" for line in verdict.late_recoveries), ""]
+    return lines
 
 
 def _cluster_lines(config: dict[str, Any]) -> list[str]:
@@ -251,7 +419,7 @@ def _security_lines(history: History) -> list[str]:
 _RESULT_ROWS = (
     "attempted", "acked", "failed", "stored", "lost", "misplaced", "phantoms", "duplicates",
     "reordered", "redeliveries", "redelivered_after_ack", "unexplained_redeliveries_after_ack",
-    "faults", "failed_faults",
+    "faults", "failed_faults", "late_recoveries",
 )  # fmt: skip
 
 
@@ -313,12 +481,14 @@ def summary_markdown(history: History, verdict: Verdict) -> str:
     ]
     mean = sum(durations) / len(durations) if durations else math.nan
     errors = sum(1 for f in history.faults if f.error)
+    lines += _recovery_lines(verdict)
     lines += [
         "## Faults",
         "",
         (
             f"{len(durations)} injected, {errors} with an error; mean length {mean:.1f} s."
-            " Timeline: `timeline.png`; every fault with its times: `report.json`."
+            " Timeline: `timeline.png`; outages: `availability.png`; every fault with its"
+            " times: `report.json`."
         ),
         "",
     ]

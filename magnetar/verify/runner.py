@@ -5,7 +5,8 @@
    runs in its own network namespace (for the ``cut-broker-*`` faults).
 2. Start the workload and let it warm up.
 3. Run the nemesis' seeded schedule for ``duration_s``, then heal everything.
-4. Keep producing ``settle_s`` more (the recovered cluster must serve), then drain: stop
+4. Keep producing ``settle_s`` more, at least the recovery bound (the recovered cluster must
+   serve, every partition within the bound), then drain: stop
    producing, let every subscription catch up, read every partition from its start.
 5. Check the history and write the report.
 
@@ -30,6 +31,7 @@ from typing import Any
 from magnetar.testing import LocalCluster
 from magnetar.testing.cluster import tmpfs_unsupported_reason
 from magnetar.testing.netns import netns_unsupported_reason
+from magnetar.verify.availability import DEFAULT_RECOVERY_BOUND_S
 from magnetar.verify.checker import Verdict, check
 from magnetar.verify.history import History
 from magnetar.verify.nemesis import FAULT_KINDS, Nemesis, describe, plan, supported_kinds
@@ -74,6 +76,9 @@ class VerifyConfig:
     bookie_disk_mb: int = 256
     warmup_s: float = 3.0
     settle_s: float = 5.0
+    recovery_bound_s: float = DEFAULT_RECOVERY_BOUND_S
+    """A partition out (no acknowledged send while sent to) longer than this with no fault
+    active that could explain it, e.g. this long after the faults healed, fails the run."""
     drain_timeout_s: float = 120.0
     out_dir: Path = Path("verify-report")
     work_dir: Path | None = None
@@ -103,6 +108,8 @@ class VerifyConfig:
             raise ValueError(f"verify needs at least 1 broker, got {self.brokers}")
         if self.etcd_members < 1:
             raise ValueError(f"verify needs at least 1 etcd member, got {self.etcd_members}")
+        if not self.recovery_bound_s > 0:
+            raise ValueError(f"recovery bound must be > 0 seconds, got {self.recovery_bound_s}")
         if self.token_expiry_s < 2:
             raise ValueError(f"token expiry must be >= 2 seconds, got {self.token_expiry_s}")
 
@@ -193,6 +200,7 @@ async def run_verify(config: VerifyConfig, say: Callable[[str], None]) -> Outcom
             "write_quorum": 2,
             "ack_quorum": 2,
             "session_ttl_s": config.session_ttl_s,
+            "recovery_bound_s": config.recovery_bound_s,
             "bookie_disk_mb": config.bookie_disk_mb if use_tmpfs else None,
             "partitions": config.partitions,
             "producers": config.producers,
@@ -257,8 +265,10 @@ async def run_verify(config: VerifyConfig, say: Callable[[str], None]) -> Outcom
         for problem in problems:
             say(f"could not heal: {problem}")
         history.phases["healed"] = clock.now()
-        say(f"{clock.now():8.2f}s nemesis done, cluster healed; settling {config.settle_s:g}s")
-        await asyncio.sleep(config.settle_s)
+        # long enough to see every partition recover within the bound
+        settle_s = max(config.settle_s, config.recovery_bound_s)
+        say(f"{clock.now():8.2f}s nemesis done, cluster healed; settling {settle_s:g}s")
+        await asyncio.sleep(settle_s)
         history.phases["drain"] = clock.now()
         await workload.drain(config.drain_timeout_s)
         if rotation is not None:
@@ -283,6 +293,20 @@ async def run_verify(config: VerifyConfig, say: Callable[[str], None]) -> Outcom
         await cluster.aclose()
         if passed and not config.keep and config.work_dir is None:
             shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def _after_heal(summary: dict[str, Any]) -> str:
+    after_heal = summary["recovery_after_heal"]
+    if not after_heal or not after_heal["count"]:
+        return "no partition was out during a fault"
+    figures = [
+        "never" if after_heal[k] is None else f"{after_heal[k]:.2f}s"
+        for k in ("p50_s", "p99_s", "max_s")
+    ]
+    longest = summary["recovery_lateness"]["max_s"]
+    return "first ack after heal p50 {} p99 {} max {}; longest out with no fault {}".format(
+        *figures, "never recovered" if longest is None else f"{longest:.2f}s"
+    )
 
 
 async def _rotate(
@@ -421,7 +445,9 @@ def verify_main(config: VerifyConfig, *, as_json: bool) -> int:
             f" {summary['lost']} lost, {summary['duplicates']} duplicates,"
             f" {summary['reordered']} reordered,"
             f" {summary['unexplained_redeliveries_after_ack']} unexplained redeliveries;"
-            f" longest unavailability {summary['longest_unavailability_s']}s"
+            f" longest unavailability {summary['longest_unavailability_s']}s;"
+            f" {summary['late_recoveries']} late recoveries"
+            f" (bound {summary['recovery_bound_s']:g}s, {_after_heal(summary)})"
         )
         for problem in verdict.problems():
             print(f"  {problem}")

@@ -111,11 +111,26 @@ def run_short_form(tmp_path: Path, *extra: str) -> Run:
         assert unsupported == {}
     assert summary["faults"] == sum(summary["fault_kinds"].values())
 
-    # the report's other two files are there: the timeline and the one-page summary
+    # every partition recovered within the bound once the faults that could explain its
+    # outages were healed (a late one fails the run above); the figures are in the report
+    assert summary["late_recoveries"] == 0, context
+    assert summary["recovery_bound_s"] == 5.0
+    availability = report["verdict"]["availability"]
+    assert availability["late"] == 0, context
+    injected = {f["index"] for f in report["faults"] if f["started_at"] is not None}
+    assert {r["fault"] for r in availability["recoveries"]} <= injected
+    assert all(o["lateness_s"] <= 5.0 for o in availability["outages"]), context
+    assert set(availability["by_kind"]) <= set(summary["fault_kinds"])
+    assert availability["overall"]["after_heal"]["count"] == len(availability["recoveries"])
+
+    # the report's other files are there: the plots and the one-page summary
     assert (out / "timeline.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out / "availability.png").read_bytes()[:4] == b"\x89PNG"
     page = (out / "summary.md").read_text()
     assert "**PASSED**" in page
     assert f"--seed {SEED}" in page
+    assert "## Recovery" in page
+    assert "| all |" in page
     return Run(summary, report, out, context)
 
 
