@@ -62,7 +62,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import google_crc32c
-from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, EncodeError, Message
 
 from magnetar.common.framing import LENGTH, Bytes, FrameDecoder, FrameError, FrameTooLargeError
@@ -141,6 +141,24 @@ def sub_message(command: api.BaseCommand) -> Message:
     return getattr(command, SUB_MESSAGE_FIELDS[command.type].name)  # type: ignore[no-any-return]
 
 
+def _holds_text(descriptor: Descriptor | None, seen: frozenset[str] = frozenset()) -> bool:
+    """Whether messages of this type can hold a string field, at any depth."""
+    if descriptor is None or descriptor.full_name in seen:
+        return False  # MessageIdData holds itself; its other fields decide
+    inner = seen | {descriptor.full_name}
+    return any(
+        f.type == FieldDescriptor.TYPE_STRING
+        or (f.type == FieldDescriptor.TYPE_MESSAGE and _holds_text(f.message_type, inner))
+        for f in descriptor.fields
+    )
+
+
+HAS_TEXT = frozenset(
+    number for number, field in SUB_MESSAGE_FIELDS.items() if _holds_text(field.message_type)
+)
+"""The command types whose sub-message can hold text, which must be UTF-8."""
+
+
 def _has(message: Message, field: str) -> bool:
     return message.HasField(field)
 
@@ -175,20 +193,24 @@ def check_command(command: api.BaseCommand) -> None:
             "a command without a type, or of a type this protocol revision does not know"
         )
     field = SUB_MESSAGE_FIELDS[command.type]
-    name = type_name(command.type)
     if command.type in NEEDS_SUB_MESSAGE and not _has(command, field.name):
+        name = type_name(command.type)
         raise PulsarCommandError(
             f"a {name} command without its {field.name} sub-message",
             context={"command": name, "field": field.name},
         )
     if not command.IsInitialized():
+        name = type_name(command.type)
         missing = _missing(command)
         raise PulsarCommandError(
             f"a {name} command lacks required fields: {missing}",
             context={"command": name, "missing": missing},
         )
-    problem = _text_problem(command, "BaseCommand")
+    if command.type not in HAS_TEXT:
+        return  # SEND, ACK, FLOW and the like: nothing to look at
+    problem = _text_problem(getattr(command, field.name), f"BaseCommand.{field.name}")
     if problem is not None:
+        name = type_name(command.type)
         raise PulsarCommandError(
             f"a {name} command's {problem} is not UTF-8 text",
             context={"command": name, "field": problem},
@@ -352,13 +374,14 @@ def decode_frame(body: Bytes) -> Frame:
     command = _parse(api.BaseCommand, view[4 : 4 + command_size], "the command", complete=False)
     assert isinstance(command, api.BaseCommand)
     check_command(command)
-    name = type_name(command.type)
     at = 4 + command_size
     if at == end:
         if command.type in PAYLOAD_COMMANDS:
+            name = type_name(command.type)
             raise PulsarSizeError(f"a {name} command without the payload it carries")
         return Frame(command)
     if command.type not in PAYLOAD_COMMANDS:
+        name = type_name(command.type)
         raise PulsarSizeError(
             f"{end - at} bytes follow a {name} command, which carries no payload",
             context={"command": name, "extra_bytes": end - at},
@@ -371,10 +394,10 @@ def _magic(view: memoryview, at: int) -> int | None:
 
 
 def _decode_payload(view: memoryview, at: int, command_type: int) -> Payload:
-    name = type_name(command_type)
     entry_metadata: api.BrokerEntryMetadata | None = None
     if _magic(view, at) == BROKER_ENTRY_METADATA_MAGIC:
         if command_type != api.BaseCommand.MESSAGE:
+            name = type_name(command_type)
             raise PulsarMagicError(
                 f"broker entry metadata (0x0e02) on a {name}; only MESSAGE carries it"
             )
@@ -394,6 +417,7 @@ def _decode_payload(view: memoryview, at: int, command_type: int) -> Payload:
     magic = _magic(view, at)
     if magic != CHECKSUM_MAGIC:
         found = "the end of the frame" if magic is None else f"0x{magic:04x}"
+        name = type_name(command_type)
         raise PulsarMagicError(
             f"{found} where a {name}'s checksum magic 0x0e01 belongs",
             context={"command": name, "found": found},
@@ -410,6 +434,7 @@ def _decode_payload(view: memoryview, at: int, command_type: int) -> Payload:
         )
     actual = google_crc32c.value(checksummed)
     if actual != checksum:
+        name = type_name(command_type)
         raise PulsarChecksumError(
             f"a {name}'s CRC-32C is 0x{actual:08x}, the frame says 0x{checksum:08x}",
             context={"command": name, "computed": f"0x{actual:08x}", "sent": f"0x{checksum:08x}"},
