@@ -21,11 +21,11 @@ Memory is bounded per connection: the stream buffer (twice its ``limit``), at mo
 incomplete frame (``4 + max_frame_size``) plus one read of ``read_size`` bytes in the decoder,
 and the frames decoded from that one read.
 
-Copies: bytes arriving while no partial frame is buffered are cut into frames without copying
-(each frame is a :class:`memoryview` of the ``bytes`` object read from the stream); only a frame
-split across reads is copied once, when its last bytes arrive. The decoder's buffer is a
-:class:`bytearray` read from an offset and compacted once per :meth:`~FrameDecoder.feed`, never
-once per frame.
+Copies: the frames that lie whole in one read are cut from it without copying (each frame is a
+read-only :class:`memoryview` of the ``bytes`` object read from the stream). Only a frame split
+across reads is copied, once, into a :class:`bytearray` as its pieces arrive, and that buffer is
+then handed over as the frame (read-only) and replaced; bytes are never moved inside a buffer, so
+the cost per frame does not grow with what is buffered.
 
 Errors (all :class:`FrameError`, an :class:`~magnetar.common.errors.InvalidArgumentError` that
 never crosses the wire: the connection that broke the framing is closed)::
@@ -79,7 +79,7 @@ def encode_frame(body: Bytes) -> bytes:
 class FrameDecoder:
     """Cuts bytes that arrive in arbitrary chunks into length-prefixed frames."""
 
-    __slots__ = ("_buffer", "_max_frame_size", "_name", "_offset")
+    __slots__ = ("_max_frame_size", "_name", "_partial")
 
     def __init__(self, *, max_frame_size: int, name: str = "frame") -> None:
         if not 0 <= max_frame_size <= MAX_LENGTH:
@@ -88,9 +88,8 @@ class FrameDecoder:
             )
         self._max_frame_size = max_frame_size
         self._name = name
-        # Bytes of an incomplete frame, read from _offset on.
-        self._buffer = bytearray()
-        self._offset = 0
+        # The bytes of the frame begun and not complete: its length prefix and body so far.
+        self._partial = bytearray()
 
     @property
     def max_frame_size(self) -> int:
@@ -99,9 +98,9 @@ class FrameDecoder:
     @property
     def buffered(self) -> int:
         """Bytes held of a frame not yet complete (never more than 4 + max_frame_size)."""
-        return len(self._buffer) - self._offset
+        return len(self._partial)
 
-    def _length_at(self, view: memoryview, at: int) -> int:
+    def _length_at(self, view: memoryview | bytearray, at: int) -> int:
         (length,) = LENGTH.unpack_from(view, at)
         if length > self._max_frame_size:
             raise FrameTooLargeError(
@@ -109,6 +108,25 @@ class FrameDecoder:
                 context={"frame_size": length, "max_frame_size": self._max_frame_size},
             )
         return int(length)
+
+    def _complete_partial(self, view: memoryview, frames: list[memoryview]) -> int:
+        """Take from ``view`` what the partial frame lacks; return how many bytes were taken."""
+        partial = self._partial
+        taken = 0
+        if len(partial) < LENGTH_SIZE:
+            taken = min(LENGTH_SIZE - len(partial), len(view))
+            partial += view[:taken]
+            if len(partial) < LENGTH_SIZE:
+                return taken
+        frame_end = LENGTH_SIZE + self._length_at(partial, 0)
+        more = min(frame_end - len(partial), len(view) - taken)
+        partial += view[taken : taken + more]
+        taken += more
+        if len(partial) == frame_end:
+            # Hand the buffer itself over, read-only, and start a new one: no second copy.
+            frames.append(memoryview(partial).toreadonly()[LENGTH_SIZE:])
+            self._partial = bytearray()
+        return taken
 
     def _cut(self, view: memoryview, frames: list[memoryview]) -> int:
         """Append the whole frames at the start of ``view``; return where the rest begins."""
@@ -128,40 +146,16 @@ class FrameDecoder:
         Raises :class:`FrameTooLargeError` when a length prefix is over the maximum; the decoder
         is then unusable, as the stream is.
         """
+        view = memoryview(data).cast("B")
+        if not isinstance(data, bytes):
+            view = memoryview(bytes(view))  # a mutable buffer could change under the frames
         frames: list[memoryview] = []
-        if not self.buffered:
-            # The common case: no partial frame. Cut frames from the caller's bytes without
-            # copying them; only the incomplete tail is kept.
-            view = memoryview(data).cast("B")
-            if not isinstance(data, bytes):
-                view = memoryview(bytes(view))  # a mutable buffer could change under the frames
-            at = self._cut(view, frames)
-            self._buffer[:] = view[at:]
-            self._offset = 0
-            return frames
-        self._buffer += memoryview(data).cast("B")
-        buffer = self._buffer
-        # The partial frame now may be complete: copy it (and any frames after it) out once.
-        view = memoryview(buffer)
-        try:
-            at = self._offset
-            end = len(buffer)
-            while end - at >= LENGTH_SIZE:
-                length = self._length_at(view, at)
-                if end - at - LENGTH_SIZE < length:
-                    break
-                at += LENGTH_SIZE
-                frames.append(memoryview(bytes(view[at : at + length])))
-                at += length
-        finally:
-            view.release()  # a bytearray with a live view cannot be resized
-        self._offset = at
-        if self._offset == len(buffer):
-            buffer.clear()
-            self._offset = 0
-        elif self._offset > len(buffer) // 2:
-            del buffer[: self._offset]
-            self._offset = 0
+        at = self._complete_partial(view, frames) if self._partial else 0
+        if self._partial:
+            return frames  # every byte went to the frame still incomplete
+        # Whole frames are views of the caller's bytes; only an incomplete tail is copied.
+        at += self._cut(view[at:], frames)
+        self._partial += view[at:]
         return frames
 
     def end(self) -> None:

@@ -78,6 +78,16 @@ def test_frames_cut_from_a_bytes_chunk_are_views_of_it_not_copies() -> None:
     assert all(f.obj is chunk for f in frames)
 
 
+def test_a_frame_split_across_chunks_is_handed_over_read_only() -> None:
+    decoder = FrameDecoder(max_frame_size=10)
+    assert decoder.feed(b"\x00\x00") == []
+    assert decoder.feed(b"\x00\x03ab") == []
+    (frame, after) = decoder.feed(b"c\x00\x00\x00\x01d")
+    assert (bytes(frame), bytes(after)) == (b"abc", b"d")
+    assert frame.readonly
+    assert decoder.buffered == 0
+
+
 def test_a_mutable_buffer_fed_in_is_copied_so_frames_do_not_change_with_it() -> None:
     chunk = bytearray(framed(b"abc"))
     (frame,) = FrameDecoder(max_frame_size=10).feed(chunk)
@@ -118,7 +128,7 @@ def test_a_stream_that_ends_inside_a_frame_is_truncated() -> None:
         decoder.end()
 
 
-def test_the_buffer_is_compacted_so_it_holds_only_the_incomplete_frame() -> None:
+def test_the_decoder_holds_only_the_incomplete_frame() -> None:
     decoder = FrameDecoder(max_frame_size=1000)
     decoder.feed(b"\x00\x00\x00")  # start a partial frame so the buffered path runs
     for _ in range(500):
