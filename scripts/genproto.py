@@ -15,6 +15,13 @@ protoc writes ``magnetar/broker/v1/...`` modules into a scratch folder, and this
 to ``proto/broker/v1/`` and rewrites their references to each other to match (``from
 magnetar.common.v1 import types_pb2`` would otherwise name Magnetar's own ``magnetar`` package).
 
+Vendored files: ``VENDORED`` lists .proto files of other projects that Magnetar speaks, kept
+verbatim outside the buf module (whose lint rules they do not follow) with a note of where they
+came from: Pulsar's ``third_party/pulsar/PulsarApi.proto`` (package ``pulsar.proto``, proto2) is
+generated as ``proto/pulsar/PulsarApi_pb2.py``, imported as ``proto.pulsar.PulsarApi_pb2``, by the
+same pinned tools, and checked for drift the same way. Its name in the descriptors is
+``PulsarApi.proto``, as upstream.
+
 The generated modules check their runtime when imported: ``*_pb2_grpc.py`` raises when grpcio is
 older than the grpcio-tools that wrote it (``GRPC_GENERATED_VERSION``), and ``*_pb2.py`` raises
 when protobuf is older than the protoc that wrote it (``ValidateProtobufRuntimeVersion``; some
@@ -82,8 +89,16 @@ MODULE_REFERENCES = (
 LEFT_OVER = re.compile(r"^\s*(?:from|import) magnetar\b", re.M)
 
 
+VENDORED = ((ROOT / "third_party" / "pulsar" / "PulsarApi.proto", Path("proto", "pulsar")),)
+"""Vendored .proto files (kept verbatim) and the package folder their generated modules go to."""
+
+
 def proto_sources() -> list[Path]:
     return sorted(PROTO_DIR.rglob("*.proto"))
+
+
+def source_count() -> int:
+    return len(proto_sources()) + len(VENDORED)
 
 
 def python_path(source_relative: Path) -> Path:
@@ -125,26 +140,52 @@ def generator_python() -> Path:
     return python
 
 
+def protoc(include: Path, scratch: Path, sources: list[Path]) -> None:
+    """Run the pinned protoc and the stub plugins over ``sources`` (relative to ``include``)."""
+    bin_dir = Path(sys.executable).parent
+    cmd = [
+        str(generator_python()),
+        "-m",
+        "grpc_tools.protoc",  # adds grpcio-tools' own well-known protos to the include path
+        f"-I{include}",
+        f"--plugin=protoc-gen-mypy={bin_dir / 'protoc-gen-mypy'}",
+        f"--plugin=protoc-gen-mypy_grpc={bin_dir / 'protoc-gen-mypy_grpc'}",
+        f"--python_out={scratch}",
+        f"--mypy_out=quiet:{scratch}",
+        f"--grpc_python_out={scratch}",
+        f"--mypy_grpc_out=quiet:{scratch}",
+        *map(str, sources),
+    ]
+    subprocess.run(cmd, check=True, cwd=include)
+
+
+def generate_vendored(out_root: Path) -> None:
+    """Generate each vendored file on its own, into its package folder under ``out_root``."""
+    for source, package in VENDORED:
+        with tempfile.TemporaryDirectory() as tmp:
+            scratch = Path(tmp)
+            protoc(source.parent, scratch, [Path(source.name)])
+            if "\nservice " in source.read_text():
+                raise SystemExit(f"{source.relative_to(ROOT)}: vendored services are not generated")
+            module = ".".join((*package.parts, f"{source.stem}_pb2"))
+            for suffix in ("_pb2.py", "_pb2.pyi"):
+                written = scratch / f"{source.stem}{suffix}"
+                # the classes' __module__ is where the module is imported from, as for ours
+                named = "(DESCRIPTOR, '{}', _globals)"
+                text = written.read_text()
+                text = text.replace(named.format(f"{source.stem}_pb2"), named.format(module))
+                target = out_root / package / written.name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(text)
+
+
 def generate(out_root: Path) -> None:
     """Run protoc for every source, writing the generated tree under ``out_root``."""
-    bin_dir = Path(sys.executable).parent
     sources = [p.relative_to(PROTO_DIR) for p in proto_sources()]
+    generate_vendored(out_root)
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
-        cmd = [
-            str(generator_python()),
-            "-m",
-            "grpc_tools.protoc",  # adds grpcio-tools' own well-known protos to the include path
-            f"-I{PROTO_DIR}",
-            f"--plugin=protoc-gen-mypy={bin_dir / 'protoc-gen-mypy'}",
-            f"--plugin=protoc-gen-mypy_grpc={bin_dir / 'protoc-gen-mypy_grpc'}",
-            f"--python_out={scratch}",
-            f"--mypy_out=quiet:{scratch}",
-            f"--grpc_python_out={scratch}",
-            f"--mypy_grpc_out=quiet:{scratch}",
-            *map(str, sources),
-        ]
-        subprocess.run(cmd, check=True, cwd=PROTO_DIR)
+        protoc(PROTO_DIR, scratch, sources)
         for source in sources:
             # Files without a service get empty gRPC modules; leave them out so the tree shows
             # what is real.
@@ -246,7 +287,7 @@ def check() -> int:
         return 1
     if report_runtime_problems(ROOT):
         return 1
-    print(f"proto: generated code matches {len(proto_sources())} .proto files ({GENERATOR})")
+    print(f"proto: generated code matches {source_count()} .proto files ({GENERATOR})")
     return 0
 
 
@@ -264,7 +305,7 @@ def regenerate() -> int:
         while folder != ROOT:
             (folder / "__init__.py").touch()
             folder = folder.parent
-    print(f"proto: regenerated code for {len(proto_sources())} .proto files ({GENERATOR})")
+    print(f"proto: regenerated code for {source_count()} .proto files ({GENERATOR})")
     return report_runtime_problems(ROOT)
 
 
