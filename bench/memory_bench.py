@@ -137,7 +137,10 @@ def write(figures: dict[str, Any], args: argparse.Namespace, tag: str) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = RESULTS / f"memory-{dt.date.today().isoformat()}{tag}"
     meta = {
-        "command": "python bench/memory_bench.py" + (" --quick" if args.quick else ""),
+        "command": "python bench/memory_bench.py"
+        + (" --quick" if args.quick else "")
+        + (f" --rounds {args.rounds}" if args.rounds != 3 else "")
+        + (f" --tag {args.tag}" if args.tag else ""),
         "rounds": args.rounds,
         "git": git_revision(),
         "entries": args.entries,

@@ -470,6 +470,7 @@ class WriteHandle:
             if not entry.future.done():
                 entry.future.set_exception(error)
         self._entries.clear()
+        self._outboxes.clear()  # see close()
         self._space.set()
 
     async def close(self) -> LedgerMetadata:
@@ -518,6 +519,9 @@ class WriteHandle:
         self._client.under_striped_open.discard(self.ledger_id)
         for answer in list(self._sends):
             answer.cancel()
+        # each outbox refers back to this handle: a cycle, which only the cyclic collector
+        # would free, and the servers' tuning (magnetar/common/gc_tuning.py) runs it rarely
+        self._outboxes.clear()
         log.info("ledger_closed", ledger=self.ledger_id, last_entry=lac, length=self._length)
         return self.metadata
 

@@ -1420,6 +1420,9 @@ class ManagedLedger:
         self._wake_waiters(error)
         for cursor in self._cursors.values():
             cursor._cancel_persist()
+        # each cursor refers back to this ledger: a cycle that only the cyclic collector would
+        # free, and the servers' tuning (magnetar/common/gc_tuning.py) runs it rarely
+        self._cursors.clear()
         current = asyncio.current_task()
         for task in list(self._tasks):
             if task is not current:
@@ -1439,6 +1442,19 @@ class ManagedLedger:
 
     def _task_done(self, what: str, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
+        # an ended task is let go of: one that ended with an error (a cancelled one keeps its
+        # CancelledError) holds its frames, and so this ledger, through the traceback; kept
+        # here too, it would make a cycle that only the cyclic collector frees, which the
+        # servers' tuning (magnetar/common/gc_tuning.py) runs too rarely for the memory of a
+        # closed ledger to come back
+        if self._pump is task:
+            self._pump = None
+        if self._switch is task:
+            self._switch = None
+        if self._trimmer is task:
+            self._trimmer = None
+        if self._periodic is task:
+            self._periodic = None
         if task.cancelled():
             return
         error = task.exception()

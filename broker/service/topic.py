@@ -129,7 +129,9 @@ class Topic:
             max_message_bytes=config.max_message_bytes, max_messages=config.max_messages_per_batch
         )
         ml.on_write_problem = self._write_problem_changed
-        self._fence_watch = asyncio.create_task(self._watch_fenced(), name=f"fenced:{name}")
+        self._fence_watch: asyncio.Task[None] | None = asyncio.create_task(
+            self._watch_fenced(), name=f"fenced:{name}"
+        )
         self.closed = asyncio.Event()
         """Set once :meth:`close` begins: whatever watches the partition for this broker can
         stop (and let go of it, so that a deleted or moved topic's memory is freed)."""
@@ -541,11 +543,14 @@ class Topic:
             return
         self.state = TopicState.CLOSING
         self.closed.set()
-        if self._trim_task is not None:
-            self._trim_task.cancel()
-        if self._ttl_task is not None:
-            self._ttl_task.cancel()
-        self._fence_watch.cancel()
+        # cancelled and let go of: a cancelled task keeps its CancelledError, whose traceback
+        # holds the task's frames and so this topic; kept here too, they would make a cycle
+        # that only the cyclic collector frees, which the servers' tuning (magnetar/common/
+        # gc_tuning.py) runs too rarely for a deleted topic's memory to come back
+        for task in (self._trim_task, self._ttl_task, self._fence_watch):
+            if task is not None:
+                task.cancel()
+        self._trim_task = self._ttl_task = self._fence_watch = None
         if graceful:
             if self._pending:
                 with contextlib.suppress(TimeoutError):
@@ -581,6 +586,10 @@ class Topic:
                 with contextlib.suppress(MagnetarError):
                     await release()
         self.state = TopicState.CLOSED
+        # each subscription refers back to this topic, and so does the ledger's write-problem
+        # listener: let go of them (see the tasks above)
+        self.subscriptions.clear()
+        self.ml.on_write_problem = None
         log.info("topic_closed", topic=str(self.name), graceful=graceful, reason=reason.message)
 
     def _notify(self, reason: MagnetarError) -> None:
