@@ -98,6 +98,10 @@ class BrokerConfig(
     """Entries a subscription may hold back for redelivery, for key order (key_shared) or until
     a consumer has permits, before it stops reading new ones."""
 
+    dispatch_max_delayed_entries: int = 500_000
+    """Shared and key_shared: entries a subscription holds aside until they are due (delayed
+    delivery), in memory, before it stops reading new ones until some are due (0: no limit)."""
+
     max_pending_publish_requests: int = 1_000
     """Batches of one producer stream the broker holds at once, being stored or stored with
     their receipt not yet taken by the client (Pulsar's maxPendingPublishRequestsPerConnection);
@@ -247,6 +251,7 @@ class BrokerConfig(
             "load_shedding_min_ownership_ms",
             "handover_hint_ttl_ms",
             "dispatch_max_replay_entries",
+            "dispatch_max_delayed_entries",
             "max_unacked_messages_per_consumer",
             "max_unacked_messages_per_subscription",
             "message_ttl_ms",

@@ -195,6 +195,7 @@ class Subscription:
         max_unacked_per_consumer: int = 0,
         max_unacked_per_subscription: int = 0,
         max_replay_entries: int = 10_000,
+        max_delayed_entries: int = 500_000,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.topic = topic
@@ -203,7 +204,12 @@ class Subscription:
         self.durable = durable
         self._max_entries = max_entries
         self._max_bytes = max_bytes
-        self._limits = (max_unacked_per_consumer, max_unacked_per_subscription, max_replay_entries)
+        self._limits = (
+            max_unacked_per_consumer,
+            max_unacked_per_subscription,
+            max_replay_entries,
+            max_delayed_entries,
+        )
         self._clock = clock
         self.consumers: list[ConsumerSession] = []
         self._sessions: dict[int, ConsumerSession] = {}
@@ -224,13 +230,15 @@ class Subscription:
             cursor.record_subscription_type(int(subscription_type))
 
     def _new_dispatcher(self, subscription_type: SubscriptionType) -> Dispatcher:
-        per_consumer, per_subscription, replay = self._limits
+        per_consumer, per_subscription, replay, delayed = self._limits
         return Dispatcher(
             subscription_type,
             partition=self.topic.name.partition,
             max_unacked_per_consumer=per_consumer,
             max_unacked_per_subscription=per_subscription,
             max_replay_entries=replay,
+            max_delayed_entries=delayed,
+            redelivery_counts=self.cursor.redelivery_counts,
         )
 
     @property
@@ -252,6 +260,8 @@ class Subscription:
             return "the subscription holds max_unacked_messages_per_subscription unacknowledged"
         if self.durable and self.cursor.ack_ranges_over_limit:
             return "the acknowledgement holes reached max_inline_ack_ranges"
+        if self.dispatcher.delayed_full:
+            return "the delayed entries held aside reached dispatch_max_delayed_entries"
         return None
 
     # --- consumers ------------------------------------------------------------------------------
@@ -261,6 +271,7 @@ class Subscription:
         if self.consumers:
             raise ConsumerBusyError(f"subscription {self.name!r} has consumers attached")
         self.dispatcher = self._new_dispatcher(subscription_type)
+        self.cursor.parked_entries = 0
         self._reposition(None)
         if self.durable:
             self.cursor.record_subscription_type(int(subscription_type))
@@ -399,6 +410,8 @@ class Subscription:
         if delay_ms <= 0:
             self._requeue(consumer, held)
             return
+        # counted now, not when the delay ends: a handover in between keeps the count
+        self.dispatcher.count_redeliveries(consumer.slot, held)
         loop = asyncio.get_running_loop()
 
         def due() -> None:
@@ -425,6 +438,7 @@ class Subscription:
         and start afresh, as in Pulsar); an admin reset closes them all."""
         position, first_index = await self.topic.resolve_start(start, strict=strict)
         self.dispatcher.reset()
+        self.cursor.parked_entries = 0
         for consumer in list(self.consumers):
             if consumer is not requester:
                 consumer.close_with(
@@ -447,6 +461,7 @@ class Subscription:
         if not self.cursor.expire_before(position):
             return False
         self.dispatcher.forget_through(self.cursor.mark_delete)
+        self.cursor.parked_entries = len(self.dispatcher.delayed)
         self.topic.cursor_moved()
         self.wake()
         return True
@@ -488,11 +503,17 @@ class Subscription:
                 await asyncio.sleep(0.5)
 
     async def _dispatch_once(self) -> None:
+        if not self.cursor.counts_persisted:
+            # a raised redelivery count is durable before anything goes out again, so that a
+            # new owner after a crash carries on from it (one metadata write, group-committed)
+            await self.cursor.wait_counts_persisted()
+            return
         dispatcher = self.dispatcher
         now_ms = self._clock.time_ms()
         if dispatcher.delayed:
             if dispatcher.release_due(now_ms):
                 self._wake.set()
+                self.cursor.parked_entries = len(dispatcher.delayed)
             self._arm_due_timer(now_ms)
         if not dispatcher.can_dispatch():
             self._note_blocked()
@@ -539,6 +560,8 @@ class Subscription:
         if plan.seek_back is not None:
             self.cursor.seek(plan.seek_back)
         self._deliver(plan, entries)
+        # the holes parked (delayed) entries leave do not count towards the hole limit
+        self.cursor.parked_entries = len(dispatcher.delayed)
         if dispatcher.delayed:
             self._arm_due_timer(now_ms)
 

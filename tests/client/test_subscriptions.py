@@ -9,6 +9,7 @@ per cursor. Consumers that must die holding messages run in their own process
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import subprocess
 import sys
@@ -24,12 +25,14 @@ import pytest
 import pytest_asyncio
 
 import magnetar
+from broker.managed_ledger.persistence import StoredCursor, decode_cursor
 from magnetar.common.errors import (
     IncompatibleSubscriptionError,
     InvalidArgumentError,
     ReceiveTimeoutError,
 )
 from magnetar.testing import LocalCluster
+from metadata import layout, open_store
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -494,6 +497,72 @@ def test_acks_nacks_ack_timeout_and_dead_letters(
     dlq = client.subscribe(f"{policy_topic}-DLQ", "inspect", initial_position="earliest")
     assert dlq.receive(timeout_millis=10_000).properties()["n"] == "p"
     dlq.close()
+    consumer.close()
+
+
+def persisted_cursor(cluster: LocalCluster, topic: str, subscription: str) -> StoredCursor:
+    """The subscription's cursor as persisted in etcd (read on a thread of its own: the module's
+    event loop is not running during a synchronous test)."""
+
+    async def read() -> StoredCursor:
+        store = await open_store(cluster.metadata_url)
+        try:
+            listing = await store.list(layout.MANAGED_LEDGERS)
+            suffix = f"/{topic}/cursors/{subscription}"
+            record = next(r for r in listing.records if r.key.endswith(suffix))
+            return decode_cursor(subscription, record.value)
+        finally:
+            await store.close()
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, read()).result(timeout=30)
+
+
+def test_redelivery_counts_survive_two_failovers_then_dead_letter(
+    client: magnetar.Client, admin: magnetar.AdminClient, cluster: LocalCluster
+) -> None:
+    topic = unique("dlq-failover")
+    admin.create_topic(topic)
+    consumer = client.subscribe(
+        topic, "dlq", "shared", initial_position="earliest", max_redelivery_count=3,
+        negative_ack_redelivery_delay_ms=100,
+    )  # fmt: skip
+    with client.create_producer(topic) as producer:
+        producer.send(b"poison")
+    counts: list[int] = []
+    while True:
+        try:
+            message = consumer.receive(timeout_millis=3000)
+        except ReceiveTimeoutError:
+            break
+        counts.append(message.redelivery_count())
+        consumer.negative_acknowledge(message)
+        if len(counts) <= 2:
+            # the broker counted the negative ack (and persisted it): move the partition
+            wait_until(
+                lambda: (
+                    [c for _, c in persisted_cursor(cluster, topic, "dlq").redelivery_counts]
+                    == [len(counts)]
+                ),
+                30,
+                "the redelivery count to be persisted",
+            )
+            admin.unload_topic(topic)
+    # max_redelivery_count=3: the application got it with counts 0, 1, 2 and 3 (three
+    # redeliveries, two of them by a new owner), then the dead-letter topic
+    assert counts == [0, 1, 2, 3]
+    dlq = client.subscribe(f"{topic}-DLQ", "inspect", initial_position="earliest")
+    assert dlq.receive(timeout_millis=10_000).data() == b"poison"
+    assert nothing_arrives(dlq, 500)
+    dlq.close()
+    wait_until(
+        lambda: persisted_cursor(cluster, topic, "dlq").redelivery_counts == (),
+        30,
+        "the dead-lettered entry's count to go with its ack",
+    )
+    sub = admin.topic_stats(topic)["partitions"][0]["subscriptions"][0]
+    assert sub["redelivery_counts"] == 0
+    assert sub["dead_lettered_messages"] == 1
     consumer.close()
 
 
