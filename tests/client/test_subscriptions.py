@@ -602,6 +602,102 @@ def test_ack_holes_over_the_limit_pause_dispatch_and_survive_a_reload(
     consumer.close()
 
 
+def check_normal_messages_flow_past_delayed_ones(
+    client: magnetar.Client, admin: magnetar.AdminClient, delayed: int
+) -> None:
+    """``delayed`` messages due in an hour, each followed by an immediate one (so each is an
+    entry of its own and leaves a hole once the immediate ones are acknowledged): every
+    immediate message arrives, none of the delayed."""
+    topic = unique("delayed-many")
+    admin.create_topic(topic)
+    consumer = client.subscribe(
+        topic, "work", "shared", initial_position="earliest", receiver_queue_size=2000
+    )
+    due_ms = int(time.time() * 1000) + 3_600_000
+    with client.create_producer(topic, batching_max_messages=1000) as producer:
+        for i in range(delayed):
+            producer.send_async(b"later", deliver_at_ms=due_ms)
+            producer.send_async(b"now %d" % i)
+        producer.flush()
+    received = 0
+    while received < delayed:
+        message = consumer.receive(timeout_millis=30_000)
+        assert message.data().startswith(b"now ")
+        consumer.acknowledge(message)
+        received += 1
+
+    def stats() -> dict[str, Any]:
+        return dict(admin.topic_stats(topic)["partitions"][0]["subscriptions"][0])
+
+    # one hole per delayed entry, far more than the limit of 50, and none a reason to stop
+    wait_until(lambda: stats()["ack_hole_ranges"] == delayed, 30, "every ack to arrive")
+    sub = stats()
+    assert not sub["ack_ranges_over_limit"]
+    assert not sub["blocked"]
+    assert sub["delayed_entries"] == delayed
+    with client.create_producer(topic) as producer:
+        producer.send(b"after")
+    assert consumer.receive(timeout_millis=30_000).data() == b"after"
+    consumer.close()
+
+
+def test_normal_messages_flow_past_many_delayed_ones(
+    client: magnetar.Client, admin: magnetar.AdminClient
+) -> None:
+    check_normal_messages_flow_past_delayed_ones(client, admin, 2_000)
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(1200)
+def test_normal_messages_flow_past_100k_delayed_ones(
+    client: magnetar.Client, admin: magnetar.AdminClient
+) -> None:
+    check_normal_messages_flow_past_delayed_ones(client, admin, 100_000)
+
+
+def test_delayed_messages_survive_two_failovers_and_arrive_when_due(
+    client: magnetar.Client, admin: magnetar.AdminClient
+) -> None:
+    topic = unique("delayed-failover")
+    admin.create_topic(topic)
+    consumer = client.subscribe(topic, "work", "shared", initial_position="earliest")
+    due_ms = int(time.time() * 1000) + 4000
+    with client.create_producer(topic) as producer:
+        for i in range(20):
+            producer.send(b"later %d" % i, deliver_at_ms=due_ms + 10 * i)
+            producer.send(b"now %d" % i)
+    for _ in range(20):
+        message = consumer.receive(timeout_millis=10_000)
+        assert message.data().startswith(b"now ")
+        consumer.acknowledge(message)
+    wait_until(
+        lambda: (
+            admin.topic_stats(topic)["partitions"][0]["subscriptions"][0]["delayed_entries"] == 20
+        ),
+        30,
+        "the delayed entries to be held aside",
+    )
+    admin.unload_topic(topic)  # the new owner re-reads the holes and holds them aside again
+    wait_until(
+        lambda: (
+            admin.topic_stats(topic)["partitions"][0]["subscriptions"][0]["delayed_entries"] == 20
+        ),
+        30,
+        "the new owner to hold the delayed entries aside",
+    )
+    admin.unload_topic(topic)
+    later: list[bytes] = []
+    for _ in range(20):
+        message = consumer.receive(timeout_millis=30_000)
+        # not early: the broker held it until its time (one clock on this host)
+        assert time.time() * 1000 >= due_ms
+        later.append(message.data())
+        consumer.acknowledge(message)
+    assert sorted(later) == sorted(b"later %d" % i for i in range(20))
+    assert nothing_arrives(consumer, 500)
+    consumer.close()
+
+
 # --- replay and time -------------------------------------------------------------------------
 
 
