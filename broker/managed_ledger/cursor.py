@@ -18,6 +18,13 @@ record small is the subscription: at ``max_inline_ack_ranges`` ranges
 (:attr:`ManagedCursor.ack_ranges_over_limit`, logged once) it stops dispatching new entries
 until acknowledgements fill holes, and each ack can add at most one range.
 
+**Redelivery counts** (:class:`~.redelivery_counts.RedeliveryCounts`) are part of the persisted
+state: a raised count is a change like an ack, and :meth:`wait_counts_persisted` lets the
+subscription hold a redelivery back until the count is written. Entries held aside on purpose
+(delayed delivery; :attr:`ManagedCursor.parked_entries`) leave holes that do not count towards
+``max_inline_ack_ranges``. The ranges are persisted packed (about 4 bytes each), so even
+100,000 holes make a record well within a metadata write.
+
 **Offsets.** ``mark_delete_offset`` is the offset of the last message covered by mark-delete.
 The cursor learns entries' offsets from the entries it reads, and the managed ledger knows the
 offsets at ledger ends and of cached entries. When mark-delete lands on an entry known in none

@@ -30,7 +30,14 @@ The four subscription types:
   consumers restarted.
 
 Delayed delivery (``deliver_at_ms``) applies to shared and key_shared, as in Pulsar: such
-entries wait in ``delayed`` until due; exclusive and failover deliver in log order at once.
+entries wait in ``delayed`` until due (without taking permits, up to ``max_delayed_entries``,
+after which no new entries are read); exclusive and failover deliver in log order at once. The
+subscription tells its cursor how many wait (``parked_entries``), so that their holes do not
+count towards the cursor's hole limit.
+
+Redelivery counts are the cursor's (:class:`~broker.managed_ledger.RedeliveryCounts`, persisted
+with it): an entry's count rises when it is taken back from a consumer, once per taking back
+(``Held.counted`` marks a negative ack counted ahead of its delayed requeue).
 """
 
 from __future__ import annotations

@@ -299,6 +299,11 @@ class Subscription:
             return
         self.consumers.remove(consumer)
         self._sessions.pop(consumer.slot.seq, None)
+        if self.topic.is_closing:
+            # the partition is moving or closing: its cursor (and the redelivery counts in it)
+            # is already persisted, and the next owner delivers again what the consumer held
+            # with the counts as they were; raising them now would be lost or half-kept
+            return
         changes, rewind = self.dispatcher.remove(consumer.slot)
         self._after_change(changes, rewind)
         if not self.durable and not self.consumers:
