@@ -224,6 +224,7 @@ class Subscription:
         self._task: asyncio.Task[None] | None = None
         self._timers: set[asyncio.TimerHandle] = set()
         self._due_timer: asyncio.TimerHandle | None = None
+        self._counts_waiter: asyncio.Task[None] | None = None
         self._blocked_logged: str | None = None
         self.dead_lettered = 0
         if durable:
@@ -508,12 +509,15 @@ class Subscription:
                 await asyncio.sleep(0.5)
 
     async def _dispatch_once(self) -> None:
-        if not self.cursor.counts_persisted:
-            # a raised redelivery count is durable before anything goes out again, so that a
-            # new owner after a crash carries on from it (one metadata write, group-committed)
+        dispatcher = self.dispatcher
+        # a raised redelivery count is durable before its entry goes out again, so that a new
+        # owner after a crash carries on from it (one metadata write, group-committed). Shared
+        # and key_shared redeliver from replay only: new entries go on meanwhile. Exclusive and
+        # failover redeliver by rewinding: everything waits.
+        counts_ready = self.cursor.counts_persisted
+        if not counts_ready and not dispatcher.shares:
             await self.cursor.wait_counts_persisted()
             return
-        dispatcher = self.dispatcher
         now_ms = self._clock.time_ms()
         if dispatcher.delayed:
             if dispatcher.release_due(now_ms):
@@ -525,7 +529,9 @@ class Subscription:
             await self._sleep()
             return
         epoch = self._epoch
-        candidates = dispatcher.replay_candidates(self._max_entries)
+        candidates = dispatcher.replay_candidates(self._max_entries) if counts_ready else []
+        if not counts_ready and dispatcher.replay:
+            self._wake_when_counts_persisted()
         if candidates:
             items, entries = await self._read_replay(candidates)
         else:
@@ -569,6 +575,17 @@ class Subscription:
         self.cursor.parked_entries = len(dispatcher.delayed)
         if dispatcher.delayed:
             self._arm_due_timer(now_ms)
+
+    def _wake_when_counts_persisted(self) -> None:
+        if self._counts_waiter is not None and not self._counts_waiter.done():
+            return
+
+        async def wait() -> None:
+            with contextlib.suppress(MagnetarError):  # fencing reaches the dispatch loop too
+                await self.cursor.wait_counts_persisted()
+            self.wake()
+
+        self._counts_waiter = asyncio.create_task(wait(), name=f"counts:{self.name}")
 
     def _hole_ceiling(self) -> Position | None:
         """At the ack-hole limit: the highest acknowledged entry. Entries below it fill holes
@@ -707,6 +724,9 @@ class Subscription:
         if self._due_timer is not None:
             self._due_timer.cancel()
             self._due_timer = None
+        if self._counts_waiter is not None:
+            self._counts_waiter.cancel()
+            self._counts_waiter = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
