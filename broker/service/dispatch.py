@@ -182,7 +182,7 @@ class Dispatcher:
         max_unacked_per_consumer: int = 0,
         max_unacked_per_subscription: int = 0,
         max_replay_entries: int = 10_000,
-        max_delayed_entries: int = 500_000,
+        max_delayed_entries: int = 200_000,
         redelivery_counts: RedeliveryCounts | None = None,
     ) -> None:
         self.type = dispatch_type

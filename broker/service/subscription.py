@@ -195,7 +195,7 @@ class Subscription:
         max_unacked_per_consumer: int = 0,
         max_unacked_per_subscription: int = 0,
         max_replay_entries: int = 10_000,
-        max_delayed_entries: int = 500_000,
+        max_delayed_entries: int = 200_000,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.topic = topic
