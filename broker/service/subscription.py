@@ -564,6 +564,11 @@ class Subscription:
                 self.cursor.seek(read[beyond].position)
                 read = read[:beyond]
             entries = {entry.position: entry for entry in read}
+            for entry in read:
+                # learnt from every entry read, not only those delivered: entries held aside
+                # (delayed) go out later, and a new owner re-reading many of them must not
+                # read them one at a time
+                self._largest_batch = max(float(entry.num_messages), self._largest_batch * 0.99)
             items = [item for item in map(self._fresh_item, read) if item is not None]
         if epoch != self._epoch or dispatcher is not self.dispatcher:
             return
