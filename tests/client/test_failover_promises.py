@@ -52,7 +52,10 @@ async def test_redelivery_counts_survive_two_broker_crashes_then_dead_letter(
                 "shared",
                 initial_position="earliest",
                 max_redelivery_count=3,
-                negative_ack_redelivery_delay_ms=100,
+                # longer than a persisted-count check and a kill take: the owner must not
+                # deliver the message again before it dies (the application could take that
+                # copy, and its nack would be lost with the stream)
+                negative_ack_redelivery_delay_ms=5_000,
             )
             client.create_producer("poison").send(b"poison")
             counts: list[int] = []
