@@ -369,6 +369,9 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                 ack_ranges_over_limit=cursor.ack_ranges_over_limit,
                 mark_delete_offset=cursor.mark_delete_offset,
                 dead_lettered_messages=subscription.dead_lettered,
+                redelivery_counts=len(cursor.redelivery_counts),
+                redelivery_counts_dropped=cursor.redelivery_counts.dropped,
+                delayed_entries=len(subscription.dispatcher.delayed),
             )
             for consumer in subscription.consumers:
                 sub.consumers.add(
@@ -389,6 +392,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                     ack_hole_ranges=cursor.ack_hole_ranges,
                     ack_ranges_over_limit=cursor.ack_ranges_over_limit,
                     mark_delete_offset=cursor.mark_delete_offset,
+                    redelivery_counts=len(cursor.redelivery_counts),
+                    redelivery_counts_dropped=cursor.redelivery_counts.dropped,
                 )
         if internal:
             for ledger in ml.ledgers:

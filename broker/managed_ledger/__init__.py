@@ -11,6 +11,7 @@ from broker.managed_ledger.cursor import ManagedCursor
 from broker.managed_ledger.factory import ManagedLedgerFactory
 from broker.managed_ledger.managed_ledger import ManagedLedger
 from broker.managed_ledger.ports import LedgerClientApi
+from broker.managed_ledger.redelivery_counts import RedeliveryCounts
 from broker.managed_ledger.rollover import RolloverPolicy, RollReason
 from broker.managed_ledger.types import (
     BEFORE_EVERYTHING,
@@ -40,6 +41,7 @@ __all__ = [
     "ManagedLedgerFactory",
     "ManagedLedgerSnapshot",
     "Position",
+    "RedeliveryCounts",
     "RollReason",
     "RolloverPolicy",
     "StartAt",

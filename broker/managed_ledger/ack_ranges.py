@@ -67,6 +67,16 @@ class AckRanges:
         i = bisect.bisect_right(self._starts, position) - 1
         return i >= 0 and position <= self._ends[i]
 
+    def first_unacked_from(self, position: Position) -> Position:
+        """``position``, or the entry after the acknowledged range it falls in (the entry after
+        mark-delete if it is at or before it)."""
+        if position <= self._mark_delete:
+            return self._successor(self._mark_delete)
+        i = bisect.bisect_right(self._starts, position) - 1
+        if i >= 0 and position <= self._ends[i]:
+            return self._successor(self._ends[i])
+        return position
+
     # --- changing --------------------------------------------------------------------------
 
     def add(self, position: Position) -> bool:

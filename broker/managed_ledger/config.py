@@ -47,6 +47,10 @@ class ManagedLedgerConfig:
     until acknowledgements fill some (every range is always persisted; this keeps the cursor's
     record small)."""
 
+    max_persisted_redelivery_counts: int = 10_000
+    """Redelivery counts a cursor keeps and persists (entries taken back from consumers and
+    not acknowledged yet); beyond it the longest-kept count is dropped and reported."""
+
     trim_interval_ms: int = 5_000
     """How often the managed ledger checks for ledgers to trim and for an age rollover."""
 
@@ -71,6 +75,7 @@ class ManagedLedgerConfig:
             "max_ledger_size_bytes",
             "max_ledger_age_ms",
             "max_inline_ack_ranges",
+            "max_persisted_redelivery_counts",
             "trim_interval_ms",
         ):
             value = getattr(self, name)

@@ -18,6 +18,13 @@ record small is the subscription: at ``max_inline_ack_ranges`` ranges
 (:attr:`ManagedCursor.ack_ranges_over_limit`, logged once) it stops dispatching new entries
 until acknowledgements fill holes, and each ack can add at most one range.
 
+**Redelivery counts** (:class:`~.redelivery_counts.RedeliveryCounts`) are part of the persisted
+state: a raised count is a change like an ack, and :meth:`wait_counts_persisted` lets the
+subscription hold a redelivery back until the count is written. Entries held aside on purpose
+(delayed delivery; :attr:`ManagedCursor.parked_entries`) leave holes that do not count towards
+``max_inline_ack_ranges``. The ranges are persisted packed (about 4 bytes each), so even
+100,000 holes make a record well within a metadata write.
+
 **Offsets.** ``mark_delete_offset`` is the offset of the last message covered by mark-delete.
 The cursor learns entries' offsets from the entries it reads, and the managed ledger knows the
 offsets at ledger ends and of cached entries. When mark-delete lands on an entry known in none
@@ -40,6 +47,7 @@ import structlog
 
 from broker.managed_ledger.ack_ranges import AckRanges
 from broker.managed_ledger.persistence import StoredCursor, encode_cursor
+from broker.managed_ledger.redelivery_counts import RedeliveryCounts
 from broker.managed_ledger.types import Entry, Position, check_position
 from magnetar.common.clock import Clock
 from magnetar.common.errors import (
@@ -81,6 +89,7 @@ class ManagedCursor:
         ranges: Iterable[tuple[Position, Position]] = (),
         batch_acks: Iterable[tuple[Position, int, frozenset[int]]] = (),
         subscription_type: int = 0,
+        redelivery_counts: Iterable[tuple[Position, int]] = (),
         version: int = 0,
     ) -> None:
         self.name = name
@@ -113,6 +122,22 @@ class ManagedCursor:
             if not self._acks.contains(position)
         }
         self._subscription_type = subscription_type
+        self._counts_changed_at = 0
+        """The change that last altered a redelivery count (see :meth:`wait_counts_persisted`)."""
+        self.redelivery_counts = RedeliveryCounts(
+            ml.config.max_persisted_redelivery_counts,
+            (
+                (position, count)
+                for position, count in redelivery_counts
+                if not self._acks.contains(position)
+            ),
+            on_change=self._counts_changed,
+        )
+        """Redelivery counts of unacknowledged entries, persisted with the ack state; the
+        subscription's dispatcher raises them."""
+        self.parked_entries = 0
+        """Unacknowledged entries the subscription holds back on purpose (delayed delivery):
+        the holes they leave do not count towards ``max_inline_ack_ranges``."""
         self._log = log.bind(managed_ledger=ml.name, cursor=name)
 
     # --- state --------------------------------------------------------------------------------
@@ -144,9 +169,10 @@ class ManagedCursor:
 
     @property
     def ack_ranges_over_limit(self) -> bool:
-        """At ``max_inline_ack_ranges`` ranges or more: the subscription dispatches no new
-        entries until acknowledgements fill holes (every range is still persisted)."""
-        return len(self._acks) >= self._ml.config.max_inline_ack_ranges
+        """At ``max_inline_ack_ranges`` ranges or more, not counting one per parked (delayed)
+        entry: the subscription dispatches no new entries until acknowledgements fill holes
+        (every range is still persisted)."""
+        return len(self._acks) - self.parked_entries >= self._ml.config.max_inline_ack_ranges
 
     @property
     def ack_ranges(self) -> list[tuple[Position, Position]]:
@@ -196,6 +222,11 @@ class ManagedCursor:
         found: list[Entry] = []
         size = 0
         while len(found) < max_entries and (size < max_bytes or not found):
+            # jump over acknowledged ranges rather than read them (a new owner reading past
+            # many holes, such as entries held for delayed delivery, reads mostly the holes)
+            self._read_position = self._acks.first_unacked_from(self._read_position)
+            if not self.has_more:
+                break
             entries = await self._ml.read(
                 self._read_position,
                 max_entries=max_entries - len(found),
@@ -210,8 +241,6 @@ class ManagedCursor:
                 self._remember(entry)
                 found.append(entry)
                 size += len(entry.payload)
-            if not self.has_more:
-                break
         return found
 
     def _remember(self, entry: Entry) -> None:
@@ -240,6 +269,7 @@ class ManagedCursor:
         mark_delete, offset, read_position = await self._ml._start_state(position)
         self._acks.reset(mark_delete)
         self._batch_acks.clear()
+        self.redelivery_counts.clear()
         self._mark_delete_offset = offset
         self._mark_delete_offset_exact = True
         self._known.clear()
@@ -272,6 +302,7 @@ class ManagedCursor:
             if self._acks.add(position):
                 changed = True
                 self._batch_acks.pop(position, None)
+                self.redelivery_counts.discard(position)
                 known = self._known.get(position)
                 if known is not None and not known.acked:
                     known.acked = True
@@ -336,6 +367,7 @@ class ManagedCursor:
                 else:  # keep the old value: a lower bound until flush() reads the entry
                     self._mark_delete_offset_exact = False
             self._forget_through(mark_delete)
+            self.redelivery_counts.forget_through(mark_delete)
             if self._batch_acks:
                 for position in [p for p in self._batch_acks if p <= mark_delete]:
                     del self._batch_acks[position]
@@ -375,7 +407,25 @@ class ManagedCursor:
                 for position, (size, acked) in sorted(self._batch_acks.items())
             ),
             subscription_type=self._subscription_type,
+            redelivery_counts=tuple(self.redelivery_counts.items()),
         )
+
+    def _counts_changed(self, raised: bool) -> None:
+        self._changes += 1
+        if raised:  # a count that went away may come back after a crash: that is harmless
+            self._counts_changed_at = self._changes
+        self._schedule_persist()
+
+    @property
+    def counts_persisted(self) -> bool:
+        """Every redelivery count change is persisted (always true for a non-durable cursor)."""
+        return not self.durable or self._persisted_changes >= self._counts_changed_at
+
+    async def wait_counts_persisted(self) -> None:
+        """Return once every redelivery count change made so far is persisted (at once, as an
+        ack receipt is): a subscription waits for this before it delivers again, so a new owner
+        after a crash never hands out an entry with a count lower than one already used."""
+        await self.wait_persisted(self._counts_changed_at)
 
     def _schedule_persist(self) -> None:
         if not self.durable or (self._persist_task is not None and not self._persist_task.done()):

@@ -340,6 +340,7 @@ class ManagedLedger:
             ranges=stored.acked_ranges,
             batch_acks=stored.batch_acks,
             subscription_type=stored.subscription_type,
+            redelivery_counts=stored.redelivery_counts,
             version=version,
             clock=self._clock,
         )

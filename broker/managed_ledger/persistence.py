@@ -17,6 +17,8 @@ from proto.common.v1 import types_pb2
 from proto.format.v1 import managed_ledger_pb2
 
 FORMAT_VERSION = 1
+CURSOR_FORMAT_VERSION = 2
+"""2: acked ranges packed (``packed_acked_ranges``); format 1 records are still read."""
 
 MAX_NAME_BYTES = 512
 MAX_CURSOR_NAME_BYTES = 256
@@ -45,6 +47,8 @@ class StoredCursor:
     """Partly acknowledged entries: (position, messages in it, acknowledged indexes)."""
     subscription_type: int = 0
     """The subscription's type (``magnetar.common.v1.SubscriptionType``; 0: not recorded)."""
+    redelivery_counts: tuple[tuple[Position, int], ...] = ()
+    """Redelivery counts of unacknowledged entries, in position order."""
 
 
 def _position_pb(position: Position) -> types_pb2.Position:
@@ -109,7 +113,7 @@ def decode_info(name: str, data: bytes) -> StoredInfo:
 
 def encode_cursor(cursor: StoredCursor) -> bytes:
     message = managed_ledger_pb2.CursorInfo(
-        format_version=FORMAT_VERSION,
+        format_version=CURSOR_FORMAT_VERSION,
         mark_delete=_position_pb(cursor.mark_delete),
         mark_delete_offset=cursor.mark_delete_offset,
         state_ledger_id=-1,
@@ -117,8 +121,9 @@ def encode_cursor(cursor: StoredCursor) -> bytes:
         last_active_ms=cursor.last_active_ms,
         subscription_type=cursor.subscription_type,  # type: ignore[arg-type]
     )
-    for start, end in cursor.acked_ranges:
-        message.acked_ranges.add(start=_position_pb(start), end=_position_pb(end))
+    message.packed_acked_ranges.extend(pack_ranges(cursor.acked_ranges))
+    for position, count in cursor.redelivery_counts:
+        message.redelivery_counts.add(position=_position_pb(position), count=count)
     for position, batch_size, indexes in cursor.batch_acks:
         message.batch_acks.add(
             position=_position_pb(position),
@@ -126,6 +131,39 @@ def encode_cursor(cursor: StoredCursor) -> bytes:
             acked_words=_bitset_words(indexes, batch_size),
         )
     return message.SerializeToString()
+
+
+def pack_ranges(ranges: Sequence[tuple[Position, Position]]) -> list[int]:
+    """Ranges as ``CursorInfo.packed_acked_ranges``: two numbers per position, each a delta
+    from the previous position (see the proto)."""
+    packed: list[int] = []
+    ledger, entry = 0, 0
+    for start, end in ranges:
+        for position in (start, end):
+            if position.ledger_id == ledger:
+                packed += (0, position.entry_id - entry)
+            else:
+                packed += (position.ledger_id - ledger, position.entry_id)
+            ledger, entry = position
+    return packed
+
+
+def unpack_ranges(name: str, packed: Sequence[int]) -> tuple[tuple[Position, Position], ...]:
+    """The inverse of :func:`pack_ranges`."""
+    if len(packed) % 4:
+        raise ManagedLedgerError(
+            f"cursor {name!r} has {len(packed)} packed range numbers, not a multiple of 4",
+            context={"cursor": name},
+        )
+    positions: list[Position] = []
+    ledger, entry = 0, 0
+    for i in range(0, len(packed), 2):
+        ledger_delta, value = packed[i], packed[i + 1]
+        ledger, entry = (
+            (ledger, entry + value) if ledger_delta == 0 else (ledger + ledger_delta, value)
+        )
+        positions.append(Position(ledger, entry))
+    return tuple((positions[i], positions[i + 1]) for i in range(0, len(positions), 2))
 
 
 def _bitset_words(indexes: frozenset[int], size: int) -> list[int]:
@@ -148,11 +186,13 @@ def decode_cursor(name: str, data: bytes) -> StoredCursor:
         raise ManagedLedgerError(
             f"cursor {name!r} cannot be decoded: {e}", context={"cursor": name}
         ) from None
-    _check_format(message.format_version, f"cursor {name!r}")
+    _check_format(message.format_version, f"cursor {name!r}", CURSOR_FORMAT_VERSION)
+    acked_ranges = tuple((_position(r.start), _position(r.end)) for r in message.acked_ranges)
+    acked_ranges += unpack_ranges(name, message.packed_acked_ranges)
     return StoredCursor(
         mark_delete=_position(message.mark_delete),
         mark_delete_offset=message.mark_delete_offset,
-        acked_ranges=tuple((_position(r.start), _position(r.end)) for r in message.acked_ranges),
+        acked_ranges=acked_ranges,
         properties=dict(message.properties),
         last_active_ms=message.last_active_ms,
         batch_acks=tuple(
@@ -160,13 +200,16 @@ def decode_cursor(name: str, data: bytes) -> StoredCursor:
             for b in message.batch_acks
         ),
         subscription_type=message.subscription_type,
+        redelivery_counts=tuple(
+            (_position(c.position), c.count) for c in message.redelivery_counts if c.count > 0
+        ),
     )
 
 
-def _check_format(version: int, what: str) -> None:
-    if version > FORMAT_VERSION:
+def _check_format(version: int, what: str, newest: int = FORMAT_VERSION) -> None:
+    if version > newest:
         raise ManagedLedgerError(
-            f"{what} is in format version {version}; this broker reads up to {FORMAT_VERSION}"
+            f"{what} is in format version {version}; this broker reads up to {newest}"
             " (a newer broker wrote it)",
             context={"format_version": version},
         )

@@ -105,6 +105,12 @@ class BrokerConfig(
     """Entries a subscription may hold back for redelivery, for key order (key_shared) or until
     a consumer has permits, before it stops reading new ones."""
 
+    dispatch_max_delayed_entries: int = 200_000
+    """Shared and key_shared: entries a subscription holds aside until they are due (delayed
+    delivery), in memory (about 300 bytes each), before it stops reading new ones until some
+    are due (0: no limit). Their holes, persisted with the cursor, add to max_inline_ack_ranges:
+    keep the sum within the metadata store's request limit."""
+
     max_pending_publish_requests: int = 1_000
     """Batches of one producer stream the broker holds at once, being stored or stored with
     their receipt not yet taken by the client (Pulsar's maxPendingPublishRequestsPerConnection);
@@ -260,6 +266,7 @@ class BrokerConfig(
             "load_shedding_min_ownership_ms",
             "handover_hint_ttl_ms",
             "dispatch_max_replay_entries",
+            "dispatch_max_delayed_entries",
             "max_unacked_messages_per_consumer",
             "max_unacked_messages_per_subscription",
             "message_ttl_ms",

@@ -34,7 +34,14 @@ non-durable reader acknowledges nothing and is tracked not at all (``track_unack
 starts again from its own position when it reconnects.
 
 Delayed delivery (``deliver_at_ms``) applies to shared and key_shared, as in Pulsar: such
-entries wait in ``delayed`` until due; exclusive and failover deliver in log order at once.
+entries wait in ``delayed`` until due (without taking permits, up to ``max_delayed_entries``,
+after which no new entries are read); exclusive and failover deliver in log order at once. The
+subscription tells its cursor how many wait (``parked_entries``), so that their holes do not
+count towards the cursor's hole limit.
+
+Redelivery counts are the cursor's (:class:`~broker.managed_ledger.RedeliveryCounts`, persisted
+with it): an entry's count rises when it is taken back from a consumer, once per taking back
+(``Held.counted`` marks a negative ack counted ahead of its delayed requeue).
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from broker.managed_ledger import Position
+from broker.managed_ledger import Position, RedeliveryCounts
 from broker.service.streams import SubscriptionType
 from magnetar.common.keys import expand_key_hashes
 
@@ -65,6 +72,8 @@ class Held:
     """Messages in the entry."""
     hashes: Sequence[int] = ()
     """key_shared: the key hash of every message of the entry (to release them on ack)."""
+    counted: bool = False
+    """Its redelivery count was already raised (a negative ack waiting out its delay)."""
 
 
 @dataclass(slots=True)
@@ -178,6 +187,8 @@ class Dispatcher:
         max_unacked_per_subscription: int = 0,
         max_replay_entries: int = 10_000,
         track_unacked: bool = True,
+        max_delayed_entries: int = 200_000,
+        redelivery_counts: RedeliveryCounts | None = None,
     ) -> None:
         self.type = dispatch_type
         self.track_unacked = track_unacked
@@ -186,11 +197,15 @@ class Dispatcher:
         self.max_unacked_per_consumer = max_unacked_per_consumer
         self.max_unacked_per_subscription = max_unacked_per_subscription
         self.max_replay_entries = max_replay_entries
+        self.max_delayed_entries = max_delayed_entries
         self.slots: list[Slot] = []
         self.replay: dict[Position, Pending] = {}
         self.delayed: dict[Position, Item] = {}
         self._delay_heap: list[tuple[int, Position]] = []
-        self.redelivery_counts: dict[Position, int] = {}
+        self.redelivery_counts = (
+            redelivery_counts if redelivery_counts is not None else RedeliveryCounts(1 << 62)
+        )
+        """The cursor's (persisted with it), or the dispatcher's own for a reader."""
         self.holders: dict[int, tuple[Slot, int]] = {}
         """key_shared: key hash -> (consumer holding unacked messages of it, how many)."""
         self.blocked = False
@@ -247,8 +262,9 @@ class Dispatcher:
 
     def _drop_held(self, slot: Slot) -> None:
         """Forget what an exclusive or failover consumer held (a rewind redelivers it)."""
-        for position in slot.unacked:
-            self.redelivery_counts[position] = self.redelivery_counts.get(position, 0) + 1
+        for position, held in slot.unacked.items():
+            if not held.counted:
+                self.redelivery_counts.increment(position)
         self.unacked_messages -= slot.unacked_messages
         slot.unacked.clear()
         slot.unacked_messages = 0
@@ -296,7 +312,7 @@ class Dispatcher:
 
     def fresh_budget(self) -> int:
         """Messages to read from the cursor now (0: read nothing new)."""
-        if self.blocked or len(self.replay) >= self.max_replay_entries:
+        if self.blocked or len(self.replay) >= self.max_replay_entries or self.delayed_full:
             return 0
         return sum(s.permits for s in self.slots if s.available)
 
@@ -471,7 +487,7 @@ class Dispatcher:
                 item.position,
                 indexes,
                 count,
-                self.redelivery_counts.get(item.position, 0),
+                self.redelivery_counts.get(item.position),
             )
         )
 
@@ -499,6 +515,12 @@ class Dispatcher:
     def _delay(self, item: Item) -> None:
         self.delayed[item.position] = item
         heapq.heappush(self._delay_heap, (item.deliver_at_ms, item.position))
+
+    @property
+    def delayed_full(self) -> bool:
+        """``max_delayed_entries`` entries wait until they are due: no new entries are read
+        (an entry read could be one more) until some are due."""
+        return len(self.delayed) >= self.max_delayed_entries > 0
 
     def next_due_ms(self) -> int | None:
         """When the earliest delayed entry is due (None: none waits)."""
@@ -531,7 +553,7 @@ class Dispatcher:
             self._release(holder, position, None)
         self.replay.pop(position, None)
         self.delayed.pop(position, None)
-        self.redelivery_counts.pop(position, None)
+        self.redelivery_counts.discard(position)
         self._update_blocked()
 
     def acked_partly(
@@ -557,7 +579,7 @@ class Dispatcher:
         """Exclusive and failover: everything up to ``position`` is acknowledged."""
         for held in [p for p in slot.unacked if p <= position]:
             self._release(slot, held, None)
-            self.redelivery_counts.pop(held, None)
+            self.redelivery_counts.discard(held)
         for waiting in [p for p in self.replay if p <= position]:
             del self.replay[waiting]
         self._update_blocked()
@@ -567,9 +589,10 @@ class Dispatcher:
         for slot in self.slots:
             for held in [p for p in slot.unacked if p <= position]:
                 self._release(slot, held, None)
-        for table in (self.replay, self.delayed, self.redelivery_counts):
+        for table in (self.replay, self.delayed):
             for waiting in [p for p in table if p <= position]:
                 del table[waiting]
+        self.redelivery_counts.forget_through(position)
         self._update_blocked()
 
     def _release(self, slot: Slot, position: Position, indexes: frozenset[int] | None) -> None:
@@ -610,6 +633,16 @@ class Dispatcher:
         else:
             self.holders[key_hash] = (slot, current[1] - 1)
 
+    def count_redeliveries(self, slot: Slot, positions: Iterable[Position]) -> None:
+        """Raise the redelivery counts of what ``slot`` holds of these entries now, ahead of a
+        :meth:`requeue` that comes later (a negative ack's delay): a handover in between then
+        keeps the raised count."""
+        for position in positions:
+            held = slot.unacked.get(position)
+            if held is not None and not held.counted:
+                held.counted = True
+                self.redelivery_counts.increment(position)
+
     def requeue(self, slot: Slot, positions: Iterable[Position]) -> int:
         """What ``slot`` holds of these entries is delivered again (to any consumer, first);
         the number of messages requeued."""
@@ -619,7 +652,8 @@ class Dispatcher:
             if held is None:
                 continue
             self._release(slot, position, None)
-            self.redelivery_counts[position] = self.redelivery_counts.get(position, 0) + 1
+            if not held.counted:
+                self.redelivery_counts.increment(position)
             self._pend(position, held.indexes, held.num_messages, held.hashes)
             moved += held.count
         self.msgs_redelivered += moved

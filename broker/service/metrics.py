@@ -114,8 +114,24 @@ class BrokerCollector(Collector):
         consumers = GaugeMetricFamily(
             "magnetar_topic_consumers", "Connected consumers", labels=t_labels
         )
+        delayed = GaugeMetricFamily(
+            "magnetar_topic_delayed_entries",
+            "Entries its subscriptions hold aside until their delivery time",
+            labels=t_labels,
+        )
+        counts_dropped = CounterMetricFamily(
+            "magnetar_topic_redelivery_counts_dropped",
+            "Redelivery counts its cursors dropped at max_persisted_redelivery_counts",
+            labels=t_labels,
+        )
         for name, topic in list(broker.topics.topics.items()):
             tl = [broker.broker_id, name]
+            delayed.add_metric(
+                tl, sum(len(s.dispatcher.delayed) for s in topic.subscriptions.values())
+            )
+            counts_dropped.add_metric(
+                tl, sum(c.redelivery_counts.dropped for c in topic.ml.cursors.values())
+            )
             msgs_in.add_metric(tl, topic.msgs_in)
             bytes_in.add_metric(tl, topic.bytes_in)
             msgs_out.add_metric(tl, topic.msgs_out)
@@ -125,6 +141,7 @@ class BrokerCollector(Collector):
             producers.add_metric(tl, len(topic.producers))
             consumers.add_metric(tl, sum(len(s.consumers) for s in topic.subscriptions.values()))
         yield from (msgs_in, bytes_in, msgs_out, bytes_out, pending, storage, producers, consumers)
+        yield from (delayed, counts_dropped)
 
 
 class BrokerMetrics:

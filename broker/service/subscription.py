@@ -195,6 +195,7 @@ class Subscription:
         max_unacked_per_consumer: int = 0,
         max_unacked_per_subscription: int = 0,
         max_replay_entries: int = 10_000,
+        max_delayed_entries: int = 200_000,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.topic = topic
@@ -203,7 +204,12 @@ class Subscription:
         self.durable = durable
         self._max_entries = max_entries
         self._max_bytes = max_bytes
-        self._limits = (max_unacked_per_consumer, max_unacked_per_subscription, max_replay_entries)
+        self._limits = (
+            max_unacked_per_consumer,
+            max_unacked_per_subscription,
+            max_replay_entries,
+            max_delayed_entries,
+        )
         self._clock = clock
         self.consumers: list[ConsumerSession] = []
         self._sessions: dict[int, ConsumerSession] = {}
@@ -218,13 +224,14 @@ class Subscription:
         self._task: asyncio.Task[None] | None = None
         self._timers: set[asyncio.TimerHandle] = set()
         self._due_timer: asyncio.TimerHandle | None = None
+        self._counts_waiter: asyncio.Task[None] | None = None
         self._blocked_logged: str | None = None
         self.dead_lettered = 0
         if durable:
             cursor.record_subscription_type(int(subscription_type))
 
     def _new_dispatcher(self, subscription_type: SubscriptionType) -> Dispatcher:
-        per_consumer, per_subscription, replay = self._limits
+        per_consumer, per_subscription, replay, delayed = self._limits
         return Dispatcher(
             subscription_type,
             partition=self.topic.name.partition,
@@ -232,6 +239,8 @@ class Subscription:
             max_unacked_per_subscription=per_subscription,
             max_replay_entries=replay,
             track_unacked=self.durable,
+            max_delayed_entries=delayed,
+            redelivery_counts=self.cursor.redelivery_counts,
         )
 
     @property
@@ -253,6 +262,8 @@ class Subscription:
             return "the subscription holds max_unacked_messages_per_subscription unacknowledged"
         if self.durable and self.cursor.ack_ranges_over_limit:
             return "the acknowledgement holes reached max_inline_ack_ranges"
+        if self.dispatcher.delayed_full:
+            return "the delayed entries held aside reached dispatch_max_delayed_entries"
         return None
 
     # --- consumers ------------------------------------------------------------------------------
@@ -262,6 +273,7 @@ class Subscription:
         if self.consumers:
             raise ConsumerBusyError(f"subscription {self.name!r} has consumers attached")
         self.dispatcher = self._new_dispatcher(subscription_type)
+        self.cursor.parked_entries = 0
         self._reposition(None)
         if self.durable:
             self.cursor.record_subscription_type(int(subscription_type))
@@ -289,6 +301,11 @@ class Subscription:
             return
         self.consumers.remove(consumer)
         self._sessions.pop(consumer.slot.seq, None)
+        if self.topic.is_closing:
+            # the partition is moving or closing: its cursor (and the redelivery counts in it)
+            # is already persisted, and the next owner delivers again what the consumer held
+            # with the counts as they were; raising them now would be lost or half-kept
+            return
         changes, rewind = self.dispatcher.remove(consumer.slot)
         self._after_change(changes, rewind)
         if not self.durable and not self.consumers:
@@ -400,6 +417,8 @@ class Subscription:
         if delay_ms <= 0:
             self._requeue(consumer, held)
             return
+        # counted now, not when the delay ends: a handover in between keeps the count
+        self.dispatcher.count_redeliveries(consumer.slot, held)
         loop = asyncio.get_running_loop()
 
         def due() -> None:
@@ -426,6 +445,7 @@ class Subscription:
         and start afresh, as in Pulsar); an admin reset closes them all."""
         position, first_index = await self.topic.resolve_start(start, strict=strict)
         self.dispatcher.reset()
+        self.cursor.parked_entries = 0
         for consumer in list(self.consumers):
             if consumer is not requester:
                 consumer.close_with(
@@ -448,6 +468,7 @@ class Subscription:
         if not self.cursor.expire_before(position):
             return False
         self.dispatcher.forget_through(self.cursor.mark_delete)
+        self.cursor.parked_entries = len(self.dispatcher.delayed)
         self.topic.cursor_moved()
         self.wake()
         return True
@@ -490,17 +511,28 @@ class Subscription:
 
     async def _dispatch_once(self) -> None:
         dispatcher = self.dispatcher
+        # a raised redelivery count is durable before its entry goes out again, so that a new
+        # owner after a crash carries on from it (one metadata write, group-committed). Shared
+        # and key_shared redeliver from replay only: new entries go on meanwhile. Exclusive and
+        # failover redeliver by rewinding: everything waits.
+        counts_ready = self.cursor.counts_persisted
+        if not counts_ready and not dispatcher.shares:
+            await self.cursor.wait_counts_persisted()
+            return
         now_ms = self._clock.time_ms()
         if dispatcher.delayed:
             if dispatcher.release_due(now_ms):
                 self._wake.set()
+                self.cursor.parked_entries = len(dispatcher.delayed)
             self._arm_due_timer(now_ms)
         if not dispatcher.can_dispatch():
             self._note_blocked()
             await self._sleep()
             return
         epoch = self._epoch
-        candidates = dispatcher.replay_candidates(self._max_entries)
+        candidates = dispatcher.replay_candidates(self._max_entries) if counts_ready else []
+        if not counts_ready and dispatcher.replay:
+            self._wake_when_counts_persisted()
         if candidates:
             items, entries = await self._read_replay(candidates)
         else:
@@ -533,6 +565,11 @@ class Subscription:
                 self.cursor.seek(read[beyond].position)
                 read = read[:beyond]
             entries = {entry.position: entry for entry in read}
+            for entry in read:
+                # learnt from every entry read, not only those delivered: entries held aside
+                # (delayed) go out later, and a new owner re-reading many of them must not
+                # read them one at a time
+                self._largest_batch = max(float(entry.num_messages), self._largest_batch * 0.99)
             items = [item for item in map(self._fresh_item, read) if item is not None]
         if epoch != self._epoch or dispatcher is not self.dispatcher:
             return
@@ -540,8 +577,21 @@ class Subscription:
         if plan.seek_back is not None:
             self.cursor.seek(plan.seek_back)
         self._deliver(plan, entries)
+        # the holes parked (delayed) entries leave do not count towards the hole limit
+        self.cursor.parked_entries = len(dispatcher.delayed)
         if dispatcher.delayed:
             self._arm_due_timer(now_ms)
+
+    def _wake_when_counts_persisted(self) -> None:
+        if self._counts_waiter is not None and not self._counts_waiter.done():
+            return
+
+        async def wait() -> None:
+            with contextlib.suppress(MagnetarError):  # fencing reaches the dispatch loop too
+                await self.cursor.wait_counts_persisted()
+            self.wake()
+
+        self._counts_waiter = asyncio.create_task(wait(), name=f"counts:{self.name}")
 
     def _hole_ceiling(self) -> Position | None:
         """At the ack-hole limit: the highest acknowledged entry. Entries below it fill holes
@@ -680,6 +730,9 @@ class Subscription:
         if self._due_timer is not None:
             self._due_timer.cancel()
             self._due_timer = None
+        if self._counts_waiter is not None:
+            self._counts_waiter.cancel()
+            self._counts_waiter = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -369,6 +369,7 @@ class Topic:
             max_unacked_per_consumer=config.max_unacked_messages_per_consumer,
             max_unacked_per_subscription=config.max_unacked_messages_per_subscription,
             max_replay_entries=config.dispatch_max_replay_entries,
+            max_delayed_entries=config.dispatch_max_delayed_entries,
             clock=self._clock,
         )
         self.subscriptions[name] = subscription

@@ -69,6 +69,9 @@ async def test_produce_then_consume_on_the_wire(start_cluster: StartCluster) -> 
         in metrics
     )
     assert 'magnetar_broker_owned_partitions{broker="broker-0"} 1.0' in metrics
+    labels = '{broker="broker-0",topic="public/default/orders"}'
+    assert f"magnetar_topic_delayed_entries{labels} 0.0" in metrics
+    assert f"magnetar_topic_redelivery_counts_dropped_total{labels} 0.0" in metrics
     await producer.close()
     await consumer.close()
 

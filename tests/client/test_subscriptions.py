@@ -9,6 +9,7 @@ per cursor. Consumers that must die holding messages run in their own process
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import subprocess
 import sys
@@ -24,12 +25,14 @@ import pytest
 import pytest_asyncio
 
 import magnetar
+from broker.managed_ledger.persistence import StoredCursor, decode_cursor
 from magnetar.common.errors import (
     IncompatibleSubscriptionError,
     InvalidArgumentError,
     ReceiveTimeoutError,
 )
 from magnetar.testing import LocalCluster
+from metadata import layout, open_store
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -538,6 +541,76 @@ def test_acks_nacks_ack_timeout_and_dead_letters(
     consumer.close()
 
 
+def persisted_cursor(cluster: LocalCluster, topic: str, subscription: str) -> StoredCursor:
+    """The subscription's cursor as persisted in etcd (read on a thread of its own: the module's
+    event loop is not running during a synchronous test)."""
+
+    async def read() -> StoredCursor:
+        store = await open_store(cluster.metadata_url)
+        try:
+            listing = await store.list(layout.MANAGED_LEDGERS)
+            suffix = f"/{topic}/cursors/{subscription}"
+            record = next(r for r in listing.records if r.key.endswith(suffix))
+            return decode_cursor(subscription, record.value)
+        finally:
+            await store.close()
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, read()).result(timeout=30)
+
+
+def test_redelivery_counts_survive_four_failovers_then_dead_letter(
+    client: magnetar.Client, admin: magnetar.AdminClient, cluster: LocalCluster
+) -> None:
+    topic = unique("dlq-failover")
+    admin.create_topic(topic)
+    consumer = client.subscribe(
+        topic, "dlq", "shared", initial_position="earliest", max_redelivery_count=3,
+        negative_ack_redelivery_delay_ms=60_000,
+    )  # fmt: skip
+    with client.create_producer(topic) as producer:
+        producer.send(b"poison")
+    counts: list[int] = []
+    while True:
+        try:
+            message = consumer.receive(timeout_millis=3000)
+        except ReceiveTimeoutError:
+            break
+        counts.append(message.redelivery_count())
+        consumer.negative_acknowledge(message)
+        if len(counts) <= 4:
+            # the broker counted the negative ack (and persisted it): move the partition while
+            # the message waits out its delay there (the new owner delivers it at once). With a
+            # short delay the old owner could deliver it first, and the application could take
+            # that copy and negatively acknowledge it on the closing stream: lost, so it would
+            # come again with the same count, as the docs say
+            wait_until(
+                lambda: (
+                    [c for _, c in persisted_cursor(cluster, topic, "dlq").redelivery_counts]
+                    == [len(counts)]
+                ),
+                30,
+                "the redelivery count to be persisted",
+            )
+            admin.unload_topic(topic)
+    # max_redelivery_count=3: the application got it with counts 0, 1, 2 and 3 (three
+    # redeliveries, each by a new owner), then the dead-letter topic (by a fourth)
+    assert counts == [0, 1, 2, 3]
+    dlq = client.subscribe(f"{topic}-DLQ", "inspect", initial_position="earliest")
+    assert dlq.receive(timeout_millis=10_000).data() == b"poison"
+    assert nothing_arrives(dlq, 500)
+    dlq.close()
+    wait_until(
+        lambda: persisted_cursor(cluster, topic, "dlq").redelivery_counts == (),
+        30,
+        "the dead-lettered entry's count to go with its ack",
+    )
+    sub = admin.topic_stats(topic)["partitions"][0]["subscriptions"][0]
+    assert sub["redelivery_counts"] == 0
+    assert sub["dead_lettered_messages"] == 1
+    consumer.close()
+
+
 # --- cursor state ----------------------------------------------------------------------------
 
 
@@ -572,6 +645,119 @@ def test_ack_holes_over_the_limit_pause_dispatch_and_survive_a_reload(
     sub = admin.topic_stats(topic)["partitions"][0]["subscriptions"][0]
     assert sub["ack_hole_ranges"] == 0
     assert not sub["blocked"]
+    consumer.close()
+
+
+def check_normal_messages_flow_past_delayed_ones(
+    client: magnetar.Client, admin: magnetar.AdminClient, delayed: int
+) -> None:
+    """``delayed`` messages due in an hour, each followed by an immediate one (so each is an
+    entry of its own and leaves a hole once the immediate ones are acknowledged): every
+    immediate message arrives, none of the delayed."""
+    topic = unique("delayed-many")
+    admin.create_topic(topic)
+    consumer = client.subscribe(
+        topic, "work", "shared", initial_position="earliest", receiver_queue_size=2000
+    )
+    due_ms = int(time.time() * 1000) + 3_600_000
+    with client.create_producer(topic, batching_max_messages=1000) as producer:
+        for i in range(delayed):
+            producer.send_async(b"later", deliver_at_ms=due_ms)
+            producer.send_async(b"now %d" % i)
+        producer.flush()
+    received = 0
+    while received < delayed:
+        message = consumer.receive(timeout_millis=30_000)
+        assert message.data().startswith(b"now ")
+        consumer.acknowledge(message)
+        received += 1
+
+    def stats() -> dict[str, Any]:
+        return dict(admin.topic_stats(topic)["partitions"][0]["subscriptions"][0])
+
+    # one hole per delayed entry, far more than the limit of 50, and none a reason to stop
+    wait_until(lambda: stats()["ack_hole_ranges"] == delayed, 30, "every ack to arrive")
+    sub = stats()
+    assert not sub["ack_ranges_over_limit"]
+    assert not sub["blocked"]
+    assert sub["delayed_entries"] == delayed
+    with client.create_producer(topic) as producer:
+        producer.send(b"after")
+    after = consumer.receive(timeout_millis=30_000)
+    assert after.data() == b"after"
+    consumer.acknowledge(after)
+    # a new owner re-reads the delayed entries (jumping over the acknowledged ones), holds them
+    # aside again, and new messages flow
+    admin.unload_topic(topic)
+    with client.create_producer(topic) as producer:
+        producer.send(b"after the move")
+    message = consumer.receive(timeout_millis=60_000)
+    if message.data() == b"after":  # its ack may not have reached the old owner
+        message = consumer.receive(timeout_millis=60_000)
+    assert message.data() == b"after the move"
+    wait_until(lambda: stats()["delayed_entries"] == delayed, 60, "the delayed ones held aside")
+    consumer.close()
+
+
+def test_normal_messages_flow_past_many_delayed_ones(
+    client: magnetar.Client, admin: magnetar.AdminClient
+) -> None:
+    check_normal_messages_flow_past_delayed_ones(client, admin, 2_000)
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(1200)
+def test_normal_messages_flow_past_100k_delayed_ones(
+    client: magnetar.Client, admin: magnetar.AdminClient
+) -> None:
+    check_normal_messages_flow_past_delayed_ones(client, admin, 100_000)
+
+
+def test_delayed_messages_survive_two_failovers_and_arrive_when_due(
+    client: magnetar.Client, admin: magnetar.AdminClient
+) -> None:
+    topic = unique("delayed-failover")
+    admin.create_topic(topic)
+    # ack receipts: the immediate messages' acks are persisted before the partition moves, so
+    # none of them comes again among the delayed ones
+    consumer = client.subscribe(
+        topic, "work", "shared", initial_position="earliest", ack_receipts=True
+    )
+    due_ms = int(time.time() * 1000) + 4000
+    with client.create_producer(topic) as producer:
+        for i in range(20):
+            producer.send(b"later %d" % i, deliver_at_ms=due_ms + 10 * i)
+            producer.send(b"now %d" % i)
+    for _ in range(20):
+        message = consumer.receive(timeout_millis=10_000)
+        assert message.data().startswith(b"now ")
+        consumer.acknowledge(message)
+    wait_until(
+        lambda: (
+            admin.topic_stats(topic)["partitions"][0]["subscriptions"][0]["delayed_entries"] == 20
+        ),
+        30,
+        "the delayed entries to be held aside",
+    )
+    admin.unload_topic(topic)  # the new owner re-reads the holes and holds them aside again
+    wait_until(
+        lambda: (
+            admin.topic_stats(topic)["partitions"][0]["subscriptions"][0]["delayed_entries"] == 20
+        ),
+        30,
+        "the new owner to hold the delayed entries aside",
+    )
+    admin.unload_topic(topic)
+    later: list[bytes] = []
+    for _ in range(20):
+        message = consumer.receive(timeout_millis=30_000)
+        assert message.data().startswith(b"later ")
+        # not early: the broker held it until its time (one clock on this host)
+        assert time.time() * 1000 >= due_ms
+        later.append(message.data())
+        consumer.acknowledge(message)
+    assert sorted(later) == sorted(b"later %d" % i for i in range(20))
+    assert nothing_arrives(consumer, 500)
     consumer.close()
 
 

@@ -510,6 +510,9 @@ class SubscriptionStats(_message.Message):
     ACK_RANGES_OVER_LIMIT_FIELD_NUMBER: _builtins.int
     MARK_DELETE_OFFSET_FIELD_NUMBER: _builtins.int
     DEAD_LETTERED_MESSAGES_FIELD_NUMBER: _builtins.int
+    REDELIVERY_COUNTS_FIELD_NUMBER: _builtins.int
+    REDELIVERY_COUNTS_DROPPED_FIELD_NUMBER: _builtins.int
+    DELAYED_ENTRIES_FIELD_NUMBER: _builtins.int
     subscription: _builtins.str
     subscription_type: _types_pb2.SubscriptionType.ValueType
     backlog_messages: _builtins.int
@@ -529,6 +532,13 @@ class SubscriptionStats(_message.Message):
     """
     mark_delete_offset: _builtins.int
     dead_lettered_messages: _builtins.int
+    redelivery_counts: _builtins.int
+    """Entries with a redelivery count kept (persisted with the cursor), and counts dropped since
+    this broker loaded the partition because max_persisted_redelivery_counts were kept.
+    """
+    redelivery_counts_dropped: _builtins.int
+    delayed_entries: _builtins.int
+    """Shared and key_shared: entries held aside until their delivery time (delayed delivery)."""
     @_builtins.property
     def consumers(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConsumerStats]: ...
     def __init__(
@@ -546,10 +556,13 @@ class SubscriptionStats(_message.Message):
         ack_ranges_over_limit: _builtins.bool = ...,
         mark_delete_offset: _builtins.int = ...,
         dead_lettered_messages: _builtins.int = ...,
+        redelivery_counts: _builtins.int = ...,
+        redelivery_counts_dropped: _builtins.int = ...,
+        delayed_entries: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_hole_ranges", b"ack_hole_ranges", "ack_ranges_over_limit", b"ack_ranges_over_limit", "backlog_messages", b"backlog_messages", "blocked", b"blocked", "consumers", b"consumers", "dead_lettered_messages", b"dead_lettered_messages", "mark_delete_offset", b"mark_delete_offset", "msg_rate_out", b"msg_rate_out", "msg_rate_redeliver", b"msg_rate_redeliver", "subscription", b"subscription", "subscription_type", b"subscription_type", "unacked_messages", b"unacked_messages"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_hole_ranges", b"ack_hole_ranges", "ack_ranges_over_limit", b"ack_ranges_over_limit", "backlog_messages", b"backlog_messages", "blocked", b"blocked", "consumers", b"consumers", "dead_lettered_messages", b"dead_lettered_messages", "delayed_entries", b"delayed_entries", "mark_delete_offset", b"mark_delete_offset", "msg_rate_out", b"msg_rate_out", "msg_rate_redeliver", b"msg_rate_redeliver", "redelivery_counts", b"redelivery_counts", "redelivery_counts_dropped", b"redelivery_counts_dropped", "subscription", b"subscription", "subscription_type", b"subscription_type", "unacked_messages", b"unacked_messages"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -177,6 +177,31 @@ class BatchIndexAck(_message.Message):
 Global___BatchIndexAck: _TypeAlias = BatchIndexAck  # noqa: Y015
 
 @_typing.final
+class RedeliveryCount(_message.Message):
+    """How many times an unacknowledged entry was taken back from a consumer to be delivered again."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POSITION_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    count: _builtins.int
+    @_builtins.property
+    def position(self) -> _types_pb2.Position: ...
+    def __init__(
+        self,
+        *,
+        position: _types_pb2.Position | None = ...,
+        count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["position", b"position"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "position", b"position"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RedeliveryCount: _TypeAlias = RedeliveryCount  # noqa: Y015
+
+@_typing.final
 class CursorInfo(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -231,7 +256,10 @@ class CursorInfo(_message.Message):
     LAST_ACTIVE_MS_FIELD_NUMBER: _builtins.int
     SUBSCRIPTION_TYPE_FIELD_NUMBER: _builtins.int
     SUBSCRIPTION_PROPERTIES_FIELD_NUMBER: _builtins.int
+    REDELIVERY_COUNTS_FIELD_NUMBER: _builtins.int
+    PACKED_ACKED_RANGES_FIELD_NUMBER: _builtins.int
     format_version: _builtins.int
+    """1: acked ranges in acked_ranges; 2: in packed_acked_ranges (docs/managed-ledger.md)."""
     mark_delete_offset: _builtins.int
     """Offset of the last message covered by mark_delete (-1 if none)."""
     state_ledger_id: _builtins.int
@@ -247,7 +275,9 @@ class CursorInfo(_message.Message):
 
     @_builtins.property
     def acked_ranges(self) -> _containers.RepeatedCompositeFieldContainer[Global___PositionRange]:
-        """Individually acknowledged ranges above mark_delete, in order, non-overlapping."""
+        """Individually acknowledged ranges above mark_delete, in order, non-overlapping (format 1;
+        format 2 writes packed_acked_ranges instead).
+        """
 
     @_builtins.property
     def batch_acks(self) -> _containers.RepeatedCompositeFieldContainer[Global___BatchIndexAck]: ...
@@ -255,6 +285,20 @@ class CursorInfo(_message.Message):
     def properties(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
     @_builtins.property
     def subscription_properties(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    @_builtins.property
+    def redelivery_counts(self) -> _containers.RepeatedCompositeFieldContainer[Global___RedeliveryCount]:
+        """Redelivery counts of unacknowledged entries above mark_delete (count > 0), in position
+        order, at most max_persisted_redelivery_counts of them.
+        """
+
+    @_builtins.property
+    def packed_acked_ranges(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Format 2: the acked ranges as positions start, end, start, end, ... each written as two
+        numbers: (ledger_id - previous ledger_id, entry_id - previous entry_id) when the ledger is
+        the previous position's, else (ledger_id - previous ledger_id, entry_id); the first
+        position's "previous" is (0, 0). About 4 bytes a range instead of about 18.
+        """
+
     def __init__(
         self,
         *,
@@ -269,10 +313,12 @@ class CursorInfo(_message.Message):
         last_active_ms: _builtins.int = ...,
         subscription_type: _types_pb2.SubscriptionType.ValueType = ...,
         subscription_properties: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        redelivery_counts: _abc.Iterable[Global___RedeliveryCount] | None = ...,
+        packed_acked_ranges: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["mark_delete", b"mark_delete"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_ranges", b"acked_ranges", "batch_acks", b"batch_acks", "format_version", b"format_version", "last_active_ms", b"last_active_ms", "mark_delete", b"mark_delete", "mark_delete_offset", b"mark_delete_offset", "properties", b"properties", "ranges_in_state_ledger", b"ranges_in_state_ledger", "state_ledger_id", b"state_ledger_id", "subscription_properties", b"subscription_properties", "subscription_type", b"subscription_type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_ranges", b"acked_ranges", "batch_acks", b"batch_acks", "format_version", b"format_version", "last_active_ms", b"last_active_ms", "mark_delete", b"mark_delete", "mark_delete_offset", b"mark_delete_offset", "packed_acked_ranges", b"packed_acked_ranges", "properties", b"properties", "ranges_in_state_ledger", b"ranges_in_state_ledger", "redelivery_counts", b"redelivery_counts", "state_ledger_id", b"state_ledger_id", "subscription_properties", b"subscription_properties", "subscription_type", b"subscription_type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

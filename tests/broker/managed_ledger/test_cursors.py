@@ -256,3 +256,42 @@ async def test_reading_skips_acked_entries_and_payloads_are_intact(ml_env: Env) 
     cursor.ack(positions[5:9])
     entries = await cursor.read(max_entries=100, max_bytes=1 << 20)
     assert [body_of(e.payload) for e in entries] == [b"m4", b"m9"]
+
+
+async def test_redelivery_counts_persist_with_the_cursor_and_a_new_owner_continues(
+    ml_env: Env,
+) -> None:
+    config = replace(SMALL_LEDGERS, max_inline_ack_ranges=2)
+    ml = await ml_env.factory(config=config).open("t")
+    cursor = await ml.open_cursor("sub", start="earliest")
+    positions = await written(ml, 8)
+    await cursor.read(max_entries=100, max_bytes=1 << 20)
+    cursor.redelivery_counts.increment(positions[1])
+    cursor.redelivery_counts.increment(positions[1])
+    cursor.redelivery_counts.increment(positions[6])
+    persisted_before = cursor.counts_persisted
+    assert not persisted_before
+    await asyncio.wait_for(cursor.wait_counts_persisted(), 5)  # at once, not after an interval
+    assert cursor.counts_persisted
+    stored = await stored_cursor(ml_env, "t", "sub")
+    assert stored.redelivery_counts == ((positions[1], 2), (positions[6], 1))
+    cursor.ack([positions[6]])  # acknowledged: its count goes
+    cursor.ack([positions[2], positions[4]])
+    # three ranges, over the limit of two, but two entries are parked (delayed): they
+    # leave holes on purpose, and those do not count
+    assert cursor.ack_hole_ranges == 3
+    over_before = cursor.ack_ranges_over_limit
+    assert over_before
+    cursor.parked_entries = 2
+    assert not cursor.ack_ranges_over_limit
+    await ml.close()
+
+    new = await ml_env.factory(await ml_env.new_client(), config=config).open("t")
+    reloaded = new.cursors["sub"]
+    assert reloaded.redelivery_counts.items() == [(positions[1], 2)]
+    assert reloaded.redelivery_counts.increment(positions[1]) == 3
+    # reading after the reload skips the acknowledged ranges
+    entries = await reloaded.read(max_entries=100, max_bytes=1 << 20)
+    assert [e.position for e in entries] == [positions[i] for i in (0, 1, 3, 5, 7)]
+    reloaded.ack_cumulative(positions[2])
+    assert reloaded.redelivery_counts.items() == []

@@ -31,7 +31,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from broker.managed_ledger import Position
+from broker.managed_ledger import Position, RedeliveryCounts
 from broker.service.dispatch import Dispatcher, Item, Plan, Slot
 from broker.service.streams import SubscriptionType
 from magnetar.common.keys import batch_key_hashes, expand_key_hashes
@@ -786,3 +786,58 @@ def test_a_reader_is_not_tracked() -> None:
     assert slot.unacked_messages == d.unacked_messages == 0
     assert not slot.blocked
     assert not d.blocked
+
+
+# --- redelivery counts and delayed entries ------------------------------------------------------
+
+
+def test_a_delayed_negative_ack_is_counted_once_even_if_its_consumer_leaves_first() -> None:
+    """A negative ack raises the count at once (a handover before the delay ends keeps it);
+    the requeue when the delay ends, or the consumer leaving before it, does not raise it
+    again."""
+    counts = RedeliveryCounts(100)
+    d = Dispatcher(SubscriptionType.SHARED, redelivery_counts=counts)
+    first, _, _ = d.add("c0")
+    d.flow(first, 10)
+    d.assign([Item(position(0), 1), Item(position(1), 1)], NOW_MS)
+    d.count_redeliveries(first, [position(0), position(1)])
+    d.count_redeliveries(first, [position(0)])  # asked twice: still counted once
+    assert counts.items() == [(position(0), 1), (position(1), 1)]
+    d.requeue(first, [position(0)])  # its delay ended
+    d.remove(first)  # left before position 1's delay ended
+    assert counts.items() == [(position(0), 1), (position(1), 1)]
+    second, _, _ = d.add("c1")
+    d.flow(second, 10)
+    replayed = [Item(p, 1, (), d.replay.pop(p).indexes, fresh=False) for p in sorted(d.replay)]
+    plan = d.assign(replayed, NOW_MS)
+    assert [(a.position, a.redelivery_count) for a in plan.assignments] == [
+        (position(0), 1),
+        (position(1), 1),
+    ]
+    d.remove(second)  # left holding both, not counted yet: both rise
+    assert counts.items() == [(position(0), 2), (position(1), 2)]
+    d.acked(second, position(0))
+    assert counts.items() == [(position(1), 2)]
+
+
+def test_delayed_entries_are_held_aside_up_to_a_bound_without_taking_permits() -> None:
+    d = Dispatcher(SubscriptionType.SHARED, max_delayed_entries=3)
+    consumer, _, _ = d.add("c0")
+    d.flow(consumer, 2)
+    later = NOW_MS + 3_600_000
+    items = [Item(position(i), 1, deliver_at_ms=later) for i in range(3)]
+    plan = d.assign([*items, Item(position(3), 1)], NOW_MS)
+    # the due entry goes out; the delayed ones wait aside, taking no permits
+    assert [a.position for a in plan.assignments] == [position(3)]
+    assert consumer.permits == 1
+    assert sorted(d.delayed) == [position(0), position(1), position(2)]
+    full_before = d.delayed_full
+    assert full_before
+    assert d.fresh_budget() == 0  # at the bound: nothing new is read until some are due
+    assert d.next_due_ms() == later
+    assert d.release_due(later) == 3
+    assert not d.delayed_full
+    assert sorted(d.replay) == [position(0), position(1), position(2)]
+    unbounded = Dispatcher(SubscriptionType.SHARED, max_delayed_entries=0)
+    unbounded.assign([Item(position(0), 1, deliver_at_ms=later)], NOW_MS)
+    assert not unbounded.delayed_full
