@@ -11,11 +11,16 @@ recorded longest ago is forgotten (``dropped`` counts them). Entries leave when 
 acknowledged, so only entries with a pending redelivery cost anything.
 
 No I/O, no clock: :class:`~.cursor.ManagedCursor` persists it, and is told of every change
-through ``on_change(raised)`` (``raised``: a count went up, not just away).
+through ``on_change(raised)`` (``raised``: a count went up, not just away). A bound method is
+held weakly: the cursor owns its counts, and a strong reference back would make a cycle that
+keeps a closed cursor (and its managed ledger) until a full collection, which the servers'
+collector tuning almost never runs (``tests/broker/test_topic_memory.py``).
 """
 
 from __future__ import annotations
 
+import inspect
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 
 from broker.managed_ledger.types import Position
@@ -37,7 +42,11 @@ class RedeliveryCounts:
             raise ValueError(f"a redelivery count limit is >= 1, got {limit}")
         self.limit = limit
         self._counts: dict[Position, int] = {}
-        self._on_change = on_change
+        self._on_change: Callable[[], Callable[[bool], None] | None] | None = None
+        if inspect.ismethod(on_change):
+            self._on_change = weakref.WeakMethod(on_change)
+        elif on_change is not None:
+            self._on_change = lambda: on_change
         self.dropped = 0
         """Counts forgotten because ``limit`` entries were tracked (since this owner loaded)."""
         for position, count in counts:
@@ -95,5 +104,6 @@ class RedeliveryCounts:
             self.dropped += 1
 
     def _changed(self, *, raised: bool = False) -> None:
-        if self._on_change is not None:
-            self._on_change(raised)
+        listener = self._on_change() if self._on_change is not None else None
+        if listener is not None:
+            listener(raised)
