@@ -90,6 +90,28 @@ class ConsumerSession(Closable):
             self.slot.backlogged = False
             self.subscription.wake()
 
+    def still_unacked(self, items: list[DeliveryItem]) -> list[DeliveryItem]:
+        """Of deliveries about to be written to the stream, those whose entry is not
+        acknowledged now.
+
+        Deliveries wait in :attr:`events` until the stream writes them, and an ack from another
+        consumer (shared, key_shared: any consumer may acknowledge what another holds, and one
+        that reconnects resends its unreceipted acks) can come in meanwhile. Such an entry is
+        not written: once an ack is applied the broker writes no copy of its entry, so its
+        receipt can only be overtaken by copies written before. The dropped messages' permits
+        go back to the consumer, and their bytes count as taken."""
+        if not self.subscription.durable:
+            return items  # a reader acknowledges nothing
+        cursor = self.subscription.cursor
+        kept = [item for item in items if not cursor.is_acked(item.position)]
+        if len(kept) == len(items):
+            return items
+        dropped = [item for item in items if cursor.is_acked(item.position)]
+        self.taken(sum(len(item.payload) for item in dropped))
+        permits = sum(len(item.batch_indexes) or item.num_messages for item in dropped)
+        self.subscription.flow(self, permits)
+        return kept
+
     @property
     def permits(self) -> int:
         return self.slot.permits
@@ -583,6 +605,8 @@ class Subscription:
             )
 
     def _fresh_item(self, entry: Entry) -> Item | None:
+        if self.durable and self.cursor.is_acked(entry.position):
+            return None  # acknowledged while a later part of the same read was under way
         indexes: frozenset[int] | None = None
         acked = self.cursor.acked_indexes(entry.position)
         first = 0
