@@ -41,6 +41,12 @@ class FakeTopic:
     def drop_subscription(self, subscription: Subscription) -> None:
         pass
 
+    seek_to: Position | None = None
+
+    async def resolve_start(self, start: object, *, strict: bool = False) -> tuple[Position, int]:
+        assert self.seek_to is not None
+        return self.seek_to, 0
+
 
 async def shared(env: Env, entries: int) -> tuple[Subscription, list[Position]]:
     ml = await env.factory().open("acked-copies")
@@ -59,12 +65,16 @@ async def shared(env: Env, entries: int) -> tuple[Subscription, list[Position]]:
 
 
 def queued(session: ConsumerSession) -> list[DeliveryItem]:
-    items: list[DeliveryItem] = []
+    return [item for event in queued_events(session) for item in event.items]
+
+
+def queued_events(session: ConsumerSession) -> list[Deliveries]:
+    events: list[Deliveries] = []
     while not session.events.empty():
         event = session.events.get_nowait()
         if isinstance(event, Deliveries):
-            items.extend(event.items)
-    return items
+            events.append(event)
+    return events
 
 
 async def receipt(session: ConsumerSession, request_id: int) -> None:
@@ -93,11 +103,33 @@ async def test_a_queued_delivery_acknowledged_by_another_consumer_is_not_written
         await receipt(acker, 1)
         assert subscription.cursor.is_acked(positions[0])
 
-        written = slow.still_unacked(queued(slow))
+        written = [item for event in queued_events(slow) for item in slow.still_unacked(event)]
 
         assert [item.position for item in written] == positions[2:]
         assert slow.permits == 8  # the two dropped messages' permits came back
         assert slow.buffered_bytes == sum(len(item.payload) for item in written)
+    finally:
+        await subscription.close(_closing())
+
+
+async def test_after_a_seek_the_dropped_copies_give_no_permits_back(ml_env: Env) -> None:
+    # a seek forward counts what is before its target as acknowledged, so copies queued before
+    # it are dropped too; the seek took the consumer's permits away and the client grants anew
+    # after seek_complete: giving the dropped ones' permits back would grant more than it did
+    subscription, positions = await shared(ml_env, 4)
+    slow = ConsumerSession(subscription, "slow")
+    subscription.add_consumer(slow)
+    try:
+        slow.flow(10)
+        await wait_until(lambda: slow.events.qsize() > 0)
+        subscription.topic.seek_to = positions[2]  # type: ignore[attr-defined]
+        await slow.seek(None, request_id=1)  # type: ignore[arg-type]  # the fake resolves it
+        assert slow.permits == 0
+
+        written = [item for event in queued_events(slow) for item in slow.still_unacked(event)]
+
+        assert [item.position for item in written] == positions[2:]
+        assert slow.permits == 0
     finally:
         await subscription.close(_closing())
 
