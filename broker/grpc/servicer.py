@@ -616,7 +616,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                 if isinstance(event, ClientDone):
                     return  # the client closed its side
                 if isinstance(event, Deliveries):
-                    for item in event.items:
+                    for item in consumer.still_unacked(event):
                         deliveries.deliveries.add(
                             message_id=_message_id(item.position, partition, item.num_messages),
                             entry=item.payload,

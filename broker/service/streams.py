@@ -79,6 +79,8 @@ class DeliveryItem:
 @dataclass(frozen=True, slots=True)
 class Deliveries:
     items: list[DeliveryItem]
+    grant: int = 0
+    """The consumer's permit grant they were counted against (a seek starts a new one)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,6 +74,8 @@ class ConsumerSession(Closable):
         self.bytes_out = 0
         self.buffered_bytes = 0
         """Bytes of deliveries handed to this stream that its client has not taken yet."""
+        self.grant = 0
+        """Counts permit grants: a seek drops the permits, and the client grants anew."""
 
     def delivered(self, size: int) -> None:
         """Deliveries of ``size`` bytes are queued for the stream."""
@@ -89,6 +91,31 @@ class ConsumerSession(Closable):
         if self.slot.backlogged and self.buffered_bytes < limit // 2:
             self.slot.backlogged = False
             self.subscription.wake()
+
+    def still_unacked(self, deliveries: Deliveries) -> list[DeliveryItem]:
+        """Of deliveries about to be written to the stream, those whose entry is not
+        acknowledged now.
+
+        Deliveries wait in :attr:`events` until the stream writes them, and an ack from another
+        consumer (shared, key_shared: any consumer may acknowledge what another holds, and one
+        that reconnects resends its unreceipted acks) can come in meanwhile. Such an entry is
+        not written: once an ack is applied the broker writes no copy of its entry, so its
+        receipt can only be overtaken by copies written before. The dropped messages' permits
+        go back to the consumer (unless a seek dropped its permits since), and their bytes
+        count as taken."""
+        items = deliveries.items
+        if not self.subscription.durable:
+            return items  # a reader acknowledges nothing
+        cursor = self.subscription.cursor
+        kept = [item for item in items if not cursor.is_acked(item.position)]
+        if len(kept) == len(items):
+            return items
+        dropped = [item for item in items if cursor.is_acked(item.position)]
+        self.taken(sum(len(item.payload) for item in dropped))
+        if deliveries.grant == self.grant:
+            permits = sum(len(item.batch_indexes) or item.num_messages for item in dropped)
+            self.subscription.flow(self, permits)
+        return kept
 
     @property
     def permits(self) -> int:
@@ -167,6 +194,7 @@ class ConsumerSession(Closable):
             self.events.put_nowait(RequestFailed(request_id, e))
             return
         self.slot.permits = 0
+        self.grant += 1
         self.events.put_nowait(SeekDone(request_id))
 
     def detach(self) -> None:
@@ -633,6 +661,8 @@ class Subscription:
             )
 
     def _fresh_item(self, entry: Entry) -> Item | None:
+        if self.durable and self.cursor.is_acked(entry.position):
+            return None  # acknowledged while a later part of the same read was under way
         indexes: frozenset[int] | None = None
         acked = self.cursor.acked_indexes(entry.position)
         first = 0
@@ -717,7 +747,7 @@ class Subscription:
             self.topic.bytes_out += len(entry.payload)
         for seq, items in batches.items():
             session = self._sessions[seq]
-            session.events.put_nowait(Deliveries(items))
+            session.events.put_nowait(Deliveries(items, session.grant))
             session.delivered(sum(len(item.payload) for item in items))
 
     # --- closing ----------------------------------------------------------------------------------

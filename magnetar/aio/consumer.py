@@ -324,6 +324,8 @@ class _PartitionConsumer(PartitionStream):
         """Messages on their way to the dead-letter topic: a redelivery of one is dropped."""
         self._generation = 0
         """Counts streams: permits of messages from an earlier stream are not given back."""
+        self._opened_monotonic = 0.0
+        """When the current stream was opened (``time.monotonic()``)."""
         self.active = False
         """Failover: the broker made this consumer the partition's active one."""
         self.flow_sent = False
@@ -715,6 +717,7 @@ class _PartitionConsumer(PartitionStream):
             # the topic's max_redelivery_count policy applies when the consumer sets none
             self._dead_letter_after = policy
         self.connected = True
+        self._opened_monotonic = time.monotonic()
         self._connected_event.set()
         self.broker = owner.address
         self._outbox.clear()
@@ -833,6 +836,7 @@ class _PartitionConsumer(PartitionStream):
                 producer_name=decoded.producer_name,
                 sequence_id=decoded.sequence_id,
                 received_monotonic=received,
+                stream_opened_monotonic=self._opened_monotonic,
                 owner=self,
             )
             to_dead_letter = 0 < self._dead_letter_after < delivery.redelivery_count

@@ -5,7 +5,7 @@ from __future__ import annotations
 from magnetar.aio.message_id import MessageId, make_message_id
 from proto.format.v1 import entry_pb2
 
-__all__ = ["EntryFacts", "Message", "received_monotonic"]
+__all__ = ["EntryFacts", "Message", "received_monotonic", "stream_opened_monotonic"]
 
 
 class EntryFacts:
@@ -24,6 +24,7 @@ class EntryFacts:
         "received_monotonic",
         "redelivery_count",
         "sequence_id",
+        "stream_opened_monotonic",
         "topic",
     )
 
@@ -41,6 +42,7 @@ class EntryFacts:
         producer_name: str,
         sequence_id: int,
         received_monotonic: float = 0.0,
+        stream_opened_monotonic: float = 0.0,
         owner: object = None,
     ) -> None:
         self.ledger_id = ledger_id
@@ -60,6 +62,8 @@ class EntryFacts:
         """The producer's sequence id of the entry's first message."""
         self.received_monotonic = received_monotonic
         """When the client got the entry from the broker (``time.monotonic()``)."""
+        self.stream_opened_monotonic = stream_opened_monotonic
+        """When the consumer stream the entry came on was opened (``time.monotonic()``)."""
 
 
 class Message:
@@ -144,3 +148,11 @@ def received_monotonic(message: Message) -> float:
     tools that reason about delivery times (``magnetar verify``), not part of the Pulsar-style
     API."""
     return message._entry.received_monotonic
+
+
+def stream_opened_monotonic(message: Message) -> float:
+    """When the consumer stream ``message`` came on was opened (the broker answered the
+    subscribe), on ``time.monotonic()``. The broker sent the message on that stream at some
+    time after this. For tools that reason about delivery times (``magnetar verify``), not part
+    of the Pulsar-style API."""
+    return message._entry.stream_opened_monotonic

@@ -19,12 +19,21 @@ count in :class:`Verdict` (a violation fails the run):
     order (the draining rule exists to prevent exactly this when keys move).
   Shared subscriptions promise no order and are not checked for it.
 - **acknowledged positions**: a message delivered again after the broker confirmed its ack.
-  An ack receipt means the ack is persisted, so no fault may bring the message back. Two
+  An ack receipt means the ack is persisted, so no later dispatch may bring the message back:
+  not the broker that applied it (it writes no copy of an acknowledged entry), nor a new owner
+  (it loads the cursors only after its takeover fenced the old owner's cursor writes). Copies
+  the broker had sent before it applied the ack may still arrive after the receipt. Three
   cases are *explained*, since the broker sent the message before the ack was confirmed:
   * ``in_flight``: the copy reached the consumer's client before the ack was confirmed, and
     only waited in its queue. For example, after a failover the new owner dispatches what its
     stored cursor says is unacknowledged to one consumer while another consumer resends its
     unconfirmed ack of it. That is at-least-once delivery, not a lost ack.
+  * ``open_stream``: another consumer than the one whose ack was confirmed got the copy after
+    the confirmation, on a consumer stream opened before it: the same case with the copy
+    slowed on its way (the broker's stream queue, the client's event loop), since the receipt
+    came on another stream, with no order between the two. The acker's own copy and receipt
+    share a stream, in order, so this never explains those. A copy on a stream opened after
+    the receipt came from a dispatch that started after the ack was persisted: a violation.
   * ``switch``: a failover consumer's message, handed out within ``switch_s`` of a switch
     (histories without the client's receive times).
   Any other is a violation, whatever faults were running.
@@ -45,6 +54,7 @@ than ``gap_s``, with the faults active during each.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -310,7 +320,8 @@ def _check_subscriptions(history: History, verdict: Verdict, switch_s: float) ->
     for subscription in history.config.get("subscriptions", sorted(by_subscription)):
         deliveries = sorted(by_subscription.get(subscription, []), key=lambda d: d.at)
         seen: set[Name] = set()
-        confirmed: dict[Name, float] = {}
+        confirmed: dict[Name, tuple[float, str]] = {}
+        """The first confirmed ack of each message, and the consumer that made it."""
         high_offset: dict[tuple[str, int], int] = {}
         key_high: dict[tuple[int, str], int] = {}
         for d in deliveries:
@@ -321,15 +332,24 @@ def _check_subscriptions(history: History, verdict: Verdict, switch_s: float) ->
             first = d.name not in seen
             if not first:
                 verdict.redeliveries += 1
-                acked_at = confirmed.get(d.name)
+                acked_at, acker = confirmed.get(d.name, (None, ""))
                 if acked_at is not None and acked_at < d.at:
                     verdict.redelivered_after_ack += 1
                     switched = any(
                         abs(at - d.at) <= switch_s for at in switches[(d.consumer, d.partition)]
                     )
                     in_flight = d.received_at is not None and d.received_at <= acked_at
-                    if in_flight or switched:
-                        reason = "in_flight" if in_flight else "switch"
+                    # the acker's own copy came on the stream its receipt came on, in order:
+                    # only another consumer's copy can overtake the receipt
+                    open_stream = (
+                        d.consumer != acker
+                        and d.stream_opened_at is not None
+                        and d.stream_opened_at <= acked_at
+                    )
+                    if in_flight or open_stream or switched:
+                        reason = (
+                            "in_flight" if in_flight else "open_stream" if open_stream else "switch"
+                        )
                         verdict.explained_redeliveries_after_ack += 1
                         verdict.explained_by[reason] = verdict.explained_by.get(reason, 0) + 1
                     else:
@@ -343,12 +363,17 @@ def _check_subscriptions(history: History, verdict: Verdict, switch_s: float) ->
                                 f" (its client got it at {d.received_at:.3f}s)"
                                 if d.received_at is not None
                                 else ""
+                            )
+                            + (
+                                f" on a stream opened at {d.stream_opened_at:.3f}s"
+                                if d.stream_opened_at is not None
+                                else ""
                             ),
                         )
             _check_order(verdict, subscription, d, first, high_offset, key_high)
             seen.add(d.name)
-            if d.acked_at is not None:
-                confirmed[d.name] = min(confirmed.get(d.name, d.acked_at), d.acked_at)
+            if d.acked_at is not None and d.acked_at < confirmed.get(d.name, (math.inf, ""))[0]:
+                confirmed[d.name] = (d.acked_at, d.consumer)
         verdict.delivered[subscription] = len(seen)
         missing = (acked & stored) - seen
         verdict.lost_by_subscription[subscription] = len(missing)

@@ -98,6 +98,9 @@ class Delivery:
     received_at: float | None = None
     """When the consumer's client got it from the broker (``at`` is when the application did;
     in between it waited in the client's queue). None in histories from before it was kept."""
+    stream_opened_at: float | None = None
+    """When the consumer stream it came on was opened (the broker sent it after this, perhaps
+    long before its client got it). None in histories from before it was kept."""
 
     @property
     def name(self) -> Name:

@@ -26,7 +26,7 @@ from typing import Any
 import structlog
 
 from magnetar.aio import AdminClient, Client, Consumer, Message, Producer
-from magnetar.aio.message import received_monotonic
+from magnetar.aio.message import received_monotonic, stream_opened_monotonic
 from magnetar.aio.message_id import MessageId
 from magnetar.common.errors import (
     ClientClosedError,
@@ -347,6 +347,7 @@ class Workload:
             redelivery_count=message.redelivery_count(),
             phantom=decoded is None,
             received_at=self.clock.at(received_monotonic(message)),
+            stream_opened_at=self.clock.at(stream_opened_monotonic(message)),
         )
         self.history.deliveries.append(delivery)
         if decoded is not None:

@@ -23,6 +23,7 @@ import pytest
 import magnetar
 from magnetar.aio import Client, Consumer, Message, MessageId, ReceiveTimeoutError
 from magnetar.aio.codec import decode_entry
+from magnetar.aio.message import received_monotonic, stream_opened_monotonic
 from magnetar.common.errors import (
     InvalidArgumentError,
     MagnetarError,
@@ -769,3 +770,27 @@ async def test_the_sync_producer_passes_delivery_times_through(cluster: Scripted
     first, second = cluster.batches_of("sync-delay")
     assert first.deliver_at_ms == at
     assert before + 60_000 <= second.deliver_at_ms <= after + 60_000
+
+
+async def test_a_message_tells_when_its_stream_was_opened_and_when_it_came(
+    cluster: ScriptedCluster, client: Client
+) -> None:
+    # magnetar verify reasons with both: a copy on a stream opened before an ack's receipt may
+    # have been sent before the ack was applied, whenever the client got it
+    cluster.create_topic("times")
+    before = time.monotonic()
+    consumer = await client.subscribe("times", "sub", "shared")
+    stream = await cluster.stream("times")
+    stream.deliver(delivery(E1, [b"one"]))
+    (first,) = await receive_all(consumer, 1)
+    opened = stream_opened_monotonic(first)
+    assert before <= opened <= received_monotonic(first) <= time.monotonic()
+
+    stream.close(ServiceNotReadyError("times moves"))
+    again = await cluster.stream("times", after=stream)
+    reopened_after = time.monotonic()
+    again.deliver(delivery(E2, [b"two"]))
+    (second,) = await receive_all(consumer, 1)
+    assert opened < stream_opened_monotonic(second) <= reopened_after
+    assert stream_opened_monotonic(second) <= received_monotonic(second)
+    await consumer.close()

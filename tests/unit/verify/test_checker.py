@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from magnetar.verify.checker import check
+from magnetar.verify.checker import Verdict, check
 from magnetar.verify.history import (
     Delivery,
     Fault,
@@ -59,6 +59,7 @@ class Run:
         consumer: str = "",
         acked_at: float | None = None,
         received_at: float | None = None,
+        stream_opened_at: float | None = None,
     ) -> Delivery:
         delivery = Delivery(
             subscription=subscription,
@@ -76,6 +77,7 @@ class Run:
             redelivery_count=0,
             acked_at=acked_at,
             received_at=received_at,
+            stream_opened_at=stream_opened_at,
         )
         self.history.deliveries.append(delivery)
         return delivery
@@ -279,6 +281,45 @@ def test_a_copy_its_client_got_before_the_ack_was_confirmed_is_in_flight_not_los
     assert verdict.unexplained_redeliveries_after_ack == 1
     assert "its client got it at 10.050s" in " ".join(verdict.problems())
     assert not verdict.ok
+
+
+def test_another_consumers_copy_on_a_stream_opened_before_the_receipt_was_sent_before_it() -> None:
+    """magnetar verify --seed 2 --secure (the test in tests/verify): the new owner sent
+    shared-1 what its stored cursor called unacknowledged; shared-0 then reconnected and resent
+    its unconfirmed acks of 32 of them, confirmed at 50.060 s; shared-1's client got the copies
+    at 50.114-50.211 s, slowed on their way. Its stream was opened before the receipt, so the
+    broker sent them before it: at-least-once. On a stream opened after the receipt, or to the
+    consumer whose own ack was confirmed (copy and receipt share its stream, in order), a copy
+    is still a violation."""
+
+    def redelivered(consumer: str, stream_opened_at: float) -> Verdict:
+        run = Run()
+        send = run.send("a")
+        for subscription in ("exclusive", "failover", "key_shared"):
+            run.deliver(send, subscription, at=2.0, acked_at=2.01)
+        run.deliver(send, "shared", at=2.0, consumer="shared-0", acked_at=50.060)
+        run.deliver(
+            send,
+            "shared",
+            at=50.152,
+            consumer=consumer,
+            received_at=50.114,
+            stream_opened_at=stream_opened_at,
+        )
+        return check(run.history)
+
+    verdict = redelivered("shared-1", stream_opened_at=49.0)
+    assert verdict.ok, verdict.problems()
+    assert verdict.redelivered_after_ack == 1
+    assert verdict.explained_by == {"open_stream": 1}
+
+    after = redelivered("shared-1", stream_opened_at=50.080)
+    assert after.unexplained_redeliveries_after_ack == 1
+    assert "on a stream opened at 50.080s" in " ".join(after.problems())
+
+    own = redelivered("shared-0", stream_opened_at=49.0)
+    assert own.unexplained_redeliveries_after_ack == 1
+    assert own.explained_by == {}
 
 
 def test_a_redelivery_before_the_ack_was_confirmed_is_at_least_once() -> None:
