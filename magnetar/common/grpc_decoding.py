@@ -237,13 +237,16 @@ class RequestDecoding(grpc.aio.ServerInterceptor):
                 left_out=left_out,
             )
 
-    async def _admit(self, context: Context) -> bool:
-        """Count the call against its address's connections; refuse it past the bound."""
+    async def _admit(self, context: Context) -> str | None:
+        """Count the call against its address's connections; refuse it past the bound. The peer
+        it was counted under (None: not counted), for :meth:`_release`: read here, while the
+        call is surely alive, since ``context.peer()`` on a call that has ended dereferences a
+        freed call in gRPC's C core and crashes the process."""
         if self.per_ip is None:
-            return False
+            return None
         peer = context.peer()
         try:
-            return self.per_ip.admit(peer)
+            return peer if self.per_ip.admit(peer) else None
         except ServiceUnavailableError as e:
             left_out = self._limiter.admit("connection_refused_per_ip")
             if left_out is not None:
@@ -256,9 +259,9 @@ class RequestDecoding(grpc.aio.ServerInterceptor):
             await abort_with(context, e)
             raise  # abort raised already
 
-    def _release(self, counted: bool, context: Context) -> None:
-        if counted and self.per_ip is not None:
-            self.per_ip.release(context.peer())
+    def _release(self, counted: str | None) -> None:
+        if counted is not None and self.per_ip is not None:
+            self.per_ip.release(counted)
 
     def _wrap(
         self,
@@ -278,7 +281,7 @@ class RequestDecoding(grpc.aio.ServerInterceptor):
                 try:
                     return await _result(unary_unary(request, context))
                 finally:
-                    self._release(counted, context)
+                    self._release(counted)
 
             return grpc.unary_unary_rpc_method_handler(
                 checked_unary_unary, request_deserializer=deserialize, response_serializer=serialize
@@ -298,7 +301,7 @@ class RequestDecoding(grpc.aio.ServerInterceptor):
                         async for response in responses:
                             yield response
                 finally:
-                    self._release(counted, context)
+                    self._release(counted)
 
             return grpc.unary_stream_rpc_method_handler(
                 checked_unary_stream,
@@ -317,7 +320,7 @@ class RequestDecoding(grpc.aio.ServerInterceptor):
                         stream_unary(self._checked(method, requests, context), context)
                     )
                 finally:
-                    self._release(counted, context)
+                    self._release(counted)
 
             return grpc.stream_unary_rpc_method_handler(
                 checked_stream_unary,
@@ -336,7 +339,7 @@ class RequestDecoding(grpc.aio.ServerInterceptor):
                     async for response in responses:
                         yield response
             finally:
-                self._release(counted, context)
+                self._release(counted)
 
         return grpc.stream_stream_rpc_method_handler(
             checked_stream_stream, request_deserializer=deserialize, response_serializer=serialize
