@@ -9,12 +9,14 @@ from magnetar.common.errors import (
     AuthorizationError,
     ErrorCode,
     InvalidTopicNameError,
+    LeaseNotFoundError,
     LedgerFencedError,
     ManagedLedgerError,
     ManagedLedgerFencedError,
     ManagedLedgerTerminatedError,
     MetadataError,
     ServiceNotReadyError,
+    SessionLostError,
     TopicNotFoundError,
     TopicNotOwnedError,
 )
@@ -42,6 +44,8 @@ def test_a_retriable_reason_is_passed_on_as_it_is() -> None:
 def test_a_failure_of_the_broker_at_open_is_retriable_and_a_refusal_stays_final() -> None:
     for error in (
         MetadataError("etcd failed range: UNKNOWN: Stream removed"),
+        LeaseNotFoundError("etcd: the lease is not known (expired or revoked)"),
+        SessionLostError("the session was lost"),
         LedgerFencedError("fenced"),
         ManagedLedgerFencedError("opened by another owner at the same time"),
     ):
