@@ -59,11 +59,15 @@ from broker.service.validation import check_name, check_properties
 from magnetar.common.errors import (
     InternalError,
     InvalidArgumentError,
+    LedgerError,
     MagnetarError,
     ManagedLedgerError,
+    ManagedLedgerTerminatedError,
+    MetadataError,
     ProtocolError,
     ServiceNotReadyError,
     ShuttingDownError,
+    StorageError,
     TopicNotOwnedError,
 )
 from magnetar.common.grpc_errors import abort_with, error_to_detail
@@ -195,7 +199,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             await self.broker.security.authorize_topic(principal, TopicAction.LOOKUP, name)
             result = await self.broker.lookup(request.topic)
         except MagnetarError as e:
-            await abort_with(context, e)
+            await abort_with(
+                context, _not_now(e, self.broker.broker_id, f"lookup of {request.topic}")
+            )
             raise AssertionError("unreachable") from e
         return pb.LookupResponse(
             topic=result.topic,
@@ -241,7 +247,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             )
             producer = topic.add_producer(producer_name, context.peer())
         except MagnetarError as e:
-            yield _producer_closed(e)
+            yield _producer_closed(
+                _not_now(e, self.broker.broker_id, f"producer open on {first.open.topic}")
+            )
             return
         except Exception as e:
             log.exception("producer_open_failed", topic=first.open.topic)
@@ -301,7 +309,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                     # a refused request (one that did not decode) was logged where it was seen
                     log.error("produce_stream_failed", topic=name.full, error=repr(error))
                 yield _producer_closed(
-                    error
+                    _not_now(error, self.broker.broker_id, f"produce stream on {name.full}")
                     if isinstance(error, MagnetarError)
                     else ProtocolError(f"the produce stream failed: {error!r}")
                 )
@@ -497,7 +505,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                 context.peer(),
             )
         except MagnetarError as e:
-            yield _consumer_closed(e)
+            yield _consumer_closed(_not_now(e, self.broker.broker_id, f"subscribe to {sub.topic}"))
             return
         except ValueError as e:
             yield _consumer_closed(InvalidArgumentError(f"bad subscribe request: {e}"))
@@ -533,7 +541,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                 if not isinstance(error, MagnetarError):
                     log.error("consume_stream_failed", topic=name.full, error=repr(error))
                 yield _consumer_closed(
-                    error
+                    _not_now(error, self.broker.broker_id, f"consume stream on {name.full}")
                     if isinstance(error, MagnetarError)
                     else ProtocolError(f"the consume stream failed: {error!r}")
                 )
@@ -690,6 +698,36 @@ def _moved(error: MagnetarError) -> MagnetarError:
     return TopicNotOwnedError(
         f"{error.message}; look the partition up again and resend",
         context={**error.context, "cause": error.code.name},
+    )
+
+
+_NOT_NOW = (MetadataError, StorageError, LedgerError, ManagedLedgerError, InternalError)
+"""Failures of what the broker stands on (the metadata store, the bookies, the partition's
+managed ledger) or of the broker itself, as opposed to refusals of the request."""
+
+
+def _not_now(error: MagnetarError, broker_id: str, what: str = "") -> MagnetarError:
+    """What a lookup, a producer open or a subscribe that failed with ``error`` tells the client.
+
+    A refusal of the request (no such topic, a bad name, not allowed, busy) is final and passed
+    on. A failure of this broker to do it *now* (its metadata store call failed in a way the
+    store does not call retriable, loading the partition's managed ledger failed, a bookie
+    refused) is not the client's to give up on: passed on as it is, it would fail the client's
+    partition for good (the client stops reconnecting on a final error), and the partition
+    would take no message until the application made a new producer, although the next
+    attempt, perhaps on another broker, may well work. It becomes
+    :class:`ServiceNotReadyError` (retriable), naming the cause, and is logged here
+    (``request_failed_here``, naming ``what`` was asked).
+    """
+    if error.retriable or not isinstance(error, _NOT_NOW):
+        return error
+    if isinstance(error, ManagedLedgerTerminatedError):
+        return error  # the partition takes no more messages: final
+    # the client only hears "not now": the cause is for the operator
+    log.info("request_failed_here", what=what, error=repr(error))
+    return ServiceNotReadyError(
+        f"broker {broker_id} cannot do it now: {error.message}; ask again",
+        context={**error.context, "broker": broker_id, "cause": error.code.name},
     )
 
 
