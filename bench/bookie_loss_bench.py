@@ -212,10 +212,10 @@ def render(results: dict[str, Any]) -> str:
             " change), the writer waits for the killed bookie, which does not come back: the"
             " stall is the whole window after the kill, and the send in flight failed when its"
             " 60 s send timeout ended, with `last problem: None` (after 30 s the writer gives"
-            " up, and recovering its ledger needs a replacement bookie too). The stalls with"
-            " under-striped ledgers on are a few hundred ms on this loaded machine, like the"
-            " one-spare case's; the first acknowledgement after the kill comes within a few ms"
-            " (entries whose write set avoids the killed bookie still complete)."
+            " up, and recovering its ledger needs a replacement bookie too); the baseline row"
+            " appears only with `--baseline`. *Kill to next ack* is short whatever the case:"
+            " entries whose write set avoids the killed bookie still complete. Compare each"
+            " run's stall with its noise floor and load average: on a loaded machine both grow."
         ),
         "",
     ]
