@@ -21,6 +21,7 @@ from broker.process import BrokerProcess
 from broker.service.config import BrokerConfig
 from magnetar.testing.inprocess import start_bookie_in_process
 from metadata import MetadataStore, open_store
+from metadata.faults import FaultyMetadataStore
 from proto.admin.v1 import admin_pb2_grpc
 from proto.broker.v1 import broker_pb2_grpc
 
@@ -142,3 +143,15 @@ async def eventually(
             if result:
                 return
             await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def faulty_cluster(tmp_path: Path) -> AsyncIterator[tuple[Cluster, FaultyMetadataStore]]:
+    """In-process brokers and bookies on a memory store that faults can be injected into;
+    sessions of 2 s, so a lost one is noticed within about 1.5 s."""
+    faulty = FaultyMetadataStore(await open_store("memory://"))
+    cluster = Cluster(tmp_path, faulty, replace(broker_config(), session_ttl_s=2))
+    yield cluster, faulty
+    faulty.heal()
+    await cluster.close()
+    await faulty.close()

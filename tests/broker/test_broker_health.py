@@ -8,8 +8,6 @@ write; the last test does the same with real processes and a real etcd that is s
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from dataclasses import replace
 from pathlib import Path
 
 import grpc.aio
@@ -21,11 +19,10 @@ from broker.service.catalog import read_handover, read_owner
 from magnetar.common.errors import MetadataUnavailableError
 from magnetar.testing import LocalCluster
 from magnetar.testing.probes import NOT_SERVING, SERVING, http_get
-from metadata import open_store
 from metadata.faults import FaultyMetadataStore
 from proto.admin.v1 import admin_pb2 as admin
 from proto.broker.v1 import broker_pb2 as pb
-from tests.broker.conftest import Cluster, StartCluster, broker_config, eventually
+from tests.broker.conftest import Cluster, StartCluster, eventually
 
 
 class Health:
@@ -46,18 +43,6 @@ class Health:
 
     async def close(self) -> None:
         await self._channel.close()
-
-
-@pytest.fixture
-async def faulty_cluster(tmp_path: Path) -> AsyncIterator[tuple[Cluster, FaultyMetadataStore]]:
-    """In-process brokers and bookies on a memory store that faults can be injected into;
-    sessions of 2 s, so a lost one is noticed within about 1.5 s."""
-    faulty = FaultyMetadataStore(await open_store("memory://"))
-    cluster = Cluster(tmp_path, faulty, replace(broker_config(), session_ttl_s=2))
-    yield cluster, faulty
-    faulty.heal()
-    await cluster.close()
-    await faulty.close()
 
 
 async def http_status(port: int) -> int:

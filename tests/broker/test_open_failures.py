@@ -11,29 +11,12 @@ store answers again. In-process brokers and bookies on a memory store with injec
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from dataclasses import replace
-from pathlib import Path
-
-import pytest
-
 from magnetar.aio import Client
 from magnetar.common.errors import MetadataError, TopicNotOwnedError
 from magnetar.common.names import parse_topic
-from metadata import open_store
 from metadata.faults import FaultyMetadataStore
 from proto.admin.v1 import admin_pb2 as admin
-from tests.broker.conftest import Cluster, broker_config
-
-
-@pytest.fixture
-async def faulty_cluster(tmp_path: Path) -> AsyncIterator[tuple[Cluster, FaultyMetadataStore]]:
-    faulty = FaultyMetadataStore(await open_store("memory://"))
-    cluster = Cluster(tmp_path, faulty, replace(broker_config(), session_ttl_s=2))
-    yield cluster, faulty
-    faulty.heal()
-    await cluster.close()
-    await faulty.close()
+from tests.broker.conftest import Cluster
 
 
 async def test_a_reload_failing_in_the_store_is_retried_and_the_producer_goes_on(
