@@ -117,3 +117,17 @@ def managed_ledger_cursors(name: str) -> str:
 
 def managed_ledger_cursor(name: str, cursor: str) -> str:
     return check_key(f"{managed_ledger_cursors(name)}{cursor}")
+
+
+def managed_ledger_delay_indexes(name: str) -> str:
+    """The prefix under which the delayed-delivery indexes of ``name``'s cursors are stored."""
+    return f"{MANAGED_LEDGERS}{name}/delayed/"
+
+
+def managed_ledger_delay_index(name: str, cursor: str) -> str:
+    """The prefix of the buckets of cursor ``cursor``'s delayed-delivery index."""
+    return f"{managed_ledger_delay_indexes(name)}{cursor}/"
+
+
+def managed_ledger_delay_bucket(name: str, cursor: str, bucket: str) -> str:
+    return check_key(f"{managed_ledger_delay_index(name, cursor)}{bucket}")

@@ -372,6 +372,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                 redelivery_counts=len(cursor.redelivery_counts),
                 redelivery_counts_dropped=cursor.redelivery_counts.dropped,
                 delayed_entries=len(subscription.dispatcher.delayed),
+                delayed_index_buckets=subscription.dispatcher.index.buckets,
+                delayed_entries_loaded=subscription.delayed_entries_loaded,
             )
             for consumer in subscription.consumers:
                 sub.consumers.add(

@@ -16,6 +16,7 @@ from broker.managed_ledger.rollover import RolloverPolicy, RollReason
 from broker.managed_ledger.types import (
     BEFORE_EVERYTHING,
     AppendResult,
+    DelayedEntry,
     Entry,
     EntryCodec,
     EntryMeta,
@@ -29,6 +30,7 @@ __all__ = [
     "BEFORE_EVERYTHING",
     "AckRanges",
     "AppendResult",
+    "DelayedEntry",
     "Entry",
     "EntryCache",
     "EntryCodec",

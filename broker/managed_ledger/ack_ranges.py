@@ -77,6 +77,11 @@ class AckRanges:
             return self._successor(self._ends[i])
         return position
 
+    def next_range_start(self, position: Position) -> Position | None:
+        """The start of the first range after ``position`` (None: none)."""
+        i = bisect.bisect_right(self._starts, position)
+        return self._starts[i] if i < len(self._starts) else None
+
     # --- changing --------------------------------------------------------------------------
 
     def add(self, position: Position) -> bool:

@@ -39,22 +39,35 @@ from __future__ import annotations
 import asyncio
 import heapq
 import math
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import structlog
 
 from broker.managed_ledger.ack_ranges import AckRanges
-from broker.managed_ledger.persistence import StoredCursor, encode_cursor
+from broker.managed_ledger.persistence import (
+    StoredCursor,
+    decode_delay_bucket,
+    encode_cursor,
+    encode_delay_bucket,
+)
 from broker.managed_ledger.redelivery_counts import RedeliveryCounts
-from broker.managed_ledger.types import Entry, Position, check_position
+from broker.managed_ledger.types import (
+    BEFORE_EVERYTHING,
+    DelayedEntry,
+    Entry,
+    Position,
+    check_position,
+)
 from magnetar.common.clock import Clock
 from magnetar.common.errors import (
     InvalidArgumentError,
     MagnetarError,
     ManagedLedgerFencedError,
 )
+from metadata import layout
 
 if TYPE_CHECKING:
     from broker.managed_ledger.managed_ledger import ManagedLedger
@@ -63,6 +76,8 @@ log = structlog.get_logger("magnetar.managed_ledger.cursor")
 
 MAX_TRACKED_ENTRIES = 100_000
 """Entries above mark-delete whose offsets a cursor remembers (for offsets and backlog)."""
+
+_BUCKET_NAME = re.compile(r"[0-9a-z-]{1,64}")
 
 
 @dataclass(slots=True)
@@ -138,6 +153,8 @@ class ManagedCursor:
         self.parked_entries = 0
         """Unacknowledged entries the subscription holds back on purpose (delayed delivery):
         the holes they leave do not count towards ``max_inline_ack_ranges``."""
+        self._skip: AckRanges | None = None
+        """Entries :meth:`read` jumps over as over acknowledged ones (see :meth:`skip_on_read`)."""
         self._log = log.bind(managed_ledger=ml.name, cursor=name)
 
     # --- state --------------------------------------------------------------------------------
@@ -225,23 +242,53 @@ class ManagedCursor:
             # jump over acknowledged ranges rather than read them (a new owner reading past
             # many holes, such as entries held for delayed delivery, reads mostly the holes)
             self._read_position = self._acks.first_unacked_from(self._read_position)
+            run = max_entries - len(found)
+            skip = self._skip
+            if skip is not None:
+                self._read_position, run = self._skipped_from(skip, run)
             if not self.has_more:
                 break
             entries = await self._ml.read(
-                self._read_position,
-                max_entries=max_entries - len(found),
-                max_bytes=max(1, max_bytes - size),
+                self._read_position, max_entries=run, max_bytes=max(1, max_bytes - size)
             )
             if not entries:
                 break
             self._read_position = self._ml.next_position(entries[-1].position)
             for entry in entries:
-                if self._acks.contains(entry.position):
+                if self._acks.contains(entry.position) or (
+                    skip is not None and skip.contains(entry.position)
+                ):
                     continue
                 self._remember(entry)
                 found.append(entry)
                 size += len(entry.payload)
         return found
+
+    def _skipped_from(self, skip: AckRanges, run: int) -> tuple[Position, int]:
+        """The read position moved past entries to skip (and acknowledged ones after them),
+        and how many entries to read from there before the next entry to skip."""
+        position = self._read_position
+        while True:
+            moved = self._acks.first_unacked_from(skip.first_unacked_from(position))
+            if moved == position:
+                break
+            position = moved
+        following = skip.next_range_start(position)
+        if following is None:
+            self._skip = None  # read past every entry to skip
+        elif following.ledger_id == position.ledger_id:
+            run = max(1, min(run, following.entry_id - position.entry_id))
+        return position, run
+
+    def skip_on_read(self, positions: Iterable[Position]) -> None:
+        """Make :meth:`read` jump over these entries as over acknowledged ones, without
+        acknowledging them: a subscription that loaded entries from its delay index holds them
+        aside already and must not read them again. Until the next :meth:`rewind` or
+        :meth:`reset`."""
+        ranges = [(p, p) for p in sorted(positions) if not self._acks.contains(p)]
+        self._skip = (
+            AckRanges(self._ml.next_position, BEFORE_EVERYTHING, ranges) if ranges else None
+        )
 
     def _remember(self, entry: Entry) -> None:
         if entry.position in self._known or len(self._known) >= MAX_TRACKED_ENTRIES:
@@ -257,6 +304,7 @@ class ManagedCursor:
     def rewind(self) -> None:
         """Read again from the first unacknowledged entry (redeliver what is not acked)."""
         self._read_position = self._ml.next_position(self._acks.mark_delete)
+        self._skip = None
 
     def seek(self, position: Position) -> None:
         """Move the read position only; acknowledgements stay."""
@@ -276,9 +324,11 @@ class ManagedCursor:
         self._known_order.clear()
         self._acked_messages = 0
         self._read_position = read_position
+        self._skip = None
         self._changes += 1
         self._log.info("cursor_reset", mark_delete=tuple(mark_delete), offset=offset)
         await self.flush()
+        await self.clear_delay_index()
         self._ml._cursor_moved(self, mark_delete)
 
     # --- acknowledging ------------------------------------------------------------------------
@@ -530,6 +580,52 @@ class ManagedCursor:
         if self._acks.mark_delete == mark_delete:
             self._mark_delete_offset = offset
             self._mark_delete_offset_exact = True
+
+    # --- the subscription's delay index -------------------------------------------------------
+
+    def _bucket_key(self, bucket: str) -> str:
+        if not self.durable:
+            raise InvalidArgumentError("a non-durable cursor has no delay index")
+        if not isinstance(bucket, str) or not _BUCKET_NAME.fullmatch(bucket):
+            raise InvalidArgumentError(
+                f"invalid delay index bucket name {bucket!r}: 1 to 64 of 0-9, a-z and '-'",
+                context={"bucket": repr(bucket)},
+            )
+        return layout.managed_ledger_delay_bucket(self._ml.name, self.name, bucket)
+
+    async def write_delay_bucket(self, bucket: str, entries: Sequence[DelayedEntry]) -> None:
+        """Persist a sealed bucket of the subscription's delay index (fenced like the cursor)."""
+        await self._ml.write_guarded(self._bucket_key(bucket), encode_delay_bucket(entries))
+
+    async def delete_delay_bucket(self, bucket: str) -> None:
+        await self._ml.write_guarded(self._bucket_key(bucket), None)
+
+    async def load_delay_index(self) -> dict[str, tuple[DelayedEntry, ...]]:
+        """The persisted buckets of the delay index, by name (what a new owner holds aside)."""
+        if not self.durable:
+            return {}
+        prefix = layout.managed_ledger_delay_index(self._ml.name, self.name)
+        buckets: dict[str, tuple[DelayedEntry, ...]] = {}
+        for key, value in await self._ml.list_records(prefix):
+            name = key[len(prefix) :]
+            if "/" in name:
+                continue
+            buckets[name] = decode_delay_bucket(key, value)
+        return buckets
+
+    async def clear_delay_index(self) -> int:
+        """Delete every bucket of the delay index; how many there were."""
+        buckets = await self.delay_bucket_names()
+        for name in buckets:
+            await self.delete_delay_bucket(name)
+        return len(buckets)
+
+    async def delay_bucket_names(self) -> list[str]:
+        if not self.durable:
+            return []
+        prefix = layout.managed_ledger_delay_index(self._ml.name, self.name)
+        names = [key[len(prefix) :] for key, _ in await self._ml.list_records(prefix)]
+        return [name for name in names if _BUCKET_NAME.fullmatch(name)]
 
     async def close(self) -> None:
         """Persist what changed; the cursor stays in its managed ledger."""

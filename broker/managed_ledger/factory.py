@@ -160,6 +160,11 @@ class ManagedLedgerFactory:
         for cursor in listing.records:
             if "/" not in cursor.key[len(prefix) :]:
                 await self.store.delete(cursor.key)
+        prefix = layout.managed_ledger_delay_indexes(name)
+        listing = await self.store.list(prefix)
+        for bucket in listing.records:
+            if bucket.key[len(prefix) :].count("/") == 1:  # <cursor>/<bucket>, not another ML's
+                await self.store.delete(bucket.key)
         await self.store.delete(key)
         log.info("managed_ledger_deleted", managed_ledger=name, ledgers=len(info.ledgers))
 

@@ -824,6 +824,26 @@ class ManagedLedger:
             self._info = info
             self._ledgers = LedgerList(ledgers)
 
+    async def write_guarded(self, key: str, value: bytes | None) -> None:
+        """Put (``value``) or delete (``None``) a record of this managed ledger that no other
+        record's version guards (a bucket of a cursor's delay index), if the info is still the
+        version this owner knows: a zombie owner writes nothing. A lost comparison fences the
+        managed ledger."""
+        async with self._meta_lock:
+            self._check_usable()
+            op = PutOp(key, value) if value is not None else DeleteOp(key)
+            try:
+                await self._store.txn([Compare(self._info_key, self._info_version)], [op])
+            except BadVersionError:
+                self._fence("the info changed under this owner")
+                raise self._fenced_error() from None
+
+    async def list_records(self, prefix: str) -> list[tuple[str, bytes]]:
+        """Records under ``prefix`` (one of this managed ledger's): key and value, in key order."""
+        self._check_usable()
+        listing = await self._store.list(prefix)
+        return [(record.key, record.value) for record in listing.records]
+
     async def _write_cursor(self, cursor: ManagedCursor, stored: StoredCursor | None) -> None:
         """Put (``stored``) or delete (``None``) a cursor, if the info and the cursor are still
         the versions this owner knows; a lost comparison fences the managed ledger."""
@@ -1235,6 +1255,7 @@ class ManagedLedger:
                 context={"name": self.name, "cursor": name},
             )
         await cursor._stop()
+        await cursor.clear_delay_index()
         await self._write_cursor(cursor, None)
         self._cursors.pop(name, None)
         self._log.info("cursor_deleted", cursor=name)

@@ -2,7 +2,8 @@
 
 This is the only module of the managed ledger that handles protobuf classes: everything else
 works with the plain values below. The formats are ``magnetar.format.v1.ManagedLedgerInfo`` and
-``CursorInfo`` (``proto/magnetar/format/v1/managed_ledger.proto``), stored at the keys of
+``CursorInfo`` and ``DelayBucket`` (``proto/magnetar/format/v1/managed_ledger.proto``), stored at
+the keys of
 :mod:`metadata.layout`.
 """
 
@@ -11,12 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from broker.managed_ledger.types import LedgerInfo, Position
+from broker.managed_ledger.types import DelayedEntry, LedgerInfo, Position
 from magnetar.common.errors import InvalidArgumentError, ManagedLedgerError
 from proto.common.v1 import types_pb2
 from proto.format.v1 import managed_ledger_pb2
 
 FORMAT_VERSION = 1
+DELAY_BUCKET_FORMAT_VERSION = 1
 CURSOR_FORMAT_VERSION = 2
 """2: acked ranges packed (``packed_acked_ranges``); format 1 records are still read."""
 
@@ -136,16 +138,7 @@ def encode_cursor(cursor: StoredCursor) -> bytes:
 def pack_ranges(ranges: Sequence[tuple[Position, Position]]) -> list[int]:
     """Ranges as ``CursorInfo.packed_acked_ranges``: two numbers per position, each a delta
     from the previous position (see the proto)."""
-    packed: list[int] = []
-    ledger, entry = 0, 0
-    for start, end in ranges:
-        for position in (start, end):
-            if position.ledger_id == ledger:
-                packed += (0, position.entry_id - entry)
-            else:
-                packed += (position.ledger_id - ledger, position.entry_id)
-            ledger, entry = position
-    return packed
+    return _pack_positions([position for start_end in ranges for position in start_end])
 
 
 def unpack_ranges(name: str, packed: Sequence[int]) -> tuple[tuple[Position, Position], ...]:
@@ -155,14 +148,7 @@ def unpack_ranges(name: str, packed: Sequence[int]) -> tuple[tuple[Position, Pos
             f"cursor {name!r} has {len(packed)} packed range numbers, not a multiple of 4",
             context={"cursor": name},
         )
-    positions: list[Position] = []
-    ledger, entry = 0, 0
-    for i in range(0, len(packed), 2):
-        ledger_delta, value = packed[i], packed[i + 1]
-        ledger, entry = (
-            (ledger, entry + value) if ledger_delta == 0 else (ledger + ledger_delta, value)
-        )
-        positions.append(Position(ledger, entry))
+    positions = _unpack_positions(packed)
     return tuple((positions[i], positions[i + 1]) for i in range(0, len(positions), 2))
 
 
@@ -204,6 +190,94 @@ def decode_cursor(name: str, data: bytes) -> StoredCursor:
             (_position(c.position), c.count) for c in message.redelivery_counts if c.count > 0
         ),
     )
+
+
+def encode_delay_bucket(entries: Sequence[DelayedEntry]) -> bytes:
+    """A bucket of a delayed-delivery index (entries in position order)."""
+    message = managed_ledger_pb2.DelayBucket(format_version=DELAY_BUCKET_FORMAT_VERSION)
+    entries = sorted(entries, key=lambda entry: entry.position)
+    positions = [entry.position for entry in entries]
+    message.packed_positions.extend(_pack_positions(positions))
+    previous = 0
+    times: list[int] = []
+    for entry in entries:
+        times.append(entry.deliver_at_ms - previous)
+        previous = entry.deliver_at_ms
+    message.deliver_at_ms.extend(times)
+    message.num_messages.extend(entry.num_messages for entry in entries)
+    message.key_hash_counts.extend(len(entry.key_hashes) for entry in entries)
+    for entry in entries:
+        message.key_hashes.extend(entry.key_hashes)
+    return message.SerializeToString()
+
+
+def decode_delay_bucket(name: str, data: bytes) -> tuple[DelayedEntry, ...]:
+    """The inverse of :func:`encode_delay_bucket`; ``name`` (the key) names what was wrong."""
+    try:
+        message = managed_ledger_pb2.DelayBucket.FromString(data)
+    except Exception as e:  # noqa: BLE001 - protobuf's DecodeError, under any name it has
+        raise ManagedLedgerError(
+            f"delay index bucket {name!r} cannot be decoded: {e}", context={"bucket": name}
+        ) from None
+    _check_format(
+        message.format_version, f"delay index bucket {name!r}", DELAY_BUCKET_FORMAT_VERSION
+    )
+    count = len(message.num_messages)
+    packed = message.packed_positions
+    if (
+        len(packed) != 2 * count
+        or len(message.deliver_at_ms) != count
+        or len(message.key_hash_counts) != count
+        or sum(message.key_hash_counts) != len(message.key_hashes)
+    ):
+        raise ManagedLedgerError(
+            f"delay index bucket {name!r} is inconsistent: {count} entries, "
+            f"{len(packed)} position numbers, {len(message.deliver_at_ms)} times, "
+            f"{len(message.key_hash_counts)} key hash counts for {len(message.key_hashes)} hashes",
+            context={"bucket": name},
+        )
+    positions = _unpack_positions(packed)
+    entries: list[DelayedEntry] = []
+    deliver_at = 0
+    hashes = 0
+    for i in range(count):
+        deliver_at += message.deliver_at_ms[i]
+        n = message.key_hash_counts[i]
+        entries.append(
+            DelayedEntry(
+                positions[i],
+                deliver_at,
+                message.num_messages[i],
+                tuple(message.key_hashes[hashes : hashes + n]),
+            )
+        )
+        hashes += n
+    return tuple(entries)
+
+
+def _pack_positions(positions: Sequence[Position]) -> list[int]:
+    """Positions as two numbers each, deltas as in :func:`pack_ranges`."""
+    packed: list[int] = []
+    ledger, entry = 0, 0
+    for position in positions:
+        if position.ledger_id == ledger:
+            packed += (0, position.entry_id - entry)
+        else:
+            packed += (position.ledger_id - ledger, position.entry_id)
+        ledger, entry = position
+    return packed
+
+
+def _unpack_positions(packed: Sequence[int]) -> list[Position]:
+    positions: list[Position] = []
+    ledger, entry = 0, 0
+    for i in range(0, len(packed), 2):
+        ledger_delta, value = packed[i], packed[i + 1]
+        ledger, entry = (
+            (ledger, entry + value) if ledger_delta == 0 else (ledger + ledger_delta, value)
+        )
+        positions.append(Position(ledger, entry))
+    return positions
 
 
 def _check_format(version: int, what: str, newest: int = FORMAT_VERSION) -> None:

@@ -69,6 +69,17 @@ class Entry:
 
 
 @dataclass(frozen=True, slots=True)
+class DelayedEntry:
+    """An entry a subscription holds aside until its delivery time, as its delay index keeps
+    it: enough to deliver it when due without having read it again before."""
+
+    position: Position
+    deliver_at_ms: int
+    num_messages: int
+    key_hashes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class AppendResult:
     """Where an appended entry landed, once it is confirmed."""
 

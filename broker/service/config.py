@@ -111,6 +111,17 @@ class BrokerConfig(
     are due (0: no limit). Their holes, persisted with the cursor, add to max_inline_ack_ranges:
     keep the sum within the metadata store's request limit."""
 
+    dispatch_delayed_index_bucket_entries: int = 5_000
+    """Shared and key_shared: entries held aside (delayed delivery) per bucket of the
+    subscription's persisted delay index, written when full or after
+    dispatch_delayed_index_seal_ms, so that a new owner of the partition loads them instead of
+    reading them all again (0: no index; a new owner reads them again)."""
+
+    dispatch_delayed_index_seal_ms: int = 5_000
+    """A bucket of the delay index is written at the latest this long after its first entry was
+    held aside: after a crash, a new owner reads again at most the entries held aside this long
+    before it."""
+
     max_pending_publish_requests: int = 1_000
     """Batches of one producer stream the broker holds at once, being stored or stored with
     their receipt not yet taken by the client (Pulsar's maxPendingPublishRequestsPerConnection);
@@ -267,6 +278,8 @@ class BrokerConfig(
             "handover_hint_ttl_ms",
             "dispatch_max_replay_entries",
             "dispatch_max_delayed_entries",
+            "dispatch_delayed_index_bucket_entries",
+            "dispatch_delayed_index_seal_ms",
             "max_unacked_messages_per_consumer",
             "max_unacked_messages_per_subscription",
             "message_ttl_ms",

@@ -37,7 +37,9 @@ Delayed delivery (``deliver_at_ms``) applies to shared and key_shared, as in Pul
 entries wait in ``delayed`` until due (without taking permits, up to ``max_delayed_entries``,
 after which no new entries are read); exclusive and failover deliver in log order at once. The
 subscription tells its cursor how many wait (``parked_entries``), so that their holes do not
-count towards the cursor's hole limit.
+count towards the cursor's hole limit. Which of them are in which persisted bucket of the
+subscription's delay index is :class:`~broker.service.delay_index.DelayIndex`'s to track:
+every entry entering or leaving ``delayed`` is reported to it.
 
 Redelivery counts are the cursor's (:class:`~broker.managed_ledger.RedeliveryCounts`, persisted
 with it): an entry's count rises when it is taken back from a consumer, once per taking back
@@ -53,7 +55,8 @@ import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from broker.managed_ledger import Position, RedeliveryCounts
+from broker.managed_ledger import DelayedEntry, Position, RedeliveryCounts
+from broker.service.delay_index import DelayIndex
 from broker.service.streams import SubscriptionType
 from magnetar.common.keys import expand_key_hashes
 
@@ -189,6 +192,7 @@ class Dispatcher:
         track_unacked: bool = True,
         max_delayed_entries: int = 200_000,
         redelivery_counts: RedeliveryCounts | None = None,
+        delay_index: DelayIndex | None = None,
     ) -> None:
         self.type = dispatch_type
         self.track_unacked = track_unacked
@@ -202,6 +206,8 @@ class Dispatcher:
         self.replay: dict[Position, Pending] = {}
         self.delayed: dict[Position, Item] = {}
         self._delay_heap: list[tuple[int, Position]] = []
+        self.index = delay_index if delay_index is not None else DelayIndex(bucket_entries=0)
+        """Which entries of ``delayed`` are in which bucket of the persisted delay index."""
         self.redelivery_counts = (
             redelivery_counts if redelivery_counts is not None else RedeliveryCounts(1 << 62)
         )
@@ -354,7 +360,7 @@ class Dispatcher:
             due: list[Item] = []
             for item in items:
                 if item.deliver_at_ms > now_ms:
-                    self._delay(item)
+                    self._delay(item, now_ms)
                 else:
                     due.append(item)
             items = due
@@ -512,9 +518,36 @@ class Dispatcher:
             hashes = hashes | current.hashes
         self.replay[position] = Pending(indexes, hashes)
 
-    def _delay(self, item: Item) -> None:
+    def _delay(self, item: Item, now_ms: int) -> None:
+        if item.position in self.delayed:
+            return  # read again (a read given back): it waits already
         self.delayed[item.position] = item
         heapq.heappush(self._delay_heap, (item.deliver_at_ms, item.position))
+        self.index.add(
+            DelayedEntry(
+                item.position, item.deliver_at_ms, item.num_messages, tuple(item.key_hashes)
+            ),
+            now_ms,
+        )
+
+    def hold_indexed(self, bucket: str, entries: Iterable[DelayedEntry]) -> list[Position]:
+        """Hold aside the entries of a persisted bucket of the delay index (a new owner loading
+        it; the caller leaves out acknowledged ones); the positions now held for it. Held even
+        past ``max_delayed_entries``: the owners before kept to it when they wrote them."""
+        held: list[Position] = []
+        for entry in entries:
+            if entry.position in self.delayed:
+                continue
+            self.delayed[entry.position] = Item(
+                entry.position,
+                entry.num_messages,
+                entry.key_hashes,
+                deliver_at_ms=entry.deliver_at_ms,
+            )
+            heapq.heappush(self._delay_heap, (entry.deliver_at_ms, entry.position))
+            held.append(entry.position)
+        self.index.loaded(bucket, held)
+        return held
 
     @property
     def delayed_full(self) -> bool:
@@ -535,6 +568,7 @@ class Dispatcher:
             _, position = heapq.heappop(self._delay_heap)
             item = self.delayed.pop(position, None)
             if item is not None:
+                self.index.released(position)
                 self._pend(position, item.indexes, item.num_messages, item.key_hashes)
                 moved += 1
         return moved
@@ -552,7 +586,8 @@ class Dispatcher:
         for holder in [s for s in self.slots if position in s.unacked] or [slot]:
             self._release(holder, position, None)
         self.replay.pop(position, None)
-        self.delayed.pop(position, None)
+        if self.delayed.pop(position, None) is not None:
+            self.index.released(position)
         self.redelivery_counts.discard(position)
         self._update_blocked()
 
@@ -589,9 +624,11 @@ class Dispatcher:
         for slot in self.slots:
             for held in [p for p in slot.unacked if p <= position]:
                 self._release(slot, held, None)
-        for table in (self.replay, self.delayed):
-            for waiting in [p for p in table if p <= position]:
-                del table[waiting]
+        for waiting in [p for p in self.replay if p <= position]:
+            del self.replay[waiting]
+        for waiting in [p for p in self.delayed if p <= position]:
+            del self.delayed[waiting]
+            self.index.released(waiting)
         self.redelivery_counts.forget_through(position)
         self._update_blocked()
 
@@ -670,6 +707,7 @@ class Dispatcher:
         self.replay.clear()
         self.delayed.clear()
         self._delay_heap.clear()
+        self.index.clear()
         self.redelivery_counts.clear()
         self.holders.clear()
         self.blocked = False

@@ -8,6 +8,10 @@ so a slow consumer holds back reads instead of filling memory; and it reads no n
 the cursor's acknowledgement holes are at ``max_inline_ack_ranges`` (the cursor persists every
 range; this keeps that state small) or the subscription holds its unacknowledged limit.
 Non-durable **readers** are exclusive subscriptions whose cursor is never persisted.
+
+Entries held aside for delayed delivery are written to the subscription's delay index
+(:mod:`broker.service.delay_index`) in sealed buckets by one task per subscription, and a new
+owner loads those buckets before its first read, so that it need not read them again.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from broker.managed_ledger import Entry, ManagedCursor, ManagedLedger, Position
+from broker.service.delay_index import DelayIndex
 from broker.service.dispatch import Dispatcher, Item, Plan, Slot
 from broker.service.streams import (
     AckDone,
@@ -224,6 +229,8 @@ class Subscription:
         max_unacked_per_subscription: int = 0,
         max_replay_entries: int = 10_000,
         max_delayed_entries: int = 200_000,
+        delayed_index_bucket_entries: int = 5_000,
+        delayed_index_seal_ms: int = 5_000,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.topic = topic
@@ -238,6 +245,12 @@ class Subscription:
             max_replay_entries,
             max_delayed_entries,
         )
+        self._index_settings = (delayed_index_bucket_entries, delayed_index_seal_ms)
+        self._index_loaded = not durable
+        """The persisted delay index was loaded (a reader keeps none)."""
+        self._index_task: asyncio.Task[None] | None = None
+        self.delayed_entries_loaded = 0
+        """Entries held aside from the delay index when it was last loaded."""
         self._clock = clock
         self.consumers: list[ConsumerSession] = []
         self._sessions: dict[int, ConsumerSession] = {}
@@ -269,6 +282,13 @@ class Subscription:
             track_unacked=self.durable,
             max_delayed_entries=delayed,
             redelivery_counts=self.cursor.redelivery_counts,
+            delay_index=self._new_index(),
+        )
+
+    def _new_index(self) -> DelayIndex:
+        bucket_entries, seal_ms = self._index_settings
+        return DelayIndex(
+            bucket_entries=bucket_entries if self.durable else 0, seal_after_ms=seal_ms
         )
 
     @property
@@ -303,6 +323,9 @@ class Subscription:
         self.dispatcher = self._new_dispatcher(subscription_type)
         self.cursor.parked_entries = 0
         self._reposition(None)
+        # the buckets written for the old type: held aside again (shared, key_shared) or
+        # deleted (exclusive, failover) before the next read
+        self._index_loaded = not self.durable
         if self.durable:
             self.cursor.record_subscription_type(int(subscription_type))
 
@@ -538,6 +561,8 @@ class Subscription:
                 await asyncio.sleep(0.5)
 
     async def _dispatch_once(self) -> None:
+        if not self._index_loaded:
+            await self._load_delay_index()
         dispatcher = self.dispatcher
         # a raised redelivery count is durable before its entry goes out again, so that a new
         # owner after a crash carries on from it (one metadata write, group-committed). Shared
@@ -609,6 +634,110 @@ class Subscription:
         self.cursor.parked_entries = len(dispatcher.delayed)
         if dispatcher.delayed:
             self._arm_due_timer(now_ms)
+        if dispatcher.index.has_work:
+            self._write_index_soon()
+
+    # --- the delay index --------------------------------------------------------------------------
+
+    async def _load_delay_index(self) -> None:
+        """Hold aside what the persisted delay index holds (a new owner, or a type change), and
+        make the cursor jump over those entries; for a type that delays nothing, delete it."""
+        dispatcher = self.dispatcher
+        buckets = await self.cursor.load_delay_index()
+        if dispatcher is not self.dispatcher:
+            return  # the type changed meanwhile: load for the new dispatcher
+        held: list[Position] = []
+        for name, entries in sorted(buckets.items()):
+            if dispatcher.shares and dispatcher.index.enabled:
+                waiting = [e for e in entries if not self.cursor.is_acked(e.position)]
+                held += dispatcher.hold_indexed(name, waiting)
+            else:
+                dispatcher.index.undeleted.add(name)
+        self._index_loaded = True
+        self.delayed_entries_loaded = len(held)
+        if held:
+            self.cursor.skip_on_read(held)
+            self.cursor.parked_entries = len(dispatcher.delayed)
+        if buckets:
+            log.info(
+                "delay_index_loaded",
+                topic=str(self.topic.name),
+                subscription=self.name,
+                buckets=len(buckets),
+                entries=len(held),
+            )
+        if dispatcher.index.has_work:
+            self._write_index_soon()
+
+    def _write_index_soon(self) -> None:
+        if self._index_task is None or self._index_task.done():
+            self._index_task = asyncio.create_task(
+                self._write_index(self.dispatcher), name=f"delay-index:{self.name}"
+            )
+
+    async def _write_index(self, dispatcher: Dispatcher) -> None:
+        """Seal, write and delete buckets until nothing is left to do (one task at a time)."""
+        index = dispatcher.index
+        while dispatcher is self.dispatcher and index.has_work:
+            now_ms = self._clock.time_ms()
+            if index.seal_due(now_ms):
+                index.seal(now_ms)
+            try:
+                if not await self._index_step(index):
+                    due = index.next_seal_ms()
+                    if due is None:
+                        return
+                    await self._clock.sleep(max(0, due - now_ms) / 1000)
+            except ManagedLedgerFencedError:
+                return  # the dispatch loop hears of it too
+            except MagnetarError as e:
+                if self.topic.is_closing:
+                    return
+                log.warning(
+                    "delay_index_write_failed",
+                    topic=str(self.topic.name),
+                    subscription=self.name,
+                    error=e.message,
+                )
+                await self._clock.sleep(1.0)
+
+    async def _index_step(self, index: DelayIndex) -> bool:
+        """Write one sealed bucket or delete one emptied bucket; whether there was one."""
+        if index.undeleted:
+            name = min(index.undeleted)
+            await self.cursor.delete_delay_bucket(name)
+            index.deleted(name)
+            return True
+        if index.unwritten:
+            name, entries = next(iter(index.unwritten.items()))
+            index.writing(name)
+            ok = False
+            try:
+                await self.cursor.write_delay_bucket(name, entries)
+                ok = True
+            finally:
+                index.written(name, ok=ok)
+            return True
+        return False
+
+    async def persist(self) -> None:
+        """After :meth:`stop`, on a graceful handover: write the delay index's open bucket and
+        the cursor (errors leave the rest to be redelivered or read again: nothing is lost)."""
+        if self.durable:
+            await self._flush_index()
+        with contextlib.suppress(MagnetarError):
+            await self.cursor.flush()
+
+    async def _flush_index(self) -> None:
+        """On a graceful close: seal what is open and write everything, so the next owner reads
+        none of it again (an error leaves the rest to be read again: nothing is lost)."""
+        index = self.dispatcher.index
+        if not self._index_loaded or not index.has_work:
+            return
+        index.seal(self._clock.time_ms())
+        with contextlib.suppress(MagnetarError):
+            while await self._index_step(index):
+                pass
 
     def _wake_when_counts_persisted(self) -> None:
         if self._counts_waiter is not None and not self._counts_waiter.done():
@@ -663,6 +792,8 @@ class Subscription:
     def _fresh_item(self, entry: Entry) -> Item | None:
         if self.durable and self.cursor.is_acked(entry.position):
             return None  # acknowledged while a later part of the same read was under way
+        if entry.position in self.dispatcher.delayed:
+            return None  # held aside already (loaded from the delay index, or read before)
         indexes: frozenset[int] | None = None
         acked = self.cursor.acked_indexes(entry.position)
         first = 0
@@ -763,6 +894,11 @@ class Subscription:
         if self._counts_waiter is not None:
             self._counts_waiter.cancel()
             self._counts_waiter = None
+        if self._index_task is not None:
+            self._index_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, MagnetarError):
+                await self._index_task
+            self._index_task = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -774,5 +910,7 @@ class Subscription:
         await self.stop()
         for consumer in list(self.consumers):
             consumer.close_with(reason)
+        if self.durable:
+            await self._flush_index()
         with contextlib.suppress(MagnetarError):
             await self.cursor.close()

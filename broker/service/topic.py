@@ -370,6 +370,8 @@ class Topic:
             max_unacked_per_subscription=config.max_unacked_messages_per_subscription,
             max_replay_entries=config.dispatch_max_replay_entries,
             max_delayed_entries=config.dispatch_max_delayed_entries,
+            delayed_index_bucket_entries=config.dispatch_delayed_index_bucket_entries,
+            delayed_index_seal_ms=config.dispatch_delayed_index_seal_ms,
             clock=self._clock,
         )
         self.subscriptions[name] = subscription
@@ -561,8 +563,7 @@ class Topic:
                     )
             for subscription in list(self.subscriptions.values()):
                 await subscription.stop()
-                with contextlib.suppress(MagnetarError):
-                    await subscription.cursor.flush()
+                await subscription.persist()
             with contextlib.suppress(MagnetarError):
                 await self.dedup.close()
             try:

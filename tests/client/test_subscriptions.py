@@ -686,8 +686,10 @@ def check_normal_messages_flow_past_delayed_ones(
     after = consumer.receive(timeout_millis=30_000)
     assert after.data() == b"after"
     consumer.acknowledge(after)
-    # a new owner re-reads the delayed entries (jumping over the acknowledged ones), holds them
-    # aside again, and new messages flow
+    # a new owner loads the delayed entries from the subscription's delay index (the old one
+    # wrote what it held aside as it closed), holds them aside again without reading them, and
+    # new messages flow
+    assert stats()["delayed_entries_loaded"] == 0  # this owner read them
     admin.unload_topic(topic)
     with client.create_producer(topic) as producer:
         producer.send(b"after the move")
@@ -696,6 +698,9 @@ def check_normal_messages_flow_past_delayed_ones(
         message = consumer.receive(timeout_millis=60_000)
     assert message.data() == b"after the move"
     wait_until(lambda: stats()["delayed_entries"] == delayed, 60, "the delayed ones held aside")
+    sub = stats()
+    assert sub["delayed_entries_loaded"] == delayed
+    assert sub["delayed_index_buckets"] >= 1
     consumer.close()
 
 

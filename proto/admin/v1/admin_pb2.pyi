@@ -513,6 +513,8 @@ class SubscriptionStats(_message.Message):
     REDELIVERY_COUNTS_FIELD_NUMBER: _builtins.int
     REDELIVERY_COUNTS_DROPPED_FIELD_NUMBER: _builtins.int
     DELAYED_ENTRIES_FIELD_NUMBER: _builtins.int
+    DELAYED_INDEX_BUCKETS_FIELD_NUMBER: _builtins.int
+    DELAYED_ENTRIES_LOADED_FIELD_NUMBER: _builtins.int
     subscription: _builtins.str
     subscription_type: _types_pb2.SubscriptionType.ValueType
     backlog_messages: _builtins.int
@@ -539,6 +541,12 @@ class SubscriptionStats(_message.Message):
     redelivery_counts_dropped: _builtins.int
     delayed_entries: _builtins.int
     """Shared and key_shared: entries held aside until their delivery time (delayed delivery)."""
+    delayed_index_buckets: _builtins.int
+    """Buckets of the subscription's persisted delay index with entries still waiting."""
+    delayed_entries_loaded: _builtins.int
+    """Entries this owner held aside from the delay index when it took the partition (not read
+    again from the bookies).
+    """
     @_builtins.property
     def consumers(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConsumerStats]: ...
     def __init__(
@@ -559,10 +567,12 @@ class SubscriptionStats(_message.Message):
         redelivery_counts: _builtins.int = ...,
         redelivery_counts_dropped: _builtins.int = ...,
         delayed_entries: _builtins.int = ...,
+        delayed_index_buckets: _builtins.int = ...,
+        delayed_entries_loaded: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_hole_ranges", b"ack_hole_ranges", "ack_ranges_over_limit", b"ack_ranges_over_limit", "backlog_messages", b"backlog_messages", "blocked", b"blocked", "consumers", b"consumers", "dead_lettered_messages", b"dead_lettered_messages", "delayed_entries", b"delayed_entries", "mark_delete_offset", b"mark_delete_offset", "msg_rate_out", b"msg_rate_out", "msg_rate_redeliver", b"msg_rate_redeliver", "redelivery_counts", b"redelivery_counts", "redelivery_counts_dropped", b"redelivery_counts_dropped", "subscription", b"subscription", "subscription_type", b"subscription_type", "unacked_messages", b"unacked_messages"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_hole_ranges", b"ack_hole_ranges", "ack_ranges_over_limit", b"ack_ranges_over_limit", "backlog_messages", b"backlog_messages", "blocked", b"blocked", "consumers", b"consumers", "dead_lettered_messages", b"dead_lettered_messages", "delayed_entries", b"delayed_entries", "delayed_entries_loaded", b"delayed_entries_loaded", "delayed_index_buckets", b"delayed_index_buckets", "mark_delete_offset", b"mark_delete_offset", "msg_rate_out", b"msg_rate_out", "msg_rate_redeliver", b"msg_rate_redeliver", "redelivery_counts", b"redelivery_counts", "redelivery_counts_dropped", b"redelivery_counts_dropped", "subscription", b"subscription", "subscription_type", b"subscription_type", "unacked_messages", b"unacked_messages"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -323,3 +323,64 @@ class CursorInfo(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CursorInfo: _TypeAlias = CursorInfo  # noqa: Y015
+
+@_typing.final
+class DelayBucket(_message.Message):
+    """One bucket of a subscription's delayed-delivery index (docs/subscriptions.md): entries a
+    shared or key_shared subscription holds aside until their delivery time, written once when
+    the bucket is sealed and deleted when none of its entries waits any more. A new owner loads
+    the buckets instead of reading every delayed entry again. Stored at
+    managed-ledgers/<name>/delayed/<cursor>/<bucket>.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FORMAT_VERSION_FIELD_NUMBER: _builtins.int
+    PACKED_POSITIONS_FIELD_NUMBER: _builtins.int
+    DELIVER_AT_MS_FIELD_NUMBER: _builtins.int
+    NUM_MESSAGES_FIELD_NUMBER: _builtins.int
+    KEY_HASH_COUNTS_FIELD_NUMBER: _builtins.int
+    KEY_HASHES_FIELD_NUMBER: _builtins.int
+    format_version: _builtins.int
+    """1."""
+    @_builtins.property
+    def packed_positions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The entries' positions, in order, two numbers each, packed as
+        CursorInfo.packed_acked_ranges packs positions.
+        """
+
+    @_builtins.property
+    def deliver_at_ms(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Each entry's delivery time (ms since the epoch) minus the previous entry's (the first:
+        minus 0).
+        """
+
+    @_builtins.property
+    def num_messages(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Messages in each entry."""
+
+    @_builtins.property
+    def key_hash_counts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """How many key hashes each entry carries (0, 1 for all its messages, or one per message),
+        followed in key_hashes.
+        """
+
+    @_builtins.property
+    def key_hashes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        format_version: _builtins.int = ...,
+        packed_positions: _abc.Iterable[_builtins.int] | None = ...,
+        deliver_at_ms: _abc.Iterable[_builtins.int] | None = ...,
+        num_messages: _abc.Iterable[_builtins.int] | None = ...,
+        key_hash_counts: _abc.Iterable[_builtins.int] | None = ...,
+        key_hashes: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deliver_at_ms", b"deliver_at_ms", "format_version", b"format_version", "key_hash_counts", b"key_hash_counts", "key_hashes", b"key_hashes", "num_messages", b"num_messages", "packed_positions", b"packed_positions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DelayBucket: _TypeAlias = DelayBucket  # noqa: Y015

@@ -7,10 +7,14 @@ from dataclasses import replace
 
 import pytest
 
-from broker.managed_ledger import ManagedLedger, Position
+from broker.managed_ledger import DelayedEntry, ManagedLedger, Position
 from broker.managed_ledger.persistence import decode_cursor
 from magnetar.common.clock import ManualClock
-from magnetar.common.errors import CursorNotFoundError
+from magnetar.common.errors import (
+    CursorNotFoundError,
+    InvalidArgumentError,
+    ManagedLedgerFencedError,
+)
 from metadata import layout
 from tests.broker.managed_ledger.conftest import FAST, Env, append_all, body_of, wait_until
 
@@ -295,3 +299,72 @@ async def test_redelivery_counts_persist_with_the_cursor_and_a_new_owner_continu
     assert [e.position for e in entries] == [positions[i] for i in (0, 1, 3, 5, 7)]
     reloaded.ack_cumulative(positions[2])
     assert reloaded.redelivery_counts.items() == []
+
+
+async def test_a_cursor_jumps_over_entries_to_skip_without_reading_them(ml_env: Env) -> None:
+    """A subscription that loaded its delay index holds those entries aside already: its
+    cursor reads around them (not reading them from the bookies at all), across ledger ends
+    and acknowledged ranges, and a rewind forgets the skip."""
+    ml = await ml_env.factory(config=SMALL_LEDGERS).open("t")
+    cursor = await ml.open_cursor("sub", start="earliest")
+    positions = await written(ml, 14)  # ledgers of 5, 5, 4 entries
+    read_from_ml: list[Position] = []
+    real_read = ml.read
+
+    async def spy(start: Position, *, max_entries: int, max_bytes: int):
+        entries = await real_read(start, max_entries=max_entries, max_bytes=max_bytes)
+        read_from_ml.extend(e.position for e in entries)
+        return entries
+
+    ml.read = spy  # type: ignore[method-assign]
+    skipped = {positions[i] for i in (0, 2, 3, 4, 5, 9, 13)}  # 4..5 spans a ledger end
+    cursor.ack([positions[7]])
+    cursor.skip_on_read(skipped)
+    got = []
+    while cursor.has_more:
+        got += [e.position for e in await cursor.read(max_entries=3, max_bytes=1 << 20)]
+    expected = [p for i, p in enumerate(positions) if p not in skipped and i != 7]
+    assert got == expected
+    assert not skipped & set(read_from_ml)
+    # a rewind (a type change: everything is read again) forgets what to skip
+    cursor.rewind()
+    again = await cursor.read(max_entries=100, max_bytes=1 << 20)
+    assert {e.position for e in again} >= skipped
+
+
+async def test_delay_index_buckets_persist_reload_and_fence(ml_env: Env) -> None:
+    """Buckets are records of the cursor: written and deleted only by the current owner, read
+    back by the next, and gone with a reset, the cursor or the managed ledger."""
+    old = await ml_env.factory().open("t")
+    positions = [r.position for r in await append_all(old, [b"x"] * 4, 3)]
+    cursor = await old.open_cursor("sub", start="earliest")
+    bucket = (
+        DelayedEntry(positions[1], 1_900_000_000_000, 3, (7,)),
+        DelayedEntry(positions[0], 1_900_000_000_500, 3, (1, 2, 3)),
+        DelayedEntry(positions[3], 1_800_000_000_000, 1),
+    )
+    await cursor.write_delay_bucket("0001-a", bucket)
+    await cursor.write_delay_bucket("0002-b", bucket[2:])
+    with pytest.raises(InvalidArgumentError, match="bucket name"):
+        await cursor.write_delay_bucket("../info", bucket)
+    assert await cursor.load_delay_index() == {
+        "0001-a": tuple(sorted(bucket, key=lambda e: e.position)),
+        "0002-b": bucket[2:],
+    }
+    await cursor.delete_delay_bucket("0002-b")
+    factory = ml_env.factory(await ml_env.new_client())
+    new = await factory.open("t")
+    assert list(await new.cursors["sub"].load_delay_index()) == ["0001-a"]
+    with pytest.raises(ManagedLedgerFencedError):
+        await cursor.write_delay_bucket("0003-c", bucket)
+    assert list(await new.cursors["sub"].load_delay_index()) == ["0001-a"]
+    await new.cursors["sub"].reset(positions[2])
+    assert await new.cursors["sub"].load_delay_index() == {}
+    await new.cursors["sub"].write_delay_bucket("0004-d", bucket)
+    await new.delete_cursor("sub")
+    assert not (await ml_env.store.list(layout.managed_ledger_delay_indexes("t"))).records
+    other = await new.open_cursor("other", start="earliest")
+    await other.write_delay_bucket("0005-e", bucket)
+    await new.close()
+    await factory.delete("t")
+    assert not (await ml_env.store.list(layout.managed_ledger_delay_indexes("t"))).records
