@@ -385,6 +385,12 @@ class EtcdServer:
         return self._proc is not None and self._proc.poll() is None
 
     @property
+    def exit_code(self) -> int | None:
+        """How the process ended (``-9`` after a SIGKILL); None while it runs, before the first
+        start, and after :meth:`stop`."""
+        return self._proc.poll() if self._proc is not None else None
+
+    @property
     def is_paused(self) -> bool:
         """Whether the process is stopped by :meth:`pause`."""
         return self.is_running and self._paused

@@ -117,6 +117,9 @@ class Verdict:
     """Secure runs: no rotation, or TLS listeners not presenting their rotated certificate at
     the end."""
     samples: dict[str, list[str]] = field(default_factory=dict)
+    unexpected_exits: list[str] = field(default_factory=list)
+    """Servers that exited on their own (the nemesis did not kill them): a crash is a failure
+    even when nothing was lost."""
     late_recoveries: list[str] = field(default_factory=list)
     """Outages that outlasted, by more than the recovery bound, every fault that could explain
     them: one line each naming the partition, the outage and the faults."""
@@ -139,6 +142,7 @@ class Verdict:
             and self.drain_complete
             and not self.security_problems
             and not self.late_recoveries
+            and not self.unexpected_exits
         )
 
     def problems(self) -> list[str]:
@@ -159,6 +163,7 @@ class Verdict:
             found.append("the final read did not reach the end of every partition")
         found.extend(self.security_problems)
         found.extend(f"late recovery: {line}" for line in self.late_recoveries)
+        found.extend(f"unexpected exit: {line}" for line in self.unexpected_exits)
         return found
 
     def summary(self) -> dict[str, Any]:
@@ -188,6 +193,7 @@ class Verdict:
             "secure": self.secure,
             "security_problems": len(self.security_problems),
             "late_recoveries": len(self.late_recoveries),
+            "unexpected_exits": len(self.unexpected_exits),
             "recovery_bound_s": self.availability.bound_s if self.availability else None,
             "recovery_after_heal": after_heal.to_json() if after_heal else None,
             "recovery_lateness": (
@@ -244,7 +250,12 @@ def _check_security(history: History, verdict: Verdict) -> None:
     if "rotation" not in security:
         verdict.security_problems.append("the certificates were never rotated")
     final: dict[str, bool] = security.get("final_certificates", {})
-    stale = sorted(label for label, ok in final.items() if not ok)
+    unreachable = set(security.get("unreachable_at_end", []))
+    stale = sorted(
+        label + (" (unreachable)" if label in unreachable else "")
+        for label, ok in final.items()
+        if not ok
+    )
     if not final:
         verdict.security_problems.append("no server was asked for its certificate at the end")
     elif stale:
@@ -418,6 +429,7 @@ def _check_order(  # noqa: PLR0917 - a private helper of one loop
 def _check_faults_and_windows(history: History, verdict: Verdict, gap_s: float) -> None:
     verdict.faults = sum(1 for f in history.faults if f.started_at is not None and not f.error)
     verdict.failed_faults = sum(1 for f in history.faults if f.error)
+    verdict.unexpected_exits = list(history.unexpected_exits)
     kinds: dict[str, int] = defaultdict(int)
     for fault in history.faults:
         if fault.started_at is not None and not fault.error:

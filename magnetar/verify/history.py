@@ -168,6 +168,9 @@ class History:
     phases: dict[str, float] = field(default_factory=dict)
     """When each phase began (``workload``, ``nemesis``, ``healed``, ``drain``, ``end``; in a
     secure run also ``rotation``)."""
+    unexpected_exits: list[str] = field(default_factory=list)
+    """Servers that exited without the nemesis killing them (a crash of Magnetar or etcd): one
+    line each, naming the node, when it was found gone and its exit status."""
     security: dict[str, Any] = field(default_factory=dict)
     """A secure run's security facts (empty otherwise): the hops, the rotation (when, what,
     the faults active then, how soon each server presented its new certificate), which
@@ -181,6 +184,7 @@ class History:
             "drain_complete": self.drain_complete,
             "phases": self.phases,
             "security": self.security,
+            "unexpected_exits": self.unexpected_exits,
             "faults": [asdict(f) for f in self.faults],
             "switches": [asdict(s) for s in self.switches],
             "sends": [asdict(s) for s in self.sends],
@@ -204,6 +208,7 @@ class History:
             drain_complete=bool(body.get("drain_complete", False)),
             phases={k: float(v) for k, v in body.get("phases", {}).items()},
             security=dict(body.get("security", {})),
+            unexpected_exits=list(body.get("unexpected_exits", [])),
         )
 
     @classmethod

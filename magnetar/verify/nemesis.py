@@ -29,7 +29,7 @@ import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import structlog
 
@@ -161,6 +161,9 @@ class Nemesis:
         self.history = history
         self.clock = clock
         self.say = say
+        self._down: set[int] = set()
+        """Nodes (``id``) this nemesis killed and has not started again."""
+        self._reported: set[int] = set()
 
     async def run(self, schedule: Sequence[PlannedFault]) -> None:
         """Inject every fault at its time (relative to now) and heal it after its duration."""
@@ -209,8 +212,8 @@ class Nemesis:
             bookie = _pick([b for b in cluster.bookies if b.is_running and not b.is_paused], choice)
             fault.target = str(bookie.bookie_id)
             if kind == "kill-bookie":
-                await bookie.kill()
-                return bookie.start
+                await self._kill(bookie)
+                return partial(self._start, bookie)
             if kind == "pause-bookie":
                 await bookie.pause()
                 return bookie.resume
@@ -220,15 +223,15 @@ class Nemesis:
             broker = _pick([b for b in cluster.brokers if b.is_running and not b.is_paused], choice)
             fault.target = str(broker.broker_id)
             if kind == "kill-broker":
-                await broker.kill()
-                return broker.start
+                await self._kill(broker)
+                return partial(self._start, broker)
             await broker.pause()
             return broker.resume
         if kind == "kill-etcd":
             member = _pick([m for m in _etcd_members(cluster) if m.is_running], choice)
             fault.target = member.name
-            await member.kill()
-            return member.start
+            await self._kill(member)
+            return partial(self._start, member)
         if kind in NETWORK_KINDS:
             host = cluster.isolated_host
             isolated = cluster.isolated_broker
@@ -240,9 +243,55 @@ class Nemesis:
             return partial(host.heal, link)
         raise ValueError(f"unknown fault kind {kind!r}")
 
+    async def _kill(self, node: ManagedNode) -> None:
+        self._down.add(id(node))
+        await node.kill()
+
+    async def _start(self, node: ManagedNode) -> None:
+        await node.start()
+        self._down.discard(id(node))
+
+    def _nodes(self) -> list[tuple[str, ManagedNode]]:
+        cluster = self.cluster
+        nodes: list[tuple[str, ManagedNode]] = [(m.name, m) for m in _etcd_members(cluster)]
+        nodes += [(str(b.bookie_id), b) for b in cluster.bookies]
+        nodes += [(str(b.broker_id), b) for b in cluster.brokers]
+        return nodes
+
+    def check_exits(self) -> list[str]:
+        """Note every server that is not running though this nemesis did not kill it (it
+        crashed, or exited on its own): recorded once per incarnation in the history, which
+        fails the run. What was newly found."""
+        found = []
+        for name, node in self._nodes():
+            key = id(node)
+            if node.is_running:
+                self._reported.discard(key)  # started again: a later exit is new
+                continue
+            if key in self._down:
+                continue
+            if key in self._reported:
+                continue
+            self._reported.add(key)
+            line = (
+                f"{name} was found not running at {self.clock.now():.2f}s without a kill-fault"
+                f" (exit status {node.exit_code}; see its log)"
+            )
+            self.history.unexpected_exits.append(line)
+            self.say(f"unexpected exit: {line}")
+            found.append(line)
+        return found
+
+    async def watch_exits(self, interval_s: float = 1.0) -> None:
+        """Run :meth:`check_exits` every ``interval_s`` until cancelled."""
+        while True:
+            await asyncio.sleep(interval_s)
+            self.check_exits()
+
     async def heal_all(self) -> list[str]:
         """Undo whatever is still broken (a heal that failed, a node that died); what could
-        not be healed."""
+        not be healed. A node that died without a kill-fault is recorded first."""
+        self.check_exits()
         problems: list[str] = []
         cluster = self.cluster
         host = cluster.isolated_host
@@ -268,6 +317,20 @@ class Nemesis:
             if not broker.is_running:
                 await _attempt(problems, f"start {broker.broker_id}", broker.start())
         return problems
+
+
+class ManagedNode(Protocol):
+    """A server the nemesis kills and starts (a bookie, a broker or an etcd member)."""
+
+    @property
+    def is_running(self) -> bool: ...
+
+    @property
+    def exit_code(self) -> int | None: ...
+
+    async def kill(self) -> None: ...
+
+    async def start(self, timeout_s: float = ...) -> None: ...
 
 
 T = TypeVar("T")

@@ -419,7 +419,7 @@ def _security_lines(history: History) -> list[str]:
 _RESULT_ROWS = (
     "attempted", "acked", "failed", "stored", "lost", "misplaced", "phantoms", "duplicates",
     "reordered", "redeliveries", "redelivered_after_ack", "unexplained_redeliveries_after_ack",
-    "faults", "failed_faults", "late_recoveries",
+    "faults", "failed_faults", "late_recoveries", "unexpected_exits",
 )  # fmt: skip
 
 

@@ -159,6 +159,7 @@ async def run_verify(config: VerifyConfig, say: Callable[[str], None]) -> Outcom
     history = History(seed=config.seed)
     workload: Workload | None = None
     rotation: asyncio.Task[None] | None = None
+    exit_watch: asyncio.Task[None] | None = None
     passed = False
     try:
         say(f"starting the cluster in {work_dir}")
@@ -252,6 +253,8 @@ async def run_verify(config: VerifyConfig, say: Callable[[str], None]) -> Outcom
         say(f"{clock.now():8.2f}s workload running on {topic}")
         await asyncio.sleep(config.warmup_s)
         nemesis = Nemesis(cluster, history, clock, say=say)
+        # a server that dies without a kill-fault fails the run, whenever it happens
+        exit_watch = asyncio.create_task(nemesis.watch_exits())
         history.phases["nemesis"] = clock.now()
         if isinstance(cluster, SecureCluster):
             midway = history.phases["nemesis"] + config.duration_s / 2
@@ -275,6 +278,8 @@ async def run_verify(config: VerifyConfig, say: Callable[[str], None]) -> Outcom
             await rotation
         if isinstance(cluster, SecureCluster):
             await _check_after_run(cluster, history, clock, say)
+        exit_watch.cancel()
+        nemesis.check_exits()
         history.phases["end"] = clock.now()
         for error in workload.errors[:20]:
             say(f"workload: {error}")
@@ -286,6 +291,8 @@ async def run_verify(config: VerifyConfig, say: Callable[[str], None]) -> Outcom
         passed = verdict.ok
         return Outcome(verdict, history, paths, work_dir, lines)
     finally:
+        if exit_watch is not None:
+            exit_watch.cancel()
         if rotation is not None and not rotation.done():
             rotation.cancel()
         if workload is not None:
@@ -338,8 +345,9 @@ async def _rotate(
         f"{started:8.2f}s rotation: {len(names)} certificates re-issued, token key"
         f" {generation} added; faults active: {', '.join(active) or 'none'}"
     )
+    unreachable: set[str] = set()
     probing = asyncio.create_task(
-        wait_presenting_current(cluster, started, clock.now, timeout_s=90)
+        wait_presenting_current(cluster, started, clock.now, timeout_s=90, unreachable=unreachable)
     )
     try:
         # every broker looks at its key bundle at most once a second: only then sign with
@@ -355,7 +363,11 @@ async def _rotate(
         for f in history.faults
         if f.started_at is not None and started < f.started_at <= clock.now()
     ]
-    late = sorted(label for label, took in presented.items() if took is None)
+    late = sorted(
+        label + (" (unreachable)" if label in unreachable else "")
+        for label, took in presented.items()
+        if took is None
+    )
     slowest = max((t for t in presented.values() if t is not None), default=0.0)
     say(
         f"{clock.now():8.2f}s rotation: {len(presented) - len(late)} of {len(presented)} TLS"
@@ -381,8 +393,12 @@ async def _check_after_run(
 ) -> None:
     """Which certificate every server presents now, and what the servers logged."""
     setup = cluster.security
-    final = await wait_presenting_current(cluster, clock.now(), clock.now, timeout_s=30)
+    unreachable: set[str] = set()
+    final = await wait_presenting_current(
+        cluster, clock.now(), clock.now, timeout_s=30, unreachable=unreachable
+    )
     history.security["final_certificates"] = {k: v is not None for k, v in final.items()}
+    history.security["unreachable_at_end"] = sorted(unreachable)
     history.security["tokens_issued"] = setup.tokens_issued
     history.security["tokens_by_key"] = {str(k): v for k, v in setup.tokens_by_key.items()}
     history.security["token_expiry_s"] = setup.token_expiry_s
@@ -410,7 +426,11 @@ async def _check_after_run(
         ),
     )
     history.security["etcd_logs"] = str(root / "etcd")
-    stale = sorted(k for k, v in final.items() if v is None)
+    stale = sorted(
+        k + (" (unreachable: is it running?)" if k in unreachable else "")
+        for k, v in final.items()
+        if v is None
+    )
     say(
         f"{clock.now():8.2f}s certificates at the end: {len(final) - len(stale)} of"
         f" {len(final)} TLS listeners present the rotated one"

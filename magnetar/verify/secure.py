@@ -529,12 +529,15 @@ async def wait_presenting_current(
     clock: Callable[[], float],
     *,
     timeout_s: float,
+    unreachable: set[str] | None = None,
 ) -> dict[str, float | None]:
     """Ask every TLS listener, again and again, until each presents the certificate now in its
     files; seconds from ``started`` (a ``clock()`` reading) until it did, None for one that did
-    not within ``timeout_s`` (down, paused or cut off all along, or still on the old one)."""
+    not within ``timeout_s`` (down, paused or cut off all along, or still on the old one). The
+    labels of those that never completed a handshake are added to ``unreachable``."""
     setup = cluster.security
     took: dict[str, float | None] = {}
+    reached: set[str] = set()
     deadline = time.monotonic() + timeout_s
 
     async def ask(endpoint: Endpoint) -> None:
@@ -542,6 +545,7 @@ async def wait_presenting_current(
             der = await presented_certificate(endpoint, setup)
         except (OSError, TimeoutError, ssl.SSLError):
             return  # down, paused since, cut off, or mid-restart: asked again next round
+        reached.add(endpoint.label)
         if der == setup.expected_certificate(endpoint.certificate):
             took[endpoint.label] = round(clock() - started, 2)
 
@@ -552,6 +556,8 @@ async def wait_presenting_current(
         # all at once: one that hangs (paused after the list was made) delays no other
         await asyncio.gather(*(ask(endpoint) for endpoint, up in pending if up))
         if all(v is not None for v in took.values()) or time.monotonic() >= deadline:
+            if unreachable is not None:
+                unreachable.update(label for label in took if label not in reached)
             return took
         await asyncio.sleep(0.5)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -20,8 +21,9 @@ from magnetar.verify.history import (
     decode_payload,
     encode_payload,
 )
-from magnetar.verify.nemesis import FAULT_KINDS, plan
+from magnetar.verify.nemesis import FAULT_KINDS, Nemesis, plan
 from magnetar.verify.report import summary_markdown, write_report
+from magnetar.verify.workload import Clock
 
 SUBS = ["exclusive", "failover", "shared", "key_shared"]
 
@@ -413,3 +415,44 @@ def test_a_saved_history_checks_the_same_and_the_report_is_written(tmp_path: Pat
     assert "Replay: `magnetar verify --seed 7`" in text
     assert "| acked | 10 |" in text
     assert "pause-broker x1" in summary_markdown(again, verdict)
+
+
+class FakeNode:
+    """A server as the nemesis sees it."""
+
+    def __init__(self, name: str) -> None:
+        self.bookie_id = self.broker_id = name
+        self.is_running = True
+        self.exit_code: int | None = None
+        self.is_paused = False
+        self.disk_filled = False
+
+    async def kill(self) -> None:
+        self.is_running, self.exit_code = False, -9
+
+    async def start(self, timeout_s: float = 1) -> None:
+        self.is_running, self.exit_code = True, None
+
+
+async def test_a_server_that_exits_without_a_kill_fault_fails_the_run() -> None:
+    bookie, broker = FakeNode("bookie-0"), FakeNode("broker-0")
+    cluster = SimpleNamespace(etcd=None, bookies=[bookie], brokers=[broker], isolated_host=None)
+    run = Run()
+    run.deliver_everywhere([run.send("k")])
+    said: list[str] = []
+    nemesis = Nemesis(cluster, run.history, Clock(), say=said.append)  # type: ignore[arg-type]
+    await nemesis._kill(bookie)  # a kill-fault: expected
+    assert nemesis.check_exits() == []
+    broker.is_running, broker.exit_code = False, -11  # a crash
+    [line] = nemesis.check_exits()
+    assert "broker-0" in line
+    assert "exit status -11" in line
+    assert nemesis.check_exits() == []  # once per incarnation
+    assert await nemesis.heal_all() == []
+    assert bookie.is_running
+    assert broker.is_running
+    verdict = check(run.history)
+    assert not verdict.ok
+    assert verdict.problems() == [f"unexpected exit: {line}"]
+    assert verdict.summary()["unexpected_exits"] == 1
+    assert "unexpected exit" in summary_markdown(run.history, verdict)
