@@ -1,8 +1,12 @@
-"""Managed ledgers over real bookies in this process (real gRPC, real files), one memory store.
+"""Managed ledgers over in-memory ledgers or real bookies, one memory store.
 
-``ml_env`` starts three bookies and a ledger client. ``env.factory(...)`` makes a managed ledger
-factory (a broker's), with the test codec below; two factories on the same environment are two
-brokers competing for the same managed ledgers.
+``ml_env`` is, by default, the in-memory ledger client of ``magnetar.testing.fake_ledgers``
+(fast, with fault hooks); a test that needs bookies (stopping one, reading replicas, the
+ledger client's own rules) asks for real ones with ``@pytest.mark.parametrize("ml_env",
+["real"], indirect=True)`` (or ``pytestmark``), which starts three bookies in this process (real
+gRPC, real files). ``env.factory(...)`` makes a managed ledger factory (a broker's), with the
+test codec below; two factories on the same environment are two brokers competing for the same
+managed ledgers.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import asyncio
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,7 +31,9 @@ from broker.managed_ledger import (
     ManagedLedgerConfig,
     ManagedLedgerFactory,
 )
+from broker.managed_ledger.ports import LedgerClientApi
 from magnetar.common.clock import SYSTEM_CLOCK, Clock
+from magnetar.testing.fake_ledgers import FakeBookies, FakeLedgerClient
 from magnetar.testing.inprocess import start_bookie_in_process
 from metadata import MetadataStore, open_store
 
@@ -87,15 +94,19 @@ FAST = ManagedLedgerConfig(
 
 
 class Env:
-    """Three bookies, a memory store, a ledger client, and factories (brokers) on them."""
+    """Three bookies (or in-memory ledgers: ``fake``), a memory store, a ledger client, and
+    factories (brokers) on them."""
 
-    def __init__(self, root: Path, store: MetadataStore) -> None:
+    def __init__(self, root: Path, store: MetadataStore, *, fake: bool = False) -> None:
         self.root = root
         self.store = store
+        self.fake = FakeBookies() if fake else None
+        """The in-memory ledgers (None: real bookies), with their fault hooks."""
         self.bookies: dict[str, BookieProcess] = {}
-        self.clients: list[LedgerClient] = []
+        self.clients: list[LedgerClient | FakeLedgerClient] = []
         self.factories: list[ManagedLedgerFactory] = []
-        self.client: LedgerClient
+        self.client: Any
+        """The first ledger client (a ``LedgerClient``, or a ``FakeLedgerClient``)."""
 
     async def start_bookie(self, bookie_id: str) -> BookieProcess:
         process = await start_bookie_in_process(self.store, self.root / bookie_id, bookie_id)
@@ -105,7 +116,11 @@ class Env:
     async def stop_bookie(self, bookie_id: str) -> None:
         await self.bookies.pop(bookie_id).stop(grace_s=0)
 
-    async def new_client(self, **config: object) -> LedgerClient:
+    async def new_client(self, **config: object) -> Any:
+        if self.fake is not None:
+            fake_client = self.fake.client()
+            self.clients.append(fake_client)
+            return fake_client
         client = await LedgerClient.start(
             self.store,
             LedgerClientConfig(**config),  # type: ignore[arg-type]
@@ -118,7 +133,7 @@ class Env:
 
     def factory(
         self,
-        client: LedgerClient | None = None,
+        client: LedgerClientApi | None = None,
         *,
         config: ManagedLedgerConfig = FAST,
         cache: EntryCache | None = None,
@@ -137,6 +152,8 @@ class Env:
 
     async def ledgers_on_bookies(self) -> set[int]:
         """Every ledger id any running bookie stores (asked with ListLedgers)."""
+        if self.fake is not None:
+            return self.fake.ledger_ids()
         found: set[int] = set()
         for process in self.bookies.values():
             client = BookieClient(process.address)
@@ -153,11 +170,15 @@ class Env:
 
 
 @pytest.fixture
-async def ml_env(tmp_path: Path) -> AsyncIterator[Env]:
+async def ml_env(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Env]:
+    kind = getattr(request, "param", "fake")
+    if kind not in ("fake", "real"):
+        raise ValueError(f"ml_env is 'fake' or 'real', not {kind!r}")
     store = await open_store("memory://")
-    env = Env(tmp_path, store)
-    for i in range(3):
-        await env.start_bookie(f"b{i}")
+    env = Env(tmp_path, store, fake=kind == "fake")
+    if kind == "real":
+        for i in range(3):
+            await env.start_bookie(f"b{i}")
     env.client = await env.new_client()
     yield env
     for factory in env.factories:

@@ -22,6 +22,7 @@ from tests.broker.managed_ledger.conftest import (
 
 
 @pytest.mark.parametrize("cache_bytes", [0, 1 << 20], ids=["from-bookies", "from-cache"])
+@pytest.mark.parametrize("ml_env", ["fake", "real"], indirect=True)
 async def test_concurrent_appends_get_dense_offsets_in_call_order(
     ml_env: Env, cache_bytes: int
 ) -> None:
@@ -187,6 +188,7 @@ async def test_close_waits_for_pending_appends_and_records_final_counts(ml_env: 
     await wait_until(lambda: again.last_confirmed == result.position)
 
 
+@pytest.mark.parametrize("ml_env", ["fake", "real"], indirect=True)
 async def test_tailing_reads_without_a_cache_follow_the_ledger_being_written(ml_env: Env) -> None:
     factory = ml_env.factory(config=replace(FAST, max_entries_per_ledger=7), cache=EntryCache(0))
     ml = await factory.open("t")

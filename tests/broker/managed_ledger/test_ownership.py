@@ -22,6 +22,7 @@ from tests.broker.managed_ledger.conftest import (
 )
 
 
+@pytest.mark.parametrize("ml_env", ["fake", "real"], indirect=True)
 async def test_a_new_owner_recovers_continues_and_fences_the_old_one(ml_env: Env) -> None:
     old_factory = ml_env.factory(config=replace(FAST, max_entries_per_ledger=30))
     old = await old_factory.open("public/default/t-partition-0")

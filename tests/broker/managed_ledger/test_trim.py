@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from broker.managed_ledger import ManagedLedger, Position
 from magnetar.common.clock import ManualClock
 from tests.broker.managed_ledger.conftest import FAST, Env, append_all, eventually, wait_until
@@ -35,6 +37,7 @@ async def written(ml: ManagedLedger, count: int, size: int = 80) -> list[Positio
     return [r.position for r in results]
 
 
+@pytest.mark.parametrize("ml_env", ["fake", "real"], indirect=True)
 async def test_consumed_ledgers_are_deleted_from_metadata_and_bookies(ml_env: Env) -> None:
     factory = ml_env.factory(config=TRIMMING)
     ml = await factory.open("t")

@@ -6,12 +6,17 @@ broker crash, recovery closed the ledger at 2^40 and the topic could never be op
 
 from __future__ import annotations
 
+import pytest
+
 from bookie.client.bookie_client import BookieClient
 from bookie.client.ledger_client import UNBACKED_LAC_PROPERTY
 from bookie.client.ledger_metadata import LedgerState
 from bookie.entries import AddEntry, entry_checksum
 from magnetar.common.errors import InvalidArgumentError
 from tests.broker.managed_ledger.conftest import Env, append_all, body_of, encode
+
+pytestmark = pytest.mark.parametrize("ml_env", ["real"], indirect=True)
+"""Stopping bookies and reading replicas: real bookies (see conftest)."""
 
 FAR = 1 << 40
 

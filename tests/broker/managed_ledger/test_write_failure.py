@@ -24,6 +24,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
+import pytest
+
 from bookie.client.ledger_metadata import LedgerState
 from broker.managed_ledger import AppendResult, ManagedLedger
 from magnetar.common.errors import MagnetarError
@@ -36,6 +38,9 @@ from tests.broker.managed_ledger.conftest import (
     eventually,
     wait_until,
 )
+
+pytestmark = pytest.mark.parametrize("ml_env", ["real"], indirect=True)
+"""Stopping bookies and reading replicas: real bookies (see conftest)."""
 
 QUORUMS = replace(FAST, ensemble_size=3, write_quorum=3, ack_quorum=3)
 
