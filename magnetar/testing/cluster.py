@@ -56,7 +56,6 @@ import dataclasses
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -68,7 +67,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, ClassVar, Self, TypeVar
 
-from magnetar.testing._processes import KILL_WAIT_S, kill_quietly, wait_exit, wait_state
+from magnetar.testing._processes import ManagedProcess
 from magnetar.testing.etcd import HOST, EtcdCluster, EtcdServer, EtcdTls, free_port
 from magnetar.testing.netns import LINKS, IsolatedHost, netns_unsupported_reason
 from metadata import MetadataStore, layout, open_store
@@ -155,7 +154,7 @@ class _StdoutReader:
             self.finished.set()
 
 
-class ServerNode(abc.ABC):
+class ServerNode(ManagedProcess):
     """One ``magnetar <kind>`` server OS process: what bookies and brokers share.
 
     The process listens on ``bind_host`` (127.0.0.1 unless told otherwise) and advertises
@@ -171,8 +170,8 @@ class ServerNode(abc.ABC):
     _kind: ClassVar[str]
     """The ``magnetar`` subcommand, which is also the first word of the ready line."""
     _ready_line: ClassVar[re.Pattern[str]]
-    _stop_timeout_s: ClassVar[float]
-    """How long :meth:`stop` waits after SIGTERM, by default, before it SIGKILLs."""
+    _log_tail_lines = _LOG_TAIL_LINES
+    _log_tail_bytes = _LOG_TAIL_BYTES
 
     def __init__(
         self,
@@ -189,6 +188,7 @@ class ServerNode(abc.ABC):
     ) -> None:
         if not 0 <= port <= 65535:
             raise ValueError(f"port must be 0 (a free one) or a port number, got {port}")
+        super().__init__(log_path)
         self._metadata_url = metadata_url
         self._bind_host = bind_host
         self._advertised_host = advertised_host
@@ -196,20 +196,14 @@ class ServerNode(abc.ABC):
         self._command_prefix = tuple(command_prefix)
         self._configured_id = node_id
         self._node_id = node_id
-        self._log_path = log_path
         self._extra_args = tuple(extra_args)
         self._env = dict(env) if env is not None else None
-        self._proc: subprocess.Popen[bytes] | None = None
         self._reader: _StdoutReader | None = None
-        self._reaper: weakref.finalize[..., ServerNode] | None = None
-        self._paused = False
         self._address: str | None = None
         self.tls_address: str | None = None
         """host:port of the TLS listener, when the server has one besides its plaintext one."""
         self._http_host: str | None = None
         self._http_port: int | None = None
-        self._exit_code: int | None = None
-        self._log_offset = 0
 
     @property
     def node_id(self) -> str | None:
@@ -248,33 +242,6 @@ class ServerNode(abc.ABC):
         return self._command_prefix
 
     @property
-    def pid(self) -> int | None:
-        """The process id while the process runs (paused or not), else None."""
-        return self._proc.pid if self.is_running and self._proc is not None else None
-
-    @property
-    def is_running(self) -> bool:
-        """True from :meth:`start` until the process exits (a paused process is running)."""
-        return self._proc is not None and self._proc.poll() is None
-
-    @property
-    def is_paused(self) -> bool:
-        return self._paused and self.is_running
-
-    @property
-    def exit_code(self) -> int | None:
-        """How the last incarnation ended: its exit status, or ``-signal`` (``-9`` after a
-        SIGKILL, also when :meth:`stop` had to send one). None while it runs and before the
-        first start."""
-        if self._proc is not None:
-            return self._proc.poll()
-        return self._exit_code
-
-    @property
-    def log_path(self) -> Path:
-        return self._log_path
-
-    @property
     def metadata_url(self) -> str:
         return self._metadata_url
 
@@ -301,77 +268,6 @@ class ServerNode(abc.ABC):
         self.tls_address = ready.groupdict().get("tls_address")
         self._http_host = ready["http_host"]
         self._http_port = int(ready["http_port"])
-
-    async def stop(self, timeout_s: float | None = None) -> None:
-        """SIGTERM (a graceful shutdown: the server deregisters and hands its work over), then
-        SIGKILL if it has not exited after ``timeout_s`` (default: the kind's own, generous
-        enough for its shutdown). :attr:`exit_code` tells which of the two ended it."""
-        proc = self._proc
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            if self._paused:
-                # a stopped process only acts on SIGTERM once continued
-                proc.send_signal(signal.SIGCONT)
-            wait_s = self._stop_timeout_s if timeout_s is None else timeout_s
-            if not await wait_exit(proc, wait_s, name=self._describe()):
-                proc.kill()
-                await wait_exit(proc, KILL_WAIT_S, name=self._describe(), must=True)
-        await self._forget_process()
-
-    async def kill(self) -> None:
-        """SIGKILL the process (paused or not), a crash, and wait until it has exited.
-
-        The signal is sent before the first await.
-        """
-        proc = self._proc
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.kill()
-            await wait_exit(proc, KILL_WAIT_S, name=self._describe(), must=True)
-        await self._forget_process()
-
-    async def restart(self, *, graceful: bool = True, timeout_s: float = 60) -> None:
-        """Stop (or with ``graceful=False`` SIGKILL) and start again with the same arguments."""
-        if graceful:
-            await self.stop()
-        else:
-            await self.kill()
-        await self.start(timeout_s)
-
-    async def pause(self) -> None:
-        """SIGSTOP the process: it keeps its sockets and lease but answers nothing until resumed.
-
-        Its registration expires after the session TTL if the pause lasts that long.
-        """
-        proc = self._require_running("pause")
-        proc.send_signal(signal.SIGSTOP)
-        self._paused = True
-        await wait_state(proc, stopped=True)
-
-    async def resume(self) -> None:
-        """SIGCONT a paused process."""
-        proc = self._require_running("resume")
-        proc.send_signal(signal.SIGCONT)
-        self._paused = False
-        await wait_state(proc, stopped=False)
-
-    async def aclose(self) -> None:
-        await self.stop()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     # -- what each kind adds -----------------------------------------------------------------
 
@@ -413,30 +309,11 @@ class ServerNode(abc.ABC):
         self._command_prefix = network.command_prefix
 
     def _spawn(self) -> tuple[subprocess.Popen[bytes], _StdoutReader]:
-        if self.is_running:
-            raise RuntimeError(f"{self!r} is already running (pid {self.pid})")
-        if self._proc is not None:
-            # it died on its own; poll() has reaped it, and its stdout is at EOF
-            self._detach_process()
+        if self._proc is not None and not self.is_running:
+            self._detach_process()  # it died on its own; its stdout is at EOF
         self._prepare()
-        command = self._command()
-        with self._log_path.open("ab") as log:
-            self._log_offset = log.tell()
-            log.write(f"--- magnetar harness: {' '.join(command)}\n".encode())
-            log.flush()
-            proc = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                env=_server_environment(self._env),
-                close_fds=True,
-            )
+        proc = self._popen(self._command(), env=_server_environment(self._env), stdout_to_log=False)
         assert proc.stdout is not None  # stdout=PIPE gives one
-        self._proc = proc
-        self._paused = False
-        self._exit_code = None
-        self._reaper = weakref.finalize(self, kill_quietly, proc)
         self._reader = _StdoutReader(
             proc.stdout, self._log_path, self._describe(), self._ready_line
         )
@@ -465,12 +342,6 @@ class ServerNode(abc.ABC):
     def _describe(self) -> str:
         return f"{self._kind} {self._node_id}" if self._node_id else self._unnamed()
 
-    def _require_running(self, action: str) -> subprocess.Popen[bytes]:
-        proc = self._proc
-        if proc is None or proc.poll() is not None:
-            raise RuntimeError(f"cannot {action} {self._describe()}: it is not running")
-        return proc
-
     async def _forget_process(self) -> None:
         """After the process exited: let the reader finish the log, drop the process."""
         if self._reader is not None:
@@ -478,28 +349,12 @@ class ServerNode(abc.ABC):
         self._detach_process()
 
     def _detach_process(self) -> None:
-        if self._reaper is not None:
-            self._reaper.detach()
-        if self._proc is not None:
-            self._exit_code = self._proc.returncode
-        self._reaper = None
-        self._proc = None
+        super()._detach_process()
         self._reader = None
-        self._paused = False
 
     @staticmethod
     async def _wait_drained(reader: _StdoutReader) -> None:
         await asyncio.to_thread(reader.finished.wait, _DRAIN_WAIT_S)
-
-    def _log_tail(self) -> str:
-        """The last lines this incarnation wrote to the log."""
-        try:
-            with self._log_path.open("rb") as log:
-                log.seek(max(self._log_offset, log.seek(0, os.SEEK_END) - _LOG_TAIL_BYTES))
-                text = log.read().decode(errors="replace")
-        except OSError as error:
-            return f"(cannot read the log: {error})"
-        return "\n".join(text.splitlines()[-_LOG_TAIL_LINES:])
 
 
 def _unmount_quietly(mount_point: Path) -> None:

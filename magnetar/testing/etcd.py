@@ -35,10 +35,8 @@ import json
 import os
 import random
 import shutil
-import signal
 import socket
 import ssl
-import subprocess
 import tempfile
 import time
 import weakref
@@ -51,7 +49,7 @@ from typing import Any, Self
 import grpc
 import grpc.aio
 
-from magnetar.testing._processes import KILL_WAIT_S, kill_quietly, wait_exit, wait_state
+from magnetar.testing._processes import ManagedProcess
 
 __all__ = [
     "DEFAULT_CLUSTER_TOKEN",
@@ -77,7 +75,6 @@ _INSTALL_HINT = (
 )
 _PROBE_TIMEOUT_S = 1.0
 _POLL_INTERVAL_S = 0.05
-_LOG_TAIL_BYTES = 4000
 _START_ATTEMPTS = 3
 # Ports below the kernel's ephemeral range cannot be taken by some process's outgoing connection
 # while an etcd member is down, so a member restarted on its old ports finds them free.
@@ -240,12 +237,14 @@ class _PortInUseError(RuntimeError):
     """etcd exited at startup because one of its ports was taken."""
 
 
-class EtcdServer:
+class EtcdServer(ManagedProcess):
     """One real etcd process on 127.0.0.1, alone or as a member of an :class:`EtcdCluster`.
 
     The data dir and both ports are fixed for the object's life, so :meth:`restart` brings the
     member back on the same address with the same data. Ports are picked free unless given.
     """
+
+    _log_tail_bytes = 4000
 
     def __init__(
         self,
@@ -279,9 +278,9 @@ class EtcdServer:
                 self, shutil.rmtree, self._owned_root, ignore_errors=True
             )
             data_dir = self._owned_root / "data"
+        super().__init__(log_path or data_dir.with_name(f"{data_dir.name}.log"))
         self._data_dir = data_dir
         self._name = name
-        self._log_path = log_path or data_dir.with_name(f"{data_dir.name}.log")
         # Ports may be re-picked after a bind clash only when nobody else knows them yet.
         self._may_repick_ports = (
             client_port is None and peer_port is None and initial_cluster is None
@@ -299,10 +298,6 @@ class EtcdServer:
         self._extra_client_hosts = tuple(extra_client_hosts)
         self.tls = tls
         self._metrics_port = _reserve_ports(1)[0] if tls is not None else None
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._reaper: weakref.finalize[..., EtcdServer] | None = None
-        self._log_offset = 0
-        self._paused = False
 
     def __repr__(self) -> str:
         return f"EtcdServer(name={self._name!r}, endpoint={self.endpoint!r}, pid={self.pid})"
@@ -318,11 +313,6 @@ class EtcdServer:
     def data_dir(self) -> Path:
         """etcd's data dir; kept across restarts."""
         return self._data_dir
-
-    @property
-    def log_path(self) -> Path:
-        """The file etcd's own output is appended to."""
-        return self._log_path
 
     @property
     def client_port(self) -> int:
@@ -374,27 +364,6 @@ class EtcdServer:
         (``host`` in :attr:`extra_client_hosts`): ``"etcd://HOST:PORT"``."""
         return f"etcd://{host}:{self._client_port}"
 
-    @property
-    def pid(self) -> int | None:
-        """The process id while running (paused included), else None."""
-        return self._proc.pid if self.is_running and self._proc is not None else None
-
-    @property
-    def is_running(self) -> bool:
-        """Whether the process exists and has not exited (a paused process is running)."""
-        return self._proc is not None and self._proc.poll() is None
-
-    @property
-    def exit_code(self) -> int | None:
-        """How the process ended (``-9`` after a SIGKILL); None while it runs, before the first
-        start, and after :meth:`stop`."""
-        return self._proc.poll() if self._proc is not None else None
-
-    @property
-    def is_paused(self) -> bool:
-        """Whether the process is stopped by :meth:`pause`."""
-        return self.is_running and self._paused
-
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self, timeout_s: float = 20) -> None:
@@ -418,53 +387,6 @@ class EtcdServer:
             else:
                 return
 
-    async def stop(self, timeout_s: float = 10) -> None:
-        """Stop etcd with SIGTERM, then SIGKILL if it has not exited within ``timeout_s``."""
-        proc = self._proc
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            if self._paused:
-                # a stopped process only acts on SIGTERM once continued
-                proc.send_signal(signal.SIGCONT)
-            if not await wait_exit(proc, timeout_s, name=f"etcd {self._name}"):
-                proc.kill()
-                await wait_exit(proc, KILL_WAIT_S, name=f"etcd {self._name}", must=True)
-        self._forget_process()
-
-    async def kill(self) -> None:
-        """SIGKILL etcd (paused or not) and wait until it has exited."""
-        proc = self._proc
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.kill()
-            await wait_exit(proc, KILL_WAIT_S, name=f"etcd {self._name}", must=True)
-        self._forget_process()
-
-    async def restart(self, *, graceful: bool = True, timeout_s: float = 20) -> None:
-        """Stop (or with ``graceful=False`` SIGKILL) and start again on the same data and ports."""
-        if graceful:
-            await self.stop()
-        else:
-            await self.kill()
-        await self.start(timeout_s)
-
-    async def pause(self) -> None:
-        """SIGSTOP etcd: it keeps its sockets but answers nothing until :meth:`resume`."""
-        proc = self._require_running("pause")
-        proc.send_signal(signal.SIGSTOP)
-        self._paused = True
-        await wait_state(proc, stopped=True)
-
-    async def resume(self) -> None:
-        """SIGCONT a paused etcd. It does not wait for health; use :meth:`wait_healthy` for that."""
-        proc = self._require_running("resume")
-        proc.send_signal(signal.SIGCONT)
-        self._paused = False
-        await wait_state(proc, stopped=False)
-
     async def aclose(self) -> None:
         """Stop for good, and remove the data dir if this object created it."""
         try:
@@ -472,18 +394,6 @@ class EtcdServer:
         finally:
             if self._cleanup_root is not None:
                 self._cleanup_root()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     # -- etcd's own users ------------------------------------------------------------------
 
@@ -619,29 +529,10 @@ class EtcdServer:
         ]  # fmt: skip
 
     def _spawn(self) -> None:
-        if self.is_running:
-            raise RuntimeError(f"etcd {self._name} is already running (pid {self.pid})")
-        self._forget_process()  # a process that died on its own: already reaped by poll()
         binary = self._binary or require_etcd_binary()
         self._data_dir.parent.mkdir(parents=True, exist_ok=True)
         self._data_dir.mkdir(mode=0o700, exist_ok=True)
-        self._log_path.parent.mkdir(parents=True, exist_ok=True)
-        command = self._command(binary)
-        with self._log_path.open("ab") as log:
-            self._log_offset = log.tell()
-            log.write(f"--- magnetar harness: {' '.join(command)}\n".encode())
-            log.flush()
-            proc = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=_etcd_free_environment(),
-                close_fds=True,
-            )
-        self._proc = proc
-        self._paused = False
-        self._reaper = weakref.finalize(self, kill_quietly, proc)
+        self._popen(self._command(binary), env=_etcd_free_environment(), stdout_to_log=True)
 
     async def _wait_started(self, timeout_s: float) -> None:
         try:
@@ -650,7 +541,7 @@ class EtcdServer:
             if self._proc is not None and self._proc.poll() is not None:
                 tail = self._log_tail()
                 if "address already in use" in tail:
-                    self._forget_process()
+                    self._detach_process()
                     raise _PortInUseError(
                         f"etcd {self._name} could not listen on port {self._client_port} or "
                         f"{self._peer_port}: address already in use; log {self._log_path}:\n{tail}"
@@ -665,26 +556,8 @@ class EtcdServer:
                 f"log {self._log_path}:\n{self._log_tail()}"
             )
 
-    def _require_running(self, action: str) -> subprocess.Popen[bytes]:
-        proc = self._proc
-        if proc is None or proc.poll() is not None:
-            raise RuntimeError(f"cannot {action} etcd {self._name}: it is not running")
-        return proc
-
-    def _forget_process(self) -> None:
-        if self._reaper is not None:
-            self._reaper.detach()
-        self._reaper = None
-        self._proc = None
-        self._paused = False
-
-    def _log_tail(self) -> str:
-        try:
-            with self._log_path.open("rb") as log:
-                log.seek(max(self._log_offset, log.seek(0, os.SEEK_END) - _LOG_TAIL_BYTES))
-                return log.read().decode(errors="replace")
-        except OSError as error:
-            return f"(cannot read the log: {error})"
+    def _describe(self) -> str:
+        return f"etcd {self._name}"
 
 
 class EtcdCluster:

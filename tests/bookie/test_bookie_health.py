@@ -6,7 +6,7 @@ injected into the metadata store with :class:`FaultyMetadataStore`."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +17,7 @@ from bookie.process import LIVENESS_SERVICE, READINESS_SERVICE, BookieProcess
 from bookie.service.config import BookieConfig
 from bookie.storage.config import StorageConfig
 from magnetar.common.errors import MetadataUnavailableError
+from magnetar.testing.eventually import eventually
 from magnetar.testing.probes import NOT_SERVING, SERVING, grpc_health, http_get
 from metadata import layout, open_store
 from metadata.faults import FaultyMetadataStore
@@ -28,12 +29,6 @@ async def health_status(bookie: BookieProcess, service: str) -> int:
 
 async def http_status(bookie: BookieProcess) -> int:
     return (await http_get(bookie.http_port))[0]
-
-
-async def until(check: Callable[[], Awaitable[bool]], timeout_s: float) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not await check():
-            await asyncio.sleep(0.05)
 
 
 def entry(ledger: int, entry_id: int) -> AddEntry:
@@ -86,7 +81,9 @@ async def test_readiness_follows_the_registration_session_and_liveness_does_not(
     outage = MetadataUnavailableError("injected: the metadata store cannot be reached")
     faulty.fail("keepalive", outage)
     faulty.fail("grant_lease", outage)
-    await until(lambda: _is(bookie, READINESS_SERVICE, NOT_SERVING), timeout_s=5)
+    await eventually(
+        lambda: _is(bookie, READINESS_SERVICE, NOT_SERVING), timeout_s=5, interval_s=0.05
+    )
     assert await health_status(bookie, LIVENESS_SERVICE) == SERVING
     assert await http_status(bookie) == 503
     # unready is not dead: it still takes writes and reads
@@ -99,7 +96,7 @@ async def test_readiness_follows_the_registration_session_and_liveness_does_not(
         await client.close()
 
     faulty.heal()
-    await until(lambda: _is(bookie, READINESS_SERVICE, SERVING), timeout_s=5)
+    await eventually(lambda: _is(bookie, READINESS_SERVICE, SERVING), timeout_s=5, interval_s=0.05)
     again = await faulty.inner.get(key)
     assert again is not None
     assert again.lease_id != first.lease_id
@@ -114,7 +111,9 @@ async def test_a_stopping_bookie_is_unready_before_it_leaves_the_cluster(
     # leaving (revoking the registration's lease) waits 2 s
     faulty.stall("revoke_lease", 2.0)
     stopping = asyncio.create_task(bookie.stop(grace_s=0))
-    await until(lambda: _is(bookie, READINESS_SERVICE, NOT_SERVING), timeout_s=1.0)
+    await eventually(
+        lambda: _is(bookie, READINESS_SERVICE, NOT_SERVING), timeout_s=1.0, interval_s=0.05
+    )
     assert await faulty.inner.get(key) is not None
     assert await health_status(bookie, LIVENESS_SERVICE) == NOT_SERVING
     await asyncio.wait_for(stopping, timeout=10)

@@ -4,7 +4,6 @@ store), for component tests of the broker. Fault tests use real processes instea
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
@@ -130,19 +129,6 @@ async def start_cluster(tmp_path: Path) -> AsyncIterator[StartCluster]:
         await cluster.close()
     for store in stores:
         await store.close()
-
-
-async def eventually(
-    check: Callable[[], Awaitable[bool]] | Callable[[], bool], timeout_s: float = 20.0
-) -> None:
-    async with asyncio.timeout(timeout_s):
-        while True:
-            result = check()
-            if asyncio.iscoroutine(result):
-                result = await result
-            if result:
-                return
-            await asyncio.sleep(0.05)
 
 
 @pytest.fixture

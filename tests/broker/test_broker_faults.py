@@ -9,13 +9,13 @@ import asyncio
 import re
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc.aio
 import pytest
 
 from magnetar.testing import BrokerNode, LocalCluster
+from magnetar.testing.eventually import eventually
 from proto.admin.v1 import admin_pb2 as admin
 from proto.admin.v1 import admin_pb2_grpc
 from proto.broker.v1 import broker_pb2_grpc
@@ -35,12 +35,6 @@ def admin_stub(url: str) -> tuple[grpc.aio.Channel, admin_pb2_grpc.AdminServiceA
 async def owners(stub: admin_pb2_grpc.AdminServiceAsyncStub) -> dict[str, str]:
     listing = await stub.ListOwnership(admin.ListOwnershipRequest())
     return {o.partition_topic: o.broker_id for o in listing.ownership}
-
-
-async def wait_for(check: Callable[[], Awaitable[bool]], timeout_s: float = 60.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not await check():
-            await asyncio.sleep(0.1)
 
 
 async def test_crash_failover_loses_nothing(tmp_path: Path) -> None:
@@ -116,7 +110,11 @@ async def test_a_crashed_process_is_replaced_long_before_its_session_could_expir
         await channel.close()
         # a peer is revoked only once it was seen listening (a refusal from the start is a
         # configuration problem, not a crash)
-        await wait_for(lambda: metric(survivor, "magnetar_broker_peers_watched", 1), 30)
+        await eventually(
+            lambda: metric(survivor, "magnetar_broker_peers_watched", 1),
+            timeout_s=30,
+            interval_s=0.1,
+        )
 
         killed_at = time.monotonic()
         await victim.kill()
@@ -191,8 +189,8 @@ async def test_zombie_owner_cannot_acknowledge_anything(tmp_path: Path) -> None:
 
         await first.pause()  # SIGSTOP: its lease runs out while it believes it owns the topic
         _, second_stub = admin_stub(second.service_url)
-        await asyncio.sleep(4.5)
-        # the second broker takes the partition over (fencing the zombie's ledger)
+        # the second broker takes the partition over once the first's lease has run out
+        # (fencing the zombie's ledger): until then it refuses, and taken() asks again
         second_channel = grpc.aio.insecure_channel(second.address)
         opened_new: list[RawProducer] = []
 
@@ -205,7 +203,7 @@ async def test_zombie_owner_cannot_acknowledge_anything(tmp_path: Path) -> None:
             await candidate.close()
             return False
 
-        await wait_for(taken, 30)
+        await eventually(taken, timeout_s=30, interval_s=0.1)
         new = opened_new[0]
         await new.send(*(produce_batch(i, i, f"new-{i}".encode()) for i in range(5)))
         assert len([r for resp in await new.receipts(5) for r in resp.receipts.receipts]) == 5
@@ -228,7 +226,7 @@ async def test_zombie_owner_cannot_acknowledge_anything(tmp_path: Path) -> None:
         async def gave_up() -> bool:
             return set((await owners(second_stub)).values()) == {second.broker_id}
 
-        await wait_for(gave_up, 30)
+        await eventually(gave_up, timeout_s=30, interval_s=0.1)
         # the log holds exactly what was acknowledged: 5 before, 5 after, no zombie entry
         from tests.broker.raw import RawConsumer, values_of  # noqa: PLC0415
 
@@ -284,7 +282,7 @@ async def test_scale_out_spreads_partitions_without_loss(tmp_path: Path) -> None
                 counts[broker] = counts.get(broker, 0) + 1
             return len(counts) == 3 and min(counts.values()) >= 2
 
-        await wait_for(spread, 60)
+        await eventually(spread, timeout_s=60, interval_s=0.1)
         spread_s = time.monotonic() - started
         await work.wait_acked(400)
         totals = await _finish(work)

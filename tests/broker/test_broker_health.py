@@ -8,6 +8,7 @@ write; the last test does the same with real processes and a real etcd that is s
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from pathlib import Path
 
 import grpc.aio
@@ -18,11 +19,12 @@ from broker.process import LIVENESS_SERVICE, READINESS_SERVICE, SERVICE_NAMES
 from broker.service.catalog import read_handover, read_owner
 from magnetar.common.errors import MetadataUnavailableError
 from magnetar.testing import LocalCluster
+from magnetar.testing.eventually import eventually
 from magnetar.testing.probes import NOT_SERVING, SERVING, http_get
 from metadata.faults import FaultyMetadataStore
 from proto.admin.v1 import admin_pb2 as admin
 from proto.broker.v1 import broker_pb2 as pb
-from tests.broker.conftest import Cluster, StartCluster, eventually
+from tests.broker.conftest import Cluster, StartCluster
 
 
 class Health:
@@ -75,7 +77,9 @@ async def test_readiness_follows_the_metadata_session_and_liveness_does_not(
         outage = MetadataUnavailableError("injected: the metadata store cannot be reached")
         faulty.fail("keepalive", outage)
         faulty.fail("grant_lease", outage)
-        await eventually(lambda: health.is_(READINESS_SERVICE, NOT_SERVING), timeout_s=5)
+        await eventually(
+            lambda: health.is_(READINESS_SERVICE, NOT_SERVING), timeout_s=5, interval_s=0.05
+        )
         assert broker.broker.sessions_lost == 1
         for service in SERVICE_NAMES:
             assert await health.status(service) == SERVING, service
@@ -87,7 +91,9 @@ async def test_readiness_follows_the_metadata_session_and_liveness_does_not(
 
         # etcd is back: the broker starts a new session and is ready again
         faulty.heal()
-        await eventually(lambda: health.is_(READINESS_SERVICE, SERVING), timeout_s=8)
+        await eventually(
+            lambda: health.is_(READINESS_SERVICE, SERVING), timeout_s=8, interval_s=0.05
+        )
         assert broker.broker.serving
         assert await http_status(broker.http_port) == 200
         for service in SERVICE_NAMES:
@@ -113,7 +119,9 @@ async def test_a_graceful_stop_is_unready_before_any_partition_is_handed_over(
         # every metadata write waits 2 s: a graceful stop cannot hand anything over before then
         faulty.stall("txn", 2.0)
         stopping = asyncio.create_task(leaving.stop(graceful=True))
-        await eventually(lambda: health.is_(READINESS_SERVICE, NOT_SERVING), timeout_s=1.0)
+        await eventually(
+            lambda: health.is_(READINESS_SERVICE, NOT_SERVING), timeout_s=1.0, interval_s=0.05
+        )
         owners = [await read_owner(faulty.inner, p) for p in partitions]
         assert [o.broker_id if o else None for o in owners] == [leaving.broker_id] * 3
         assert [await read_handover(faulty.inner, p, 0) for p in partitions] == [None] * 3
@@ -145,15 +153,25 @@ async def test_real_processes_against_a_real_etcd_that_stops(tmp_path: Path) -> 
         bookie = Health(cluster.bookies[0].address)
         try:
             for health in (broker, bookie):
-                await eventually(lambda h=health: h.is_(READINESS_SERVICE, SERVING), 5)
+                await eventually(
+                    partial(health.is_, READINESS_SERVICE, SERVING), timeout_s=5, interval_s=0.05
+                )
             await cluster.etcd.stop()
             for health in (broker, bookie):
-                await eventually(lambda h=health: h.is_(READINESS_SERVICE, NOT_SERVING), 6)
+                await eventually(
+                    partial(health.is_, READINESS_SERVICE, NOT_SERVING),
+                    timeout_s=6,
+                    interval_s=0.05,
+                )
             assert await broker.status(LIVENESS_SERVICE) == SERVING
             assert await bookie.status("magnetar.bookie.v1.BookieService") == SERVING
             await cluster.etcd.start()
             for health in (broker, bookie):
-                await eventually(lambda h=health: h.is_(READINESS_SERVICE, SERVING), 15)
+                await eventually(
+                    partial(health.is_, READINESS_SERVICE, SERVING),
+                    timeout_s=15,
+                    interval_s=0.05,
+                )
             assert await broker.status(LIVENESS_SERVICE) == SERVING
         finally:
             await broker.close()

@@ -14,11 +14,12 @@ from broker.managed_ledger.managed_ledger import ManagedLedger
 from broker.managed_ledger.persistence import decode_cursor
 from magnetar.common.errors import ErrorCode
 from magnetar.common.grpc_errors import error_from_rpc_error
+from magnetar.testing.eventually import eventually
 from metadata import layout
 from proto.admin.v1 import admin_pb2 as admin
 from proto.broker.v1 import broker_pb2 as pb
 from proto.common.v1 import types_pb2
-from tests.broker.conftest import StartCluster, eventually
+from tests.broker.conftest import StartCluster
 from tests.broker.raw import (
     RawConsumer,
     RawProducer,
@@ -371,7 +372,11 @@ async def test_admin_topics_and_cluster_view(start_cluster: StartCluster) -> Non
         await stub.DeleteTopic(admin.DeleteTopicRequest(topic="acme/prod/t"))
     assert error_from_rpc_error(raised.value).code == ErrorCode.TOPIC_BUSY
     await producer.close()
-    await eventually(lambda: not any(t.producers for t in owner.broker.topics.topics.values()))
+    await eventually(
+        lambda: not any(t.producers for t in owner.broker.topics.topics.values()),
+        timeout_s=20.0,
+        interval_s=0.05,
+    )
     await stub.DeleteTopic(admin.DeleteTopicRequest(topic="acme/prod/t"))
     assert not (await stub.ListTopics(admin.ListTopicsRequest())).topics
     assert not (await stub.ListOwnership(admin.ListOwnershipRequest())).ownership
@@ -412,7 +417,7 @@ async def test_ledgers_roll_and_consumed_ones_are_trimmed(start_cluster: StartCl
             ack=pb.Ack(ack_type=pb.ACK_TYPE_CUMULATIVE, message_ids=[deliveries[-1].message_id])
         )
     )
-    await eventually(lambda: len(topic.ml.ledgers) <= 2)
+    await eventually(lambda: len(topic.ml.ledgers) <= 2, timeout_s=20.0, interval_s=0.05)
     assert topic.ml.storage_size_bytes < size_before
     trimmed = ledger_ids[:-2]
 
@@ -423,7 +428,7 @@ async def test_ledgers_roll_and_consumed_ones_are_trimmed(start_cluster: StartCl
                 return False
         return True
 
-    await eventually(gone_from_bookies)
+    await eventually(gone_from_bookies, timeout_s=20.0, interval_s=0.05)
     for bookie in cluster.bookies:
         await bookie.storage.collect_garbage()
     disk_after = sum(b.storage.disk_bytes() for b in cluster.bookies)

@@ -11,9 +11,10 @@ import asyncio
 import grpc
 
 from broker.service.topic import Topic
+from magnetar.testing.eventually import eventually
 from proto.broker.v1 import broker_pb2_grpc
 from proto.common.v1 import types_pb2
-from tests.broker.conftest import Cluster, StartCluster, eventually
+from tests.broker.conftest import Cluster, StartCluster
 from tests.broker.raw import RawConsumer, RawProducer, produce_batch
 
 PENDING = 50
@@ -87,7 +88,7 @@ async def test_a_consumer_that_does_not_read_gets_only_its_buffer(
     await reader.flow(10_000_000)
     topic = topic_of(cluster, "backlog")
     async with asyncio.timeout(60):
-        await eventually(lambda: topic.msgs_out > 0)
+        await eventually(lambda: topic.msgs_out > 0, timeout_s=20.0, interval_s=0.05)
         out = await settled(lambda: topic.bytes_out)
     # the 64 KiB buffer, the transport's 64 KiB window and one delivery message: far less than
     # the 3 MB backlog the permits would allow

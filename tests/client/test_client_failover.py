@@ -21,6 +21,7 @@ import pytest
 import magnetar
 from magnetar.common.errors import ReceiveTimeoutError
 from magnetar.testing import LocalCluster
+from magnetar.testing.eventually import eventually
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -81,14 +82,6 @@ class ConsumerLoop:
                 self.consumer.acknowledge(message)
 
 
-async def wait_for(check, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        await asyncio.sleep(0.1)
-
-
 async def test_producer_and_consumer_survive_a_broker_sigkill(tmp_path: Path) -> None:
     async with LocalCluster(tmp_path, bookies=3, brokers=2, broker_args=BROKER_ARGS) as cluster:
         await cluster.wait_brokers_registered()
@@ -105,7 +98,12 @@ async def test_producer_and_consumer_survive_a_broker_sigkill(tmp_path: Path) ->
             consumer = ConsumerLoop(client, "failover")
             producer.thread.start()
             consumer.thread.start()
-            await wait_for(lambda: producer.count() >= 2000, 60, "2000 acknowledged sends")
+            await eventually(
+                lambda: producer.count() >= 2000,
+                timeout_s=60,
+                what="2000 acknowledged sends",
+                interval_s=0.1,
+            )
 
             owners = {o["partition_topic"]: o["broker_id"] for o in admin.list_ownership()}
             victim_id = owners["public/default/failover-partition-0"]
@@ -114,8 +112,11 @@ async def test_producer_and_consumer_survive_a_broker_sigkill(tmp_path: Path) ->
             await victim.kill()
 
             # both partitions move to the survivor (session TTL 3 s) and the stream goes on
-            await wait_for(
-                lambda: producer.count() >= at_kill + 3000, 90, "3000 sends after the kill"
+            await eventually(
+                lambda: producer.count() >= at_kill + 3000,
+                timeout_s=90,
+                what="3000 sends after the kill",
+                interval_s=0.1,
             )
             producer.stop.set()
             await asyncio.to_thread(producer.thread.join, 60)
@@ -123,8 +124,11 @@ async def test_producer_and_consumer_survive_a_broker_sigkill(tmp_path: Path) ->
             acked = set(producer.acked)
             assert producer.failed == []
 
-            await wait_for(
-                lambda: acked <= {n for _, n in consumer.received}, 60, "every acked message"
+            await eventually(
+                lambda: acked <= {n for _, n in consumer.received},
+                timeout_s=60,
+                what="every acked message",
+                interval_s=0.1,
             )
             consumer.stop.set()
             await asyncio.to_thread(consumer.thread.join, 10)

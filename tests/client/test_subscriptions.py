@@ -32,6 +32,7 @@ from magnetar.common.errors import (
     ReceiveTimeoutError,
 )
 from magnetar.testing import LocalCluster
+from magnetar.testing.eventually import eventually_sync
 from metadata import layout, open_store
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow, pytest.mark.timeout(240)]
@@ -67,14 +68,6 @@ def admin(cluster: LocalCluster) -> Iterator[magnetar.AdminClient]:
 
 def unique(name: str) -> str:
     return f"{name}-{uuid.uuid4().hex[:8]}"
-
-
-def wait_until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def nothing_arrives(consumer: magnetar.Consumer, wait_ms: int = 1000) -> bool:
@@ -114,8 +107,11 @@ class Worker:
             self.lines.append(line.strip())
 
     def wait(self, marker: str, timeout_s: float = 60) -> None:
-        wait_until(
-            lambda: marker in self.lines or self.process.poll() is not None, timeout_s, marker
+        eventually_sync(
+            lambda: marker in self.lines or self.process.poll() is not None,
+            timeout_s=timeout_s,
+            what=marker,
+            interval_s=0.05,
         )
         assert marker in self.lines, f"the worker exited ({self.process.returncode})"
 
@@ -216,15 +212,21 @@ def test_failover_spreads_partitions_and_prefers_priority(
         on_active_change=listener("b"),
     )  # fmt: skip
     # sorted by name, consumer i % 2 is active for partition i
-    wait_until(
+    eventually_sync(
         lambda: sorted(a.active_partitions()) == [0, 2] and sorted(b.active_partitions()) == [1, 3],
-        30,
-        "a active on 0 and 2, b on 1 and 3",
+        timeout_s=30,
+        what="a active on 0 and 2, b on 1 and 3",
+        interval_s=0.05,
     )
     assert ("b", f"public/default/{topic}-partition-1", True) in changes
     produce(client, topic, 200)
     ca, cb = Collector(a), Collector(b)
-    wait_until(lambda: len(ca.values() | cb.values()) == 200, 60, "200 messages")
+    eventually_sync(
+        lambda: len(ca.values() | cb.values()) == 200,
+        timeout_s=60,
+        what="200 messages",
+        interval_s=0.05,
+    )
     ca.finish()
     cb.finish()
     assert {p for *_, p in ca.received} == {0, 2}
@@ -233,16 +235,33 @@ def test_failover_spreads_partitions_and_prefers_priority(
 
     # a consumer with a better (lower) priority level takes every partition
     z = client.subscribe(topic, "fo", "failover", consumer_name="z", priority_level=0)
-    wait_until(lambda: sorted(z.active_partitions()) == [0, 1, 2, 3], 30, "z active everywhere")
-    wait_until(lambda: not a.active_partitions() and not b.active_partitions(), 30, "a, b idle")
+    eventually_sync(
+        lambda: sorted(z.active_partitions()) == [0, 1, 2, 3],
+        timeout_s=30,
+        what="z active everywhere",
+        interval_s=0.05,
+    )
+    eventually_sync(
+        lambda: not a.active_partitions() and not b.active_partitions(),
+        timeout_s=30,
+        what="a, b idle",
+        interval_s=0.05,
+    )
     produce(client, topic, 40)
     cz = Collector(z)
-    wait_until(lambda: len(cz.values()) == 40, 60, "z receives everything")
+    eventually_sync(
+        lambda: len(cz.values()) == 40, timeout_s=60, what="z receives everything", interval_s=0.05
+    )
     cz.finish()
     assert nothing_arrives(a, 300)
     assert nothing_arrives(b, 300)
     z.close()
-    wait_until(lambda: sorted(a.active_partitions()) == [0, 2], 30, "a active again")
+    eventually_sync(
+        lambda: sorted(a.active_partitions()) == [0, 2],
+        timeout_s=30,
+        what="a active again",
+        interval_s=0.05,
+    )
     a.close()
     b.close()
 
@@ -266,7 +285,12 @@ def test_failover_standby_takes_over_from_a_killed_consumer(
     worker.kill()
 
     collector = Collector(standby)
-    wait_until(lambda: len(collector.values()) == 100, 60, "the standby receives everything")
+    eventually_sync(
+        lambda: len(collector.values()) == 100,
+        timeout_s=60,
+        what="the standby receives everything",
+        interval_s=0.05,
+    )
     collector.finish()
     assert standby.active_partitions()
     values = [value for _, value, _, _ in collector.received]
@@ -293,11 +317,21 @@ def test_shared_round_robin_and_a_killed_consumers_messages_go_to_the_others(
     held = {m["value"] for m in worker.held}
     assert len(held) == 30
     # the worker's queue may hold more than it printed; what it holds goes nowhere else
-    wait_until(lambda: len(c1.values() | c2.values()) >= 200, 60, "the others' share")
+    eventually_sync(
+        lambda: len(c1.values() | c2.values()) >= 200,
+        timeout_s=60,
+        what="the others' share",
+        interval_s=0.05,
+    )
     assert held.isdisjoint(c1.values() | c2.values())
     worker.kill()
     everything = {f"k{i % 10}:{i}" for i in range(300)}
-    wait_until(lambda: c1.values() | c2.values() == everything, 60, "all 300")
+    eventually_sync(
+        lambda: c1.values() | c2.values() == everything,
+        timeout_s=60,
+        what="all 300",
+        interval_s=0.05,
+    )
     c1.finish()
     c2.finish()
     assert c1.values()  # both took a share
@@ -388,7 +422,12 @@ def test_key_shared_same_key_same_consumer_and_order_through_joins_leaves_and_a_
         for name in ("c1", "c2", "c3")
     }
     produce(client, topic, 600, keys=12, batching_max_messages=20)
-    wait_until(lambda: sum(len(c.values()) for c in consumers.values()) == 600, 60, "600 messages")
+    eventually_sync(
+        lambda: sum(len(c.values()) for c in consumers.values()) == 600,
+        timeout_s=60,
+        what="600 messages",
+        interval_s=0.05,
+    )
     owners: dict[str | None, set[str]] = defaultdict(set)
     for name, collector in consumers.items():
         for key, *_ in collector.received:
@@ -418,20 +457,31 @@ def test_key_shared_same_key_same_consumer_and_order_through_joins_leaves_and_a_
     thread.start()
     worker.wait("HOLDING")
     consumers["c4"] = Collector(client.subscribe(topic, "ks", "key_shared", consumer_name="c4"))
-    wait_until(lambda: bool(consumers["c4"].values()), 60, "the joined consumer to take keys")
+    eventually_sync(
+        lambda: bool(consumers["c4"].values()),
+        timeout_s=60,
+        what="the joined consumer to take keys",
+        interval_s=0.05,
+    )
     consumers["c1"].finish()
     consumers["c1"].consumer.close()
     worker.kill()
     sent_at_kill = len(sent)
-    wait_until(lambda: len(sent) >= sent_at_kill + 100, 60, "more messages after the kill")
+    eventually_sync(
+        lambda: len(sent) >= sent_at_kill + 100,
+        timeout_s=60,
+        what="more messages after the kill",
+        interval_s=0.05,
+    )
     consumers["c1b"] = Collector(client.subscribe(topic, "ks", "key_shared", consumer_name="c1"))
     stop.set()
     thread.join(60)
     everything = {f"k{i % 12}:{i}" for i in range(len(sent) + 600)}
-    wait_until(
+    eventually_sync(
         lambda: set().union(*(c.values() for c in consumers.values())) == everything,
-        90,
-        "every message (no stuck keys)",
+        timeout_s=90,
+        what="every message (no stuck keys)",
+        interval_s=0.05,
     )
     for collector in consumers.values():
         collector.finish()
@@ -584,13 +634,14 @@ def test_redelivery_counts_survive_four_failovers_then_dead_letter(
             # short delay the old owner could deliver it first, and the application could take
             # that copy and negatively acknowledge it on the closing stream: lost, so it would
             # come again with the same count, as the docs say
-            wait_until(
+            eventually_sync(
                 lambda: (
                     [c for _, c in persisted_cursor(cluster, topic, "dlq").redelivery_counts]
                     == [len(counts)]
                 ),
-                30,
-                "the redelivery count to be persisted",
+                timeout_s=30,
+                what="the redelivery count to be persisted",
+                interval_s=0.05,
             )
             admin.unload_topic(topic)
     # max_redelivery_count=3: the application got it with counts 0, 1, 2 and 3 (three
@@ -600,10 +651,11 @@ def test_redelivery_counts_survive_four_failovers_then_dead_letter(
     assert dlq.receive(timeout_millis=10_000).data() == b"poison"
     assert nothing_arrives(dlq, 500)
     dlq.close()
-    wait_until(
+    eventually_sync(
         lambda: persisted_cursor(cluster, topic, "dlq").redelivery_counts == (),
-        30,
-        "the dead-lettered entry's count to go with its ack",
+        timeout_s=30,
+        what="the dead-lettered entry's count to go with its ack",
+        interval_s=0.05,
     )
     sub = admin.topic_stats(topic)["partitions"][0]["subscriptions"][0]
     assert sub["redelivery_counts"] == 0
@@ -676,7 +728,12 @@ def check_normal_messages_flow_past_delayed_ones(
         return dict(admin.topic_stats(topic)["partitions"][0]["subscriptions"][0])
 
     # one hole per delayed entry, far more than the limit of 50, and none a reason to stop
-    wait_until(lambda: stats()["ack_hole_ranges"] == delayed, 30, "every ack to arrive")
+    eventually_sync(
+        lambda: stats()["ack_hole_ranges"] == delayed,
+        timeout_s=30,
+        what="every ack to arrive",
+        interval_s=0.05,
+    )
     sub = stats()
     assert not sub["ack_ranges_over_limit"]
     assert not sub["blocked"]
@@ -697,7 +754,12 @@ def check_normal_messages_flow_past_delayed_ones(
     if message.data() == b"after":  # its ack may not have reached the old owner
         message = consumer.receive(timeout_millis=60_000)
     assert message.data() == b"after the move"
-    wait_until(lambda: stats()["delayed_entries"] == delayed, 60, "the delayed ones held aside")
+    eventually_sync(
+        lambda: stats()["delayed_entries"] == delayed,
+        timeout_s=60,
+        what="the delayed ones held aside",
+        interval_s=0.05,
+    )
     sub = stats()
     assert sub["delayed_entries_loaded"] == delayed
     assert sub["delayed_index_buckets"] >= 1
@@ -758,11 +820,26 @@ def test_delayed_messages_survive_two_failovers_and_arrive_when_due(
         sub = admin.topic_stats(topic)["partitions"][0]["subscriptions"][0]
         return bool(sub["delayed_entries"] >= 10)
 
-    wait_until(hour_ones_held_aside, 30, "the delayed entries to be held aside")
+    eventually_sync(
+        hour_ones_held_aside,
+        timeout_s=30,
+        what="the delayed entries to be held aside",
+        interval_s=0.05,
+    )
     admin.unload_topic(topic)  # the new owner re-reads the holes and holds them aside again
-    wait_until(hour_ones_held_aside, 30, "the new owner to hold the delayed entries aside")
+    eventually_sync(
+        hour_ones_held_aside,
+        timeout_s=30,
+        what="the new owner to hold the delayed entries aside",
+        interval_s=0.05,
+    )
     admin.unload_topic(topic)
-    wait_until(hour_ones_held_aside, 30, "the next owner to hold the delayed entries aside")
+    eventually_sync(
+        hour_ones_held_aside,
+        timeout_s=30,
+        what="the next owner to hold the delayed entries aside",
+        interval_s=0.05,
+    )
     while len(got[b"soon"]) < 10:
         take(30_000)
     assert sorted(got[b"soon"]) == sorted(b"soon %d" % i for i in range(10))
@@ -828,7 +905,9 @@ def test_seek_reset_initial_position_ttl_and_delayed_delivery(
         sub = admin.topic_stats(ttl_topic)["partitions"][0]["subscriptions"][0]
         return int(sub["backlog_messages"])
 
-    wait_until(lambda: backlog() == 0, 30, "the TTL to expire the backlog")
+    eventually_sync(
+        lambda: backlog() == 0, timeout_s=30, what="the TTL to expire the backlog", interval_s=0.05
+    )
     consumer = client.subscribe(ttl_topic, "idle")
     with client.create_producer(ttl_topic) as producer:
         producer.send(b"fresh")

@@ -17,13 +17,6 @@ from metadata.coordination import IdAllocator, LeaderElection, LockManager, Sess
 from metadata.etcd import EtcdMetadataStore
 from metadata.faults import FaultyMetadataStore
 
-
-async def eventually(predicate, timeout_s: float = 10, interval_s: float = 0.05) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not await predicate():
-            await asyncio.sleep(interval_s)
-
-
 # --- sessions ---------------------------------------------------------------------------------
 
 

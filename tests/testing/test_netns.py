@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import inspect
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -33,6 +31,7 @@ from magnetar.testing import (
     LocalCluster,
     netns_unsupported_reason,
 )
+from magnetar.testing.eventually import eventually
 from magnetar.testing.netns import LINKS
 from metadata import layout, open_store
 from proto.common.v1 import types_pb2
@@ -82,21 +81,6 @@ while True:
 
 ENETUNREACH = f"errno {errno.ENETUNREACH}"
 EHOSTUNREACH = f"errno {errno.EHOSTUNREACH}"
-
-
-async def eventually(
-    check: Callable[[], bool | Awaitable[bool]], what: str, timeout_s: float = 30
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        outcome = check()
-        if inspect.isawaitable(outcome):
-            outcome = await outcome
-        if outcome:
-            return
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 async def probe_from_inside(host: IsolatedHost, targets: dict[str, str]) -> dict[str, str]:
@@ -339,7 +323,9 @@ async def partition_of(cluster: LocalCluster, client: Client, topic: str, broker
     async def both_reported() -> bool:
         return broker_ids <= set(await read_prefix(cluster.metadata_url, layout.LOAD))
 
-    await eventually(both_reported, "every broker's load report")
+    await eventually(
+        both_reported, what="every broker's load report", timeout_s=30, interval_s=0.05
+    )
     async with client.admin() as admin:
         await admin.create_topic(topic, partitions=4)
     producer = await client.create_producer(topic)  # the lookup assigns every partition
@@ -370,7 +356,12 @@ async def test_a_broker_cut_from_etcd_hands_its_partition_over_and_rejoins(
             consumer = await client.subscribe(partition, "check", initial_position="earliest")
             sender = Sender(await client.create_producer(partition, send_timeout_ms=10_000))
             sender.start()
-            await eventually(lambda: len(sender.acked) >= 20, "20 sends through broker-1")
+            await eventually(
+                lambda: len(sender.acked) >= 20,
+                what="20 sends through broker-1",
+                timeout_s=30,
+                interval_s=0.05,
+            )
 
             await host.cut("etcd")
             assert host.is_cut("etcd")
@@ -378,12 +369,19 @@ async def test_a_broker_cut_from_etcd_hands_its_partition_over_and_rejoins(
             async def taken_over() -> bool:
                 return (await owners(cluster.metadata_url)).get(partition) == other.broker_id
 
-            await eventually(taken_over, f"{other.broker_id} owning {partition}")
+            await eventually(
+                taken_over,
+                what=f"{other.broker_id} owning {partition}",
+                timeout_s=30,
+                interval_s=0.05,
+            )
             assert "broker-1" not in await cluster.registered_brokers()
             at_takeover = len(sender.acked)
             await eventually(
                 lambda: len(sender.acked) >= at_takeover + 20,
-                "20 more sends, through the new owner",
+                what="20 more sends, through the new owner",
+                timeout_s=30,
+                interval_s=0.05,
             )
 
             await host.heal("etcd")
@@ -410,17 +408,27 @@ async def test_a_broker_cut_from_the_bookies_fails_writes_and_recovers(tmp_path:
             consumer = await client.subscribe(partition, "check", initial_position="earliest")
             sender = Sender(await client.create_producer(partition, send_timeout_ms=3000))
             sender.start()
-            await eventually(lambda: len(sender.acked) >= 20, "20 sends through broker-1")
+            await eventually(
+                lambda: len(sender.acked) >= 20,
+                what="20 sends through broker-1",
+                timeout_s=30,
+                interval_s=0.05,
+            )
 
             await host.cut("bookies")
-            await eventually(lambda: len(sender.failed) > 0, "a send to fail")
+            await eventually(
+                lambda: len(sender.failed) > 0, what="a send to fail", timeout_s=30, interval_s=0.05
+            )
             # still the owner: it is cut from the bookies, not from etcd
             assert (await owners(cluster.metadata_url))[partition] == "broker-1"
 
             await host.heal("bookies")
             at_heal = len(sender.acked)
             await eventually(
-                lambda: len(sender.acked) >= at_heal + 20, "20 sends after the heal", 60
+                lambda: len(sender.acked) >= at_heal + 20,
+                what="20 sends after the heal",
+                timeout_s=60,
+                interval_s=0.05,
             )
             await sender.stop()
 
@@ -550,13 +558,23 @@ async def test_a_full_bookie_disk_turns_it_read_only_and_a_killed_bookie_keeps_i
         filled.append(bookie.disk_filled)
         assert bookie.tmpfs.free_bytes() <= 1 << 20
         assert not (bookie.data_dir / "filler").exists()
-        await eventually(lambda: state_is(types_pb2.BOOKIE_STATE_READ_ONLY), "read-only")
+        await eventually(
+            lambda: state_is(types_pb2.BOOKIE_STATE_READ_ONLY),
+            what="read-only",
+            timeout_s=30,
+            interval_s=0.05,
+        )
         assert await metric(bookie, "magnetar_bookie_read_only") == 1
 
         bookie.free_disk()
         filled.append(bookie.disk_filled)
         assert filled == [False, True, False]
-        await eventually(lambda: state_is(types_pb2.BOOKIE_STATE_WRITABLE), "writable again")
+        await eventually(
+            lambda: state_is(types_pb2.BOOKIE_STATE_WRITABLE),
+            what="writable again",
+            timeout_s=30,
+            interval_s=0.05,
+        )
         assert await metric(bookie, "magnetar_bookie_read_only") == 0
         mount_point = bookie.tmpfs.mount_point
     assert not is_mount(mount_point)

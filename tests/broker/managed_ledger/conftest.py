@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -70,18 +70,6 @@ async def append_all(
     ml: ManagedLedger, bodies: list[bytes], num_messages: int = 1
 ) -> list[AppendResult]:
     return list(await asyncio.gather(*(append(ml, b, num_messages) for b in bodies)))
-
-
-async def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not condition():
-            await asyncio.sleep(0.01)
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 10.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not await check():
-            await asyncio.sleep(0.01)
 
 
 FAST = ManagedLedgerConfig(

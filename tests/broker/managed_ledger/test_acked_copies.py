@@ -18,7 +18,8 @@ from broker.service.streams import AckDone, Deliveries, DeliveryItem, Subscripti
 from broker.service.subscription import ConsumerSession, Subscription
 from magnetar.common.errors import ServiceNotReadyError
 from magnetar.common.names import parse_topic
-from tests.broker.managed_ledger.conftest import Env, append_all, wait_until
+from magnetar.testing.eventually import eventually
+from tests.broker.managed_ledger.conftest import Env, append_all
 
 
 class FakeTopic:
@@ -95,7 +96,7 @@ async def test_a_queued_delivery_acknowledged_by_another_consumer_is_not_written
     subscription.add_consumer(slow)
     try:
         slow.flow(10)  # the acker has no permits: every entry goes to the slow consumer
-        await wait_until(lambda: slow.events.qsize() > 0)
+        await eventually(lambda: slow.events.qsize() > 0, interval_s=0.01)
         assert slow.permits == 6
         # its stream has not written them yet; the acker's resent acks of two of them come,
         # are persisted and receipted (a consumer may ack what another holds on shared)
@@ -121,7 +122,7 @@ async def test_after_a_seek_the_dropped_copies_give_no_permits_back(ml_env: Env)
     subscription.add_consumer(slow)
     try:
         slow.flow(10)
-        await wait_until(lambda: slow.events.qsize() > 0)
+        await eventually(lambda: slow.events.qsize() > 0, interval_s=0.01)
         subscription.topic.seek_to = positions[2]  # type: ignore[attr-defined]
         await slow.seek(None, request_id=1)  # type: ignore[arg-type]  # the fake resolves it
         assert slow.permits == 0
@@ -161,7 +162,7 @@ async def test_an_entry_acknowledged_during_the_read_that_found_it_is_not_dispat
     subscription.add_consumer(reader)
     try:
         reader.flow(10)
-        await wait_until(lambda: reader.events.qsize() > 0)
+        await eventually(lambda: reader.events.qsize() > 0, interval_s=0.01)
         await asyncio.sleep(0.05)  # let the dispatcher go idle
 
         got = [item.position for item in queued(reader)]

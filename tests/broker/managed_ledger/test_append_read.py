@@ -10,6 +10,7 @@ import pytest
 from broker.managed_ledger import BEFORE_EVERYTHING, AppendResult, EntryCache, Position
 from magnetar.common.clock import ManualClock
 from magnetar.common.errors import ManagedLedgerClosedError
+from magnetar.testing.eventually import eventually
 from tests.broker.managed_ledger.conftest import (
     FAST,
     Env,
@@ -17,7 +18,6 @@ from tests.broker.managed_ledger.conftest import (
     append_all,
     body_of,
     builder,
-    wait_until,
 )
 
 
@@ -63,7 +63,9 @@ async def test_concurrent_appends_get_dense_offsets_in_call_order(
         assert [e.first_offset for e in read] == expected
         assert [e.num_messages for e in read] == [1 + i % 3 for i in range(200)]
 
-    await wait_until(lambda: len(ml.ledgers) == 6)  # the full ledger rolls right away
+    await eventually(
+        lambda: len(ml.ledgers) == 6, interval_s=0.01
+    )  # the full ledger rolls right away
     ledgers = ml.ledgers
     assert [lg.entries for lg in ledgers] == [40, 40, 40, 40, 40, 0]
     assert ledgers[1].first_offset == expected[40]
@@ -185,7 +187,7 @@ async def test_close_waits_for_pending_appends_and_records_final_counts(ml_env: 
     assert again.next_offset == 50
     result = await append(again, b"more")
     assert result.first_offset == 50
-    await wait_until(lambda: again.last_confirmed == result.position)
+    await eventually(lambda: again.last_confirmed == result.position, interval_s=0.01)
 
 
 @pytest.mark.parametrize("ml_env", ["fake", "real"], indirect=True)

@@ -15,8 +15,14 @@ from magnetar.common.errors import (
     InvalidArgumentError,
     ManagedLedgerFencedError,
 )
+from magnetar.testing.eventually import eventually
 from metadata import layout
-from tests.broker.managed_ledger.conftest import FAST, Env, append_all, body_of, wait_until
+from tests.broker.managed_ledger.conftest import (
+    FAST,
+    Env,
+    append_all,
+    body_of,
+)
 
 SMALL_LEDGERS = replace(FAST, max_entries_per_ledger=5)
 
@@ -232,7 +238,7 @@ async def test_a_non_durable_cursor_holds_nothing_back(ml_env: Env) -> None:
     assert ml.cursors == {}
     positions = await written(ml, 12)
     # no durable cursor: everything but the current ledger counts as consumed, and goes
-    await wait_until(lambda: ml.first_position == positions[10])
+    await eventually(lambda: ml.first_position == positions[10], interval_s=0.01)
     assert len(ml.ledgers) == 1
     # the reader goes on from what is still stored
     rest = await reader.read(max_entries=100, max_bytes=1 << 20)

@@ -10,6 +10,7 @@ import pytest
 from bookie.client.ledger_metadata import LedgerState
 from broker.managed_ledger import BEFORE_EVERYTHING, ManagedLedgerFactory, Position
 from magnetar.common.errors import ManagedLedgerFencedError
+from magnetar.testing.eventually import eventually
 from metadata.faults import FaultyMetadataStore
 from tests.broker.managed_ledger.conftest import (
     FAST,
@@ -18,7 +19,6 @@ from tests.broker.managed_ledger.conftest import (
     append,
     append_all,
     body_of,
-    wait_until,
 )
 
 
@@ -142,7 +142,9 @@ async def test_a_managed_ledger_still_closing_is_not_handed_out_again(ml_env: En
     await append_all(first, [b"x"] * 3)
     faulty.stall("txn", 0.5)
     closing = asyncio.create_task(first.close())
-    await wait_until(lambda: faulty.injected["txn"] > 0)  # the close is held at its write
+    await eventually(
+        lambda: faulty.injected["txn"] > 0, interval_s=0.01
+    )  # the close is held at its write
     faulty.heal()
     assert not first.closed
 
@@ -164,7 +166,7 @@ async def test_a_forced_close_given_up_during_the_reopen_still_yields_a_new_inst
     faulty.stall("txn", 2.0)
     # a dropped partition gives its managed ledger a short while to close, then gives up
     forced = asyncio.create_task(asyncio.wait_for(first.close(), 0.3))
-    await wait_until(lambda: faulty.injected["txn"] > 0)
+    await eventually(lambda: faulty.injected["txn"] > 0, interval_s=0.01)
     faulty.heal()
 
     second = await factory.open("t")

@@ -6,7 +6,13 @@ from dataclasses import replace
 
 from bookie.client.ledger_metadata import LedgerState
 from magnetar.common.clock import ManualClock
-from tests.broker.managed_ledger.conftest import FAST, Env, append, append_all, wait_until
+from magnetar.testing.eventually import eventually
+from tests.broker.managed_ledger.conftest import (
+    FAST,
+    Env,
+    append,
+    append_all,
+)
 
 
 async def closed_in_metadata(env: Env, ledger_id: int) -> bool:
@@ -16,7 +22,7 @@ async def closed_in_metadata(env: Env, ledger_id: int) -> bool:
 async def test_roll_by_entries(ml_env: Env) -> None:
     ml = await ml_env.factory(config=replace(FAST, max_entries_per_ledger=10)).open("t")
     results = await append_all(ml, [b"e"] * 35)
-    await wait_until(lambda: len(ml.ledgers) == 4)
+    await eventually(lambda: len(ml.ledgers) == 4, interval_s=0.01)
     assert [lg.entries for lg in ml.ledgers] == [10, 10, 10, 5]
     assert [r.position.entry_id for r in results[:12]] == [*range(10), 0, 1]
     for ledger in ml.ledgers[:-1]:
@@ -32,7 +38,7 @@ async def test_roll_by_size(ml_env: Env) -> None:
     config = replace(FAST, max_ledger_size_bytes=1000)
     ml = await ml_env.factory(config=config).open("t")
     await append_all(ml, [bytes(300 - 20)] * 9)  # 300 bytes each with the 20-byte header
-    await wait_until(lambda: len(ml.ledgers) == 3)
+    await eventually(lambda: len(ml.ledgers) == 3, interval_s=0.01)
     # a ledger rolls once it reaches the limit: the 4th entry takes it to 1200 bytes
     assert [lg.entries for lg in ml.ledgers] == [4, 4, 1]
     assert [lg.size_bytes for lg in ml.ledgers] == [1200, 1200, 300]
@@ -61,14 +67,14 @@ async def test_roll_by_age_waits_for_the_minimum_age_and_needs_entries(ml_env: E
     assert len(ml2.ledgers) == 1
     # at the minimum age the periodic check rolls it (the entry limit was passed long ago)
     await clock.advance(1)
-    await wait_until(lambda: len(ml2.ledgers) == 2)
+    await eventually(lambda: len(ml2.ledgers) == 2, interval_s=0.01)
     assert [lg.entries for lg in ml2.ledgers] == [12, 0]
 
     # one entry in a ledger of managed ledger "t": rolled once it is max_ledger_age_ms old
     await append(ml, b"y")
     assert ml.ledgers[0].ledger_id == first  # created 120 s ago, but it was empty until now
     await clock.advance(1)
-    await wait_until(lambda: len(ml.ledgers) == 2)
+    await eventually(lambda: len(ml.ledgers) == 2, interval_s=0.01)
     assert [lg.entries for lg in ml.ledgers] == [1, 0]
     second = ml.ledgers[1]
     await append(ml, b"z")
@@ -76,7 +82,7 @@ async def test_roll_by_age_waits_for_the_minimum_age_and_needs_entries(ml_env: E
     await clock.advance((second.created_ms + 59_000 - clock.time_ms()) / 1000)
     assert len(ml.ledgers) == 2
     await clock.advance(1)
-    await wait_until(lambda: len(ml.ledgers) == 3)
+    await eventually(lambda: len(ml.ledgers) == 3, interval_s=0.01)
     assert ml.ledgers[1].ledger_id == second.ledger_id
     assert [lg.entries for lg in ml.ledgers] == [1, 1, 0]
 

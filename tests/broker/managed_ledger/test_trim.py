@@ -8,7 +8,8 @@ import pytest
 
 from broker.managed_ledger import ManagedLedger, Position
 from magnetar.common.clock import ManualClock
-from tests.broker.managed_ledger.conftest import FAST, Env, append_all, eventually, wait_until
+from magnetar.testing.eventually import eventually
+from tests.broker.managed_ledger.conftest import FAST, Env, append_all
 
 TRIMMING = replace(FAST, max_entries_per_ledger=5, retention_time_ms=0, retention_size_bytes=0)
 
@@ -19,7 +20,7 @@ async def gone_from_bookies(env: Env, ledger_id: int) -> None:
     async def gone() -> bool:
         return ledger_id not in await env.ledgers_on_bookies()
 
-    await eventually(gone)
+    await eventually(gone, interval_s=0.01)
 
 
 async def gone_from_metadata(env: Env, ledger_id: int) -> None:
@@ -29,7 +30,7 @@ async def gone_from_metadata(env: Env, ledger_id: int) -> None:
     async def gone() -> bool:
         return ledger_id not in await env.ledgers_in_metadata()
 
-    await eventually(gone)
+    await eventually(gone, interval_s=0.01)
 
 
 async def written(ml: ManagedLedger, count: int, size: int = 80) -> list[Position]:
@@ -43,7 +44,7 @@ async def test_consumed_ledgers_are_deleted_from_metadata_and_bookies(ml_env: En
     ml = await factory.open("t")
     cursor = await ml.open_cursor("sub", start="earliest")
     positions = await written(ml, 12)  # ledgers of 5, 5, 2
-    await wait_until(lambda: len(ml.ledgers) == 3)
+    await eventually(lambda: len(ml.ledgers) == 3, interval_s=0.01)
     first, second, current = (lg.ledger_id for lg in ml.ledgers)
     assert {first, second, current} <= await ml_env.ledgers_in_metadata()
     assert {first, second} <= await ml_env.ledgers_on_bookies()
@@ -51,7 +52,7 @@ async def test_consumed_ledgers_are_deleted_from_metadata_and_bookies(ml_env: En
     cursor.ack_cumulative(positions[3])  # not the whole first ledger: nothing goes
     assert await ml.trim() == 0
     cursor.ack_cumulative(positions[4])  # the first ledger's last entry: it goes (debounced)
-    await wait_until(lambda: ml.ledgers[0].ledger_id == second)
+    await eventually(lambda: ml.ledgers[0].ledger_id == second, interval_s=0.01)
     assert ml.earliest_offset == 5
     assert ml.first_position == positions[5]
     await gone_from_metadata(ml_env, first)
@@ -61,7 +62,7 @@ async def test_consumed_ledgers_are_deleted_from_metadata_and_bookies(ml_env: En
 
     # everything consumed: all but the current ledger goes, the current one never does
     cursor.ack_cumulative(positions[-1])
-    await wait_until(lambda: len(ml.ledgers) == 1)
+    await eventually(lambda: len(ml.ledgers) == 1, interval_s=0.01)
     assert ml.ledgers[0].ledger_id == current
     assert await ml.trim() == 0
     await gone_from_bookies(ml_env, second)
@@ -76,14 +77,14 @@ async def test_the_slowest_cursor_keeps_its_ledgers(ml_env: Env) -> None:
     fast = await ml.open_cursor("fast", start="earliest")
     slow = await ml.open_cursor("slow", start="earliest")
     positions = await written(ml, 16)
-    await wait_until(lambda: len(ml.ledgers) == 4)
+    await eventually(lambda: len(ml.ledgers) == 4, interval_s=0.01)
     fast.ack_cumulative(positions[-1])
     slow.ack_cumulative(positions[7])  # inside the second ledger
     assert await ml.trim() == 1
     assert ml.first_position == positions[5]
     # deleting the slow cursor releases what it held
     await ml.delete_cursor("slow")
-    await wait_until(lambda: len(ml.ledgers) == 1)
+    await eventually(lambda: len(ml.ledgers) == 1, interval_s=0.01)
 
 
 async def test_retention_by_time_keeps_consumed_ledgers_until_they_are_old(ml_env: Env) -> None:
@@ -98,7 +99,7 @@ async def test_retention_by_time_keeps_consumed_ledgers_until_they_are_old(ml_en
     await written(ml, 5)
     await clock.advance(30)
     await written(ml, 5)
-    await wait_until(lambda: len(ml.ledgers) == 3)
+    await eventually(lambda: len(ml.ledgers) == 3, interval_s=0.01)
     # no durable cursor: all consumed, but younger than the retention time
     assert await ml.trim() == 0
     await clock.advance(30)  # the first ledger's last entry is now 60 s old
@@ -113,12 +114,12 @@ async def test_retention_by_size_keeps_the_newest_consumed_bytes(ml_env: Env) ->
     ml = await ml_env.factory(config=config).open("t")
     cursor = await ml.open_cursor("sub", start="earliest")
     positions = await written(ml, 20, size=100)  # four full ledgers of 500 bytes
-    await wait_until(lambda: len(ml.ledgers) == 5)
+    await eventually(lambda: len(ml.ledgers) == 5, interval_s=0.01)
     assert await ml.trim() == 0  # nothing consumed yet
     cursor.ack_cumulative(positions[-1])
     # the oldest consumed ledgers go while the consumed bytes left exceed the limit:
     # 2000 -> 1500 -> 1000 -> 500
-    await wait_until(lambda: len(ml.ledgers) == 2)
+    await eventually(lambda: len(ml.ledgers) == 2, interval_s=0.01)
     assert [lg.size_bytes for lg in ml.ledgers] == [500, 0]
     assert ml.first_position == positions[15]
 
@@ -127,7 +128,7 @@ async def test_retention_forever_keeps_everything(ml_env: Env) -> None:
     config = replace(TRIMMING, retention_time_ms=-1, retention_size_bytes=-1)
     ml = await ml_env.factory(config=config).open("t")
     await written(ml, 12)
-    await wait_until(lambda: len(ml.ledgers) == 3)
+    await eventually(lambda: len(ml.ledgers) == 3, interval_s=0.01)
     assert await ml.trim() == 0
     assert len(ml.ledgers) == 3
 
@@ -139,10 +140,10 @@ async def test_the_periodic_check_trims_what_retention_let_go(ml_env: Env) -> No
     )
     ml = await ml_env.factory(config=config, clock=clock).open("t")
     await written(ml, 10)
-    await wait_until(lambda: len(ml.ledgers) == 3)
+    await eventually(lambda: len(ml.ledgers) == 3, interval_s=0.01)
     first = ml.ledgers[0].ledger_id
     await clock.advance(55)
     assert len(ml.ledgers) == 3
     await clock.advance(5)
-    await wait_until(lambda: len(ml.ledgers) == 1)
+    await eventually(lambda: len(ml.ledgers) == 1, interval_s=0.01)
     await gone_from_bookies(ml_env, first)

@@ -29,14 +29,13 @@ import pytest
 from bookie.client.ledger_metadata import LedgerState
 from broker.managed_ledger import AppendResult, ManagedLedger
 from magnetar.common.errors import MagnetarError
+from magnetar.testing.eventually import eventually
 from tests.broker.managed_ledger.conftest import (
     FAST,
     Env,
     HeaderCodec,
     append,
     body_of,
-    eventually,
-    wait_until,
 )
 
 pytestmark = pytest.mark.parametrize("ml_env", ["real"], indirect=True)
@@ -107,8 +106,11 @@ async def test_entries_that_reached_no_bookie_move_to_a_new_ledger_unchanged(
     for bookie in ("b0", "b1", "b2"):
         await ml_env.stop_bookie(bookie)
     during = [append(ml, b"m%d" % i) for i in range(20, 35)]
-    await wait_until(lambda: ml.pending_appends == 15 and ml._state.value == "switching")
-    await asyncio.sleep(0.5)  # recovery attempts fail: nothing to fence
+    await eventually(
+        lambda: ml.pending_appends == 15 and ml._state.value == "switching", interval_s=0.01
+    )
+    # recovery attempts fail (nothing to fence), and the managed ledger says so
+    await eventually(lambda: ml.write_problem is not None, interval_s=0.01)
     assert not any(f.done() for f in during)
 
     for bookie in ("b0", "b1", "b2"):
@@ -156,7 +158,7 @@ async def test_a_lost_bookie_moves_writing_to_an_under_striped_ledger(ml_env: En
     # below Qw: entries wait, and the managed ledger says why
     await ml_env.stop_bookie("b1")
     stuck = [append(ml, b"m%d" % i) for i in range(40, 50)]
-    await wait_until(lambda: ml.write_problem is not None)
+    await eventually(lambda: ml.write_problem is not None, interval_s=0.01)
     assert not any(f.done() for f in stuck)
     problem = problem_of(ml)
     assert problem is not None
@@ -181,7 +183,7 @@ async def test_a_lost_bookie_moves_writing_to_an_under_striped_ledger(ml_env: En
         current = ml.ledgers[-1].ledger_id
         return not (await client.ledgers.read(current)).under_striped
 
-    await eventually(full_width)
+    await eventually(full_width, interval_s=0.01)
     assert (await client.ledgers.read(narrow_now)).closed
     results += [await f for f in [append(ml, b"m%d" % i) for i in range(50, 60)]]
     await check_log(ml, results, 60)

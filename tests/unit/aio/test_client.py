@@ -34,6 +34,7 @@ from magnetar.common.errors import (
     InvalidConfigError,
     NotEnoughBookiesError,
 )
+from magnetar.testing.eventually import eventually
 from tests.unit.aio.fake_broker import FakeCluster
 
 
@@ -180,7 +181,8 @@ async def test_a_killed_broker_costs_nothing_but_time(cluster: FakeCluster, clie
         await consumer.acknowledge(message)
     cluster.drop_receipts = True
     pending = [producer.send_async(f"b{i}".encode()) for i in range(10)]
-    await asyncio.sleep(0.05)
+    # stored, their receipts dropped
+    await eventually(lambda: cluster.partition("fragile").next_offset == 20, what="b0..b9 stored")
     cluster.drop_receipts = False
     await cluster.kill(0)  # the service URL's first broker is gone: lookups go to the second
     await asyncio.gather(*pending)
@@ -229,8 +231,11 @@ async def test_back_pressure_bounds_pending_messages(cluster: FakeCluster, clien
     with pytest.raises(ProducerQueueFullError):
         await refused
     waiting = asyncio.create_task(producer.send(b"waits"))
-    await asyncio.sleep(0.05)
+    await eventually(lambda: cluster.partition("bounded").next_offset == 5, what="5 stored")
+    for _ in range(20):  # the blocked send has had its chances to run
+        await asyncio.sleep(0)
     assert not waiting.done()
+    assert cluster.partition("bounded").next_offset == 5
     cluster.drop_receipts = False
     cluster.move("bounded", to=1)  # the resend is confirmed and frees room
     await asyncio.gather(*futures)
@@ -267,7 +272,7 @@ async def test_a_deleted_topic_fails_what_is_pending_and_what_comes_after(
     await producer.send(b"fine")
     cluster.drop_receipts = True
     pending = producer.send_async(b"never confirmed")
-    await asyncio.sleep(0.05)
+    await eventually(lambda: cluster.partition("doomed").next_offset == 2, what="it stored")
     cluster.delete_topic("doomed")
     with pytest.raises(TopicNotFoundError):
         await pending
@@ -509,8 +514,7 @@ async def test_send_many_refuses_what_it_cannot_send_and_nothing_else_breaks(
     with pytest.raises(ProducerQueueFullError):
         await producer.send_many_async([b"b"] * 3)
     waiting = asyncio.create_task(producer.send_many([bytearray(b"c"), memoryview(b"d")]))  # type: ignore[list-item]
-    await asyncio.sleep(0.05)
-    assert producer.pending_messages() == 10
+    await eventually(lambda: producer.pending_messages() == 10, what="10 messages pending")
     cluster.drop_receipts = False
     cluster.move("picky-runs", to=1)
     assert len(await held) == 8

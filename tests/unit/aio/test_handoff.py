@@ -34,6 +34,7 @@ from magnetar.common.errors import (
     ProducerClosedError,
     ReceiveTimeoutError,
 )
+from magnetar.testing.eventually import eventually_sync
 from proto.format.v1 import entry_pb2
 
 T = TypeVar("T")
@@ -106,16 +107,6 @@ def in_thread(
 
     threading.Thread(target=main, daemon=True).start()
     return outcome
-
-
-def wait_until(condition: Callable[[], object], what: str) -> None:
-    """Poll ``condition`` until it holds (for what cannot be waited on otherwise)."""
-    done = threading.Event()
-    for _ in range(int(WAIT_S / 0.001)):
-        if condition():
-            return
-        done.wait(0.001)
-    raise AssertionError(f"still waiting for {what}")
 
 
 # --- Handoff ---------------------------------------------------------------------------------
@@ -268,7 +259,9 @@ def test_a_result_waited_for_in_another_thread_is_the_confirmed_message_id(
     result = in_thread(future.result, WAIT_S)
     exception = in_thread(future.exception, WAIT_S)
     if wait_first:
-        wait_until(lambda: waiting(future), "the waiters to wait")
+        eventually_sync(
+            lambda: waiting(future), what="the waiters to wait", timeout_s=WAIT_S, interval_s=0.001
+        )
         in_thread(future.confirmed, MESSAGE_ID).result(WAIT_S)
     assert result.result(WAIT_S) == MESSAGE_ID
     assert result.result(WAIT_S).batch_size == 4
@@ -287,7 +280,9 @@ def test_a_failed_send_raises_its_error_in_the_thread_that_waits(wait_first: boo
     result = in_thread(future.result, WAIT_S)
     exception = in_thread(future.exception, WAIT_S)
     if wait_first:
-        wait_until(lambda: waiting(future), "the waiters to wait")
+        eventually_sync(
+            lambda: waiting(future), what="the waiters to wait", timeout_s=WAIT_S, interval_s=0.001
+        )
         in_thread(future.failed, error).result(WAIT_S)
     assert result.exception(WAIT_S) is error
     assert exception.result(WAIT_S) is error
@@ -582,7 +577,12 @@ def test_failing_the_queue_wakes_a_waiting_taker(
     gathering = in_thread(lambda: queue.take(5, None, wait_for_more=True))
     a.wait_reported([0])  # it took the one message and waits for more
     single = in_thread(queue.take_one, None)
-    wait_until(lambda: queue._waiting == 2, "the second taker to wait")
+    eventually_sync(
+        lambda: queue._waiting == 2,
+        what="the second taker to wait",
+        timeout_s=WAIT_S,
+        interval_s=0.001,
+    )
     loop_thread.call(queue.fail, ConsumerClosedError("closed"))
     assert offsets(gathering.result(WAIT_S)) == [0]
     with pytest.raises(ConsumerClosedError):

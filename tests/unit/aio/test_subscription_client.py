@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,7 @@ from magnetar.common.errors import (
 )
 from magnetar.common.grpc_errors import error_to_detail
 from magnetar.common.keys import KEYLESS_HASH, key_hash
+from magnetar.testing.eventually import eventually
 from proto.broker.v1 import broker_pb2 as pb
 from proto.broker.v1 import broker_pb2_grpc
 from proto.common.v1 import types_pb2
@@ -139,7 +140,9 @@ class ScriptedCluster(FakeCluster):
                     return stream
             return None
 
-        await until(lambda: found() is not None, f"a consumer stream on {full}")
+        await eventually(
+            lambda: found() is not None, what=f"a consumer stream on {full}", interval_s=0.005
+        )
         stream = found()
         assert stream is not None
         return stream
@@ -260,16 +263,6 @@ def delivery(
     )
 
 
-async def until(condition: Callable[[], object], what: str) -> None:
-    """Wait until ``condition()`` holds (the test's timeout is the only limit that matters)."""
-    try:
-        async with asyncio.timeout(10):
-            while not condition():
-                await asyncio.sleep(0.005)
-    except TimeoutError:
-        raise AssertionError(f"never happened: {what}") from None
-
-
 async def receive_all(consumer: Consumer, count: int) -> list[Message]:
     return [await consumer.receive(timeout_millis=10_000) for _ in range(count)]
 
@@ -317,7 +310,9 @@ async def test_an_entry_delivered_in_part_is_acked_in_part_and_a_whole_one_whole
     assert [m.data() for m in received] == [b"a1", b"a3", b"b0", b"b1"]
     for message in received:
         await consumer.acknowledge(message)
-    await until(lambda: stream.acked_entries() == {E1, E2}, "acks of both entries")
+    await eventually(
+        lambda: stream.acked_entries() == {E1, E2}, what="acks of both entries", interval_s=0.005
+    )
     assert stream.acked_in_part() == [(E1, [1, 3], 4)]
     assert stream.acked_whole() == [E2]
 
@@ -338,7 +333,7 @@ async def test_more_messages_of_a_held_entry_are_acked_together_with_the_first_o
     assert later.data() == b"m3"
     await consumer.acknowledge(later)  # m1 is still out: E1 is not done
     await consumer.acknowledge(first[1])
-    await until(lambda: stream.acks, "the ack of E1")
+    await eventually(lambda: stream.acks, what="the ack of E1", interval_s=0.005)
     assert stream.acked_in_part() == [(E1, [0, 1, 3], 5)]
     assert stream.acked_whole() == []
 
@@ -368,7 +363,7 @@ async def test_a_nack_tells_the_broker_which_messages_of_the_entry_were_acknowle
     received = await receive_all(consumer, 3)
     await consumer.acknowledge(received[0])
     consumer.negative_acknowledge(received[1])
-    await until(lambda: stream.nacked() == [E1], "the nack of E1")
+    await eventually(lambda: stream.nacked() == [E1], what="the nack of E1", interval_s=0.005)
     assert stream.acked_in_part() == [(E1, [0], 3)]
     assert stream.acked_whole() == []
 
@@ -390,7 +385,7 @@ async def test_messages_not_acknowledged_in_time_are_asked_back(
     acked, forgotten, nacked = await receive_all(consumer, 3)
     await consumer.acknowledge(acked)
     consumer.negative_acknowledge(nacked)
-    await until(stream.redelivery_requests, "a redelivery request")
+    await eventually(stream.redelivery_requests, what="a redelivery request", interval_s=0.005)
     assert stream.redelivery_requests() == [[forgotten.message_id().entry]]
     # asked back once: the message left the tracker (it comes again, and is tracked again)
     stream.deliver(delivery(E2, [b"forgotten"], redelivery_count=1))
@@ -448,7 +443,7 @@ async def test_a_message_redelivered_too_often_goes_to_the_dead_letter_topic_fir
         receiver_queue_size=4,
     )
     stream = await cluster.stream("orders-partition-1")
-    await until(stream.permits, "the first permits")
+    await eventually(stream.permits, what="the first permits", interval_s=0.005)
     granted = stream.permits()
     cluster.receipts_open.clear()  # the dead-letter topic's receipt waits
     stream.deliver(
@@ -465,17 +460,27 @@ async def test_a_message_redelivered_too_often_goes_to_the_dead_letter_topic_fir
     )
     (first,) = await receive_all(consumer, 1)
     assert first.data() == b"fine"  # the poison message never reaches the application
-    await until(lambda: cluster.batches_of("orders-DLQ"), "the dead-letter send")
+    await eventually(
+        lambda: cluster.batches_of("orders-DLQ"), what="the dead-letter send", interval_s=0.005
+    )
     # everything acknowledged before this is on the wire once the broker confirmed it
     await consumer.acknowledge(first)
     assert stream.acked_entries() == {E2}, "acked before the dead-letter topic stored it"
 
     cluster.receipts_open.set()
-    await until(lambda: E1 in stream.acked_entries(), "the ack of the dead-lettered message")
+    await eventually(
+        lambda: E1 in stream.acked_entries(),
+        what="the ack of the dead-lettered message",
+        interval_s=0.005,
+    )
     (dead_ack,) = [a for a in stream.acks if any(m.entry_id == E1[1] for m in a.message_ids)]
     assert dead_ack.dead_lettered == 1
     # its permit came back
-    await until(lambda: stream.permits() > granted + 1, "the permit of the dead-lettered message")
+    await eventually(
+        lambda: stream.permits() > granted + 1,
+        what="the permit of the dead-lettered message",
+        interval_s=0.005,
+    )
 
     (stored,) = cluster.partition("orders-DLQ").entries
     (copy,) = decode_entry(stored.envelope).messages
@@ -510,14 +515,22 @@ async def test_a_failed_dead_letter_send_leaves_the_message_unacknowledged(
     (first,) = await receive_all(consumer, 1)
     assert first.data() == b"fine"
     # asked for again (it is tried again when it comes back), never acknowledged
-    await until(lambda: E1 in stream.nacked(), "the nack of the message that was not stored")
+    await eventually(
+        lambda: E1 in stream.nacked(),
+        what="the nack of the message that was not stored",
+        interval_s=0.005,
+    )
     await consumer.acknowledge(first)
     assert stream.acked_entries() == {E2}
     assert cluster.partition("graveyard").entries == []
 
     # it comes again, and this time the copy is stored
     stream.deliver(delivery(E1, [b"p0", b"p1"], redelivery_count=3))
-    await until(lambda: E1 in stream.acked_entries(), "the ack after the copy was stored")
+    await eventually(
+        lambda: E1 in stream.acked_entries(),
+        what="the ack after the copy was stored",
+        interval_s=0.005,
+    )
     assert [
         m.value for m in decode_entry(cluster.partition("graveyard").entries[0].envelope).messages
     ] == [b"p0", b"p1"]
@@ -540,9 +553,15 @@ async def test_active_partitions_follow_what_the_broker_says(
     p1 = await cluster.stream("ha-partition-1")
     p0.set_active(True)
     p1.set_active(True)
-    await until(lambda: consumer.active_partitions() == [0, 1], "both partitions active")
+    await eventually(
+        lambda: consumer.active_partitions() == [0, 1],
+        what="both partitions active",
+        interval_s=0.005,
+    )
     p0.set_active(False)
-    await until(lambda: consumer.active_partitions() == [1], "partition 0 inactive")
+    await eventually(
+        lambda: consumer.active_partitions() == [1], what="partition 0 inactive", interval_s=0.005
+    )
     assert heard == [
         ("public/default/ha-partition-0", True),
         ("public/default/ha-partition-1", True),
@@ -555,7 +574,11 @@ async def test_active_partitions_follow_what_the_broker_says(
     assert consumer.active_partitions() == []
     assert heard[-1] == ("public/default/ha-partition-1", False)
     again.set_active(True)
-    await until(lambda: consumer.active_partitions() == [1], "partition 1 active again")
+    await eventually(
+        lambda: consumer.active_partitions() == [1],
+        what="partition 1 active again",
+        interval_s=0.005,
+    )
     assert heard[-1] == ("public/default/ha-partition-1", True)
 
 
@@ -573,12 +596,16 @@ async def test_a_consumer_that_stops_being_active_drops_what_it_had_queued(
     assert first.data() == b"one"
     granted = stream.permits()
     stream.set_active(False)
-    await until(lambda: consumer.active_partitions() == [], "inactive")
+    await eventually(lambda: consumer.active_partitions() == [], what="inactive", interval_s=0.005)
     with pytest.raises(ReceiveTimeoutError):
         await consumer.receive(timeout_millis=200)
     # the two dropped messages' permits come back with the received one's (refills go out
     # at half the queue), so the queue is whole again when it is active once more
-    await until(lambda: stream.permits() == granted + 3, "the permits of the dropped messages")
+    await eventually(
+        lambda: stream.permits() == granted + 3,
+        what="the permits of the dropped messages",
+        interval_s=0.005,
+    )
     stream.set_active(True)
     stream.deliver(delivery(E2, [b"two"], redelivery_count=1))
     (again,) = await receive_all(consumer, 1)
@@ -617,7 +644,11 @@ async def test_the_sync_client_reports_activity_on_its_thread(cluster: ScriptedC
     try:
         stream = await cluster.stream("sync-ha")
         stream.set_active(True)
-        await until(lambda: consumer.active_partitions() == [-1], "the partition active")
+        await eventually(
+            lambda: consumer.active_partitions() == [-1],
+            what="the partition active",
+            interval_s=0.005,
+        )
         assert heard == [("public/default/sync-ha", True)]
     finally:
         await asyncio.to_thread(sync_client.close)
