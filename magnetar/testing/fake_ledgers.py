@@ -222,6 +222,12 @@ class FakeWriter:
     def metadata(self) -> FakeMetadata:
         return self._ledger.metadata
 
+    def _fenced(self) -> LedgerFencedError:
+        return LedgerFencedError(
+            f"ledger {self.ledger_id} was fenced by a recovering client",
+            context={"ledger": self.ledger_id},
+        )
+
     async def add_async(self, payload: bytes) -> asyncio.Future[int]:
         entry_id = self._next_entry_id
         self._next_entry_id += 1
@@ -260,10 +266,7 @@ class FakeWriter:
 
     def _check_writable(self, entry_id: int) -> None:
         if self._ledger.fenced:
-            raise LedgerFencedError(
-                f"ledger {self.ledger_id} was fenced by a recovering client",
-                context={"ledger": self.ledger_id},
-            )
+            raise self._fenced()
         if self._ledger.metadata.closed:
             raise LedgerClosedError(f"ledger {self.ledger_id} is closed")
         if self._failed is not None and entry_id > self._failed_at:
@@ -277,10 +280,7 @@ class FakeWriter:
     async def close(self) -> FakeMetadata:
         await self._settled()
         if self._ledger.fenced:
-            raise LedgerFencedError(
-                f"ledger {self.ledger_id} was fenced by a recovering client",
-                context={"ledger": self.ledger_id},
-            )
+            raise self._fenced()
         if self._failed is not None:
             raise self._failed
         self._ledger.metadata.state = LedgerState.CLOSED
@@ -289,10 +289,7 @@ class FakeWriter:
     async def close_confirmed(self) -> FakeMetadata:
         await self._settled()
         if self._ledger.fenced:
-            raise LedgerFencedError(
-                f"ledger {self.ledger_id} was fenced by a recovering client",
-                context={"ledger": self.ledger_id},
-            )
+            raise self._fenced()
         self._ledger.metadata.state = LedgerState.CLOSED
         return self._ledger.metadata
 
