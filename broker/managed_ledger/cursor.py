@@ -235,7 +235,8 @@ class ManagedCursor:
 
     async def read(self, *, max_entries: int, max_bytes: int) -> list[Entry]:
         """Entries from the read position on, skipping acknowledged ones; advances the read
-        position past what was read. Limits as :meth:`ManagedLedger.read`."""
+        position past what was read, and only past that (a read that fails after some entries
+        were found returns those). Limits as :meth:`ManagedLedger.read`."""
         found: list[Entry] = []
         size = 0
         while len(found) < max_entries and (size < max_bytes or not found):
@@ -248,9 +249,17 @@ class ManagedCursor:
                 self._read_position, run = self._skipped_from(skip, run)
             if not self.has_more:
                 break
-            entries = await self._ml.read(
-                self._read_position, max_entries=run, max_bytes=max(1, max_bytes - size)
-            )
+            try:
+                entries = await self._ml.read(
+                    self._read_position, max_entries=run, max_bytes=max(1, max_bytes - size)
+                )
+            except MagnetarError:
+                if not found:
+                    raise
+                # what was read stands, and the read position is right after it: the run that
+                # failed is read next time. Raising would drop what was read with the read
+                # position already past it: entries no consumer would be given until a rewind
+                break
             if not entries:
                 break
             self._read_position = self._ml.next_position(entries[-1].position)
