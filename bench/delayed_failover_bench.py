@@ -45,6 +45,7 @@ from bookie_bench import REPO, machine_info, report_preamble, run_and_write
 from failover_bench import owner_of
 
 from magnetar.aio import AdminClient, Client
+from magnetar.common.errors import MagnetarError
 from magnetar.testing import LocalCluster
 from metadata import open_store
 
@@ -88,12 +89,20 @@ async def wait_held(admin: AdminClient, topic: str, delayed: int, since: float) 
 
 
 async def probe(client: Client, consumer: Any, topic: str, label: str, since: float) -> float:
-    """Send one message now; seconds from ``since`` until the consumer has it."""
-    producer = await client.create_producer(topic)
-    try:
-        await producer.send(label.encode())
-    finally:
-        await producer.close()
+    """Send one message now (trying again while the partition is not served yet); seconds from
+    ``since`` until the consumer has it."""
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            producer = await client.create_producer(topic)
+            try:
+                await producer.send(label.encode())
+            finally:
+                await producer.close()
+            break
+        except MagnetarError:
+            if time.monotonic() > deadline:
+                raise
     while True:
         message = await consumer.receive(timeout_millis=300_000)
         await consumer.acknowledge(message)

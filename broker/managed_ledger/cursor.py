@@ -55,7 +55,6 @@ from broker.managed_ledger.persistence import (
 )
 from broker.managed_ledger.redelivery_counts import RedeliveryCounts
 from broker.managed_ledger.types import (
-    BEFORE_EVERYTHING,
     DelayedEntry,
     Entry,
     Position,
@@ -293,10 +292,31 @@ class ManagedCursor:
         """Make :meth:`read` jump over these entries as over acknowledged ones, without
         acknowledging them: a subscription that loaded entries from its delay index holds them
         aside already and must not read them again. Until the next :meth:`rewind` or
-        :meth:`reset`."""
-        ranges = [(p, p) for p in sorted(positions) if not self._acks.contains(p)]
+        :meth:`reset`.
+
+        The entries to skip and the ranges acknowledged now are merged into one set of ranges,
+        so that a read jumps over a long stretch of both (delayed entries between acknowledged
+        ones, say) at once; an entry acknowledged later is jumped over by the acknowledgement
+        state itself."""
+        merged: list[list[Position]] = []
+        singles = ((p, p) for p in positions if not self._acks.contains(p))
+        for start, end in sorted([*singles, *self._acks.ranges]):
+            last = merged[-1] if merged else None
+            if last is not None and (
+                start <= last[1]
+                or (start.ledger_id == last[1].ledger_id and start.entry_id == last[1].entry_id + 1)
+            ):
+                last[1] = max(last[1], end)
+            else:
+                merged.append([start, end])
         self._skip = (
-            AckRanges(self._ml.next_position, BEFORE_EVERYTHING, ranges) if ranges else None
+            AckRanges(
+                self._ml.next_position,
+                self._acks.mark_delete,
+                ((start, end) for start, end in merged),
+            )
+            if merged
+            else None
         )
 
     def _remember(self, entry: Entry) -> None:
