@@ -844,16 +844,17 @@ class ManagedLedger:
         listing = await self._store.list(prefix)
         return [(record.key, record.value) for record in listing.records]
 
-    async def _write_cursor(self, cursor: ManagedCursor, stored: StoredCursor | None) -> None:
-        """Put (``stored``) or delete (``None``) a cursor, if the info and the cursor are still
-        the versions this owner knows; a lost comparison fences the managed ledger."""
-        key = layout.managed_ledger_cursor(self.name, cursor.name)
+    async def write_cursor(self, cursor: str, stored: StoredCursor | None, version: int) -> int:
+        """Put (``stored``) or delete (``None``) cursor ``cursor``'s record, if the info and the
+        record are still the versions this owner knows (``version`` 0: absent); returns the
+        record's new version (0: deleted). A lost comparison fences the managed ledger."""
+        key = layout.managed_ledger_cursor(self.name, cursor)
         value = encode_cursor(stored) if stored is not None else None
         async with self._meta_lock:
             self._check_usable()
             compares = [
                 Compare(self._info_key, self._info_version),
-                Compare(key, cursor.version) if cursor.version else Compare.absent(key),
+                Compare(key, version) if version else Compare.absent(key),
             ]
             op = PutOp(key, value) if value is not None else DeleteOp(key)
             try:
@@ -863,19 +864,17 @@ class ManagedLedger:
                 info = await self._store.get(self._info_key)
                 info_ours = info is not None and info.version == self._info_version
                 if info_ours and value is not None and record is not None and record.value == value:
-                    cursor.version = record.version  # our write went through; answer lost
-                    return
+                    return record.version  # our write went through; its answer was lost
                 if info_ours and value is None and record is None:
-                    cursor.version = 0
-                    return
-                if info_ours and cursor.version == 0 and e.context.get("key") == key:
+                    return 0
+                if info_ours and version == 0 and e.context.get("key") == key:
                     raise CursorAlreadyExistsError(
-                        f"cursor {cursor.name!r} of {self.name!r} was created by someone else",
-                        context={"name": self.name, "cursor": cursor.name},
+                        f"cursor {cursor!r} of {self.name!r} was created by someone else",
+                        context={"name": self.name, "cursor": cursor},
                     ) from None
-                self._fence(f"cursor {cursor.name!r} or the info changed under this owner")
+                self._fence(f"cursor {cursor!r} or the info changed under this owner")
                 raise self._fenced_error() from None
-            cursor.version = result.versions.get(key, 0)
+            return result.versions.get(key, 0)
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -1089,7 +1088,7 @@ class ManagedLedger:
             return Position(ledger_id, lo)
         return self._next_write_position()
 
-    def _offset_hint(self, position: Position) -> int | None:
+    def offset_hint(self, position: Position) -> int | None:
         """The offset of the last message at or before ``position``, if known without a read."""
         if position < self.first_position:
             return self.earliest_offset - 1
@@ -1105,9 +1104,9 @@ class ManagedLedger:
         entry = self._cache.peek(position)
         return entry.last_offset if entry is not None else None
 
-    async def _offset_through(self, position: Position) -> int:
+    async def offset_through(self, position: Position) -> int:
         """The offset of the last message at or before ``position`` (reads an entry if needed)."""
-        hint = self._offset_hint(position)
+        hint = self.offset_hint(position)
         if hint is not None:
             return hint
         if self._is_entry(position):
@@ -1121,7 +1120,7 @@ class ManagedLedger:
             return ledger.first_offset + ledger.messages - 1
         return (await self._read_one(at)).first_offset - 1
 
-    def _start_for(self, start: StartAt) -> tuple[Position, int | None, Position]:
+    def start_hint(self, start: StartAt) -> tuple[Position, int | None, Position]:
         """Mark-delete, its offset (if known without a read) and the read position of a cursor
         that starts at ``start``."""
         if start == "latest":
@@ -1146,12 +1145,12 @@ class ManagedLedger:
         assert located is not None  # position <= last_confirmed, which is in a ledger
         _, position = located
         mark_delete = Position(position.ledger_id, position.entry_id - 1)
-        return mark_delete, self._offset_hint(mark_delete), position
+        return mark_delete, self.offset_hint(mark_delete), position
 
-    async def _start_state(self, start: StartAt) -> tuple[Position, int, Position]:
-        mark_delete, offset, read_position = self._start_for(start)
+    async def start_state(self, start: StartAt) -> tuple[Position, int, Position]:
+        mark_delete, offset, read_position = self.start_hint(start)
         if offset is None:
-            offset = await self._offset_through(mark_delete)
+            offset = await self.offset_through(mark_delete)
         return mark_delete, offset, read_position
 
     def _offset_floor(self, position: Position) -> int:
@@ -1159,7 +1158,7 @@ class ManagedLedger:
         i = self._index(position.ledger_id)
         return (self._ledgers[i].first_offset if i is not None else self.earliest_offset) - 1
 
-    def _check_ackable(self, position: object) -> Position:
+    def check_ackable(self, position: object) -> Position:
         self._check_readable()
         checked = check_position(position)
         if checked > self._last_confirmed:
@@ -1206,7 +1205,7 @@ class ManagedLedger:
         return cursor
 
     async def _create_cursor(self, name: str, start: StartAt) -> ManagedCursor:
-        mark_delete, offset, read_position = await self._start_state(start)
+        mark_delete, offset, read_position = await self.start_state(start)
         cursor = ManagedCursor(
             self,
             name,
@@ -1217,7 +1216,7 @@ class ManagedLedger:
             clock=self._clock,
         )
         try:
-            await self._write_cursor(cursor, cursor.stored())
+            await cursor.create_persisted()
         except CursorAlreadyExistsError:
             record = await self._store.get(layout.managed_ledger_cursor(self.name, name))
             if record is None:
@@ -1230,19 +1229,17 @@ class ManagedLedger:
     def open_non_durable_cursor(self, start: StartAt) -> ManagedCursor:
         """A reader's cursor: nothing persisted, holds no data back from trimming."""
         self._check_readable()
-        mark_delete, offset, read_position = self._start_for(start)
-        cursor = ManagedCursor(
+        mark_delete, offset, read_position = self.start_hint(start)
+        return ManagedCursor(
             self,
             "",
             durable=False,
             mark_delete=mark_delete,
             mark_delete_offset=offset if offset is not None else self._offset_floor(mark_delete),
+            mark_delete_offset_exact=offset is not None,  # else a lower bound until a read
             read_position=read_position,
             clock=self._clock,
         )
-        if offset is None:
-            cursor._mark_delete_offset_exact = False  # a lower bound until an entry is read
-        return cursor
 
     async def delete_cursor(self, name: str) -> None:
         """Delete durable cursor ``name`` and its persisted state."""
@@ -1254,16 +1251,14 @@ class ManagedLedger:
                 f"managed ledger {self.name!r} has no cursor {name!r}",
                 context={"name": self.name, "cursor": name},
             )
-        await cursor._stop()
-        await cursor.clear_delay_index()
-        await self._write_cursor(cursor, None)
+        await cursor.delete_persisted()
         self._cursors.pop(name, None)
         self._log.info("cursor_deleted", cursor=name)
         self._request_trim()
 
-    def _cursor_moved(self, cursor: ManagedCursor, mark_delete: Position) -> None:
-        """A durable cursor's mark-delete moved: trim if that may free the oldest ledger."""
-        if not cursor.durable or len(self._ledgers) < 2:
+    def cursor_moved(self, mark_delete: Position, *, durable: bool) -> None:
+        """A cursor's mark-delete moved: trim if that may free the oldest ledger."""
+        if not durable or len(self._ledgers) < 2:
             return
         if mark_delete >= self._ledgers[0].last_position:
             self._request_trim()
@@ -1441,7 +1436,7 @@ class ManagedLedger:
         self._fail_pending(error)
         self._wake_waiters(error)
         for cursor in self._cursors.values():
-            cursor._cancel_persist()
+            cursor.cancel_persist()
         # each cursor refers back to this ledger: a cycle that only the cyclic collector would
         # free, and the servers' tuning (magnetar/common/gc_tuning.py) runs it rarely
         self._cursors.clear()
