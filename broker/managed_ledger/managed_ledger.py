@@ -37,14 +37,15 @@ compare the info's version too, so an old owner cannot overwrite a cursor after 
 took over, even before the new owner first writes that cursor.
 
 **Layout.** :class:`ManagedLedger` is the facade: it opens, owns the cursors, closes, and hands
-each call to the collaborator whose job it is. They import none of one another and share only
-the :class:`~.state.Lifecycle` and :class:`~.state.LogState` the facade gives them:
-:class:`~.writing.Writer` (the queue, the pump, switching ledgers),
-:class:`~.metadata_writes.MetadataWrites` (the info, cursor and guarded compare-and-swaps),
-:class:`~.reading.EntryReader` (entries from the cache or the bookies),
+each call to the collaborator whose job it is: :class:`~.writing.Writer` (the queue, the pump,
+switching ledgers), :class:`~.metadata_writes.MetadataWrites` (the info, cursor and guarded
+compare-and-swaps), :class:`~.reading.EntryReader` (entries from the cache or the bookies),
 :class:`~.seeking.Seeker` (positions by offset and time, where cursors start) and
-:class:`~.retention.Retention` (trimming and the periodic task). A cursor sees its managed
-ledger as a :class:`~.ports.CursorHost` only.
+:class:`~.retention.Retention` (trimming and the periodic task). Writer, reader, seeker and
+retention import none of one another: they share the :class:`~.state.Lifecycle` and
+:class:`~.state.LogState` the facade gives them, write metadata through ``MetadataWrites``, and
+reach one another only through callbacks the facade wires (and lets go of at close). A cursor
+sees its managed ledger as a :class:`~.ports.CursorHost` only.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """What the jobs of one managed ledger share: its lifecycle and its log as confirmed.
 
 A :class:`~broker.managed_ledger.managed_ledger.ManagedLedger` is a facade over collaborators,
-one per job (:mod:`.writing`, :mod:`.reading`, :mod:`.seeking`, :mod:`.retention`,
-:mod:`.metadata_writes`). They import none of one another; the facade wires them together with
-the two objects below and a few callbacks:
+one per job (:mod:`.writing`, :mod:`.reading`, :mod:`.seeking`, :mod:`.retention`, and
+:mod:`.metadata_writes` which the writer and retention write through). The first four import
+none of one another; the facade wires them together with the two objects below and a few
+callbacks:
 
 - :class:`Lifecycle`: the state (writing, switching, fenced, closed) every job checks, the
   errors that state means, fencing, and the background tasks;
