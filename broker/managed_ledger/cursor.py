@@ -69,7 +69,7 @@ from magnetar.common.errors import (
 from metadata import layout
 
 if TYPE_CHECKING:
-    from broker.managed_ledger.managed_ledger import ManagedLedger
+    from broker.managed_ledger.ports import CursorHost
 
 log = structlog.get_logger("magnetar.managed_ledger.cursor")
 
@@ -92,7 +92,7 @@ class ManagedCursor:
 
     def __init__(
         self,
-        ml: ManagedLedger,
+        host: CursorHost,
         name: str,
         *,
         durable: bool,
@@ -105,16 +105,20 @@ class ManagedCursor:
         subscription_type: int = 0,
         redelivery_counts: Iterable[tuple[Position, int]] = (),
         version: int = 0,
+        mark_delete_offset_exact: bool = True,
     ) -> None:
         self.name = name
         self.durable = durable
-        self._ml = ml
+        self._host = host
         self._clock = clock
-        self._acks = AckRanges(ml.next_position, mark_delete, ranges)
+        self._acks = AckRanges(host.next_position, mark_delete, ranges)
         self._mark_delete_offset = mark_delete_offset
-        # folding restored ranges into mark-delete moved it past the entry whose offset we know
-        self._mark_delete_offset_exact = self._acks.mark_delete == mark_delete
-        self._read_position = max(read_position, ml.next_position(self._acks.mark_delete))
+        # folding restored ranges into mark-delete moved it past the entry whose offset we know;
+        # a cursor may also start from a lower bound, until an entry is read
+        self._mark_delete_offset_exact = (
+            mark_delete_offset_exact and self._acks.mark_delete == mark_delete
+        )
+        self._read_position = max(read_position, host.next_position(self._acks.mark_delete))
         self.version = version
         """Metadata version of the persisted cursor (0: not persisted)."""
         self._changes = 0
@@ -139,7 +143,7 @@ class ManagedCursor:
         self._counts_changed_at = 0
         """The change that last altered a redelivery count (see :meth:`wait_counts_persisted`)."""
         self.redelivery_counts = RedeliveryCounts(
-            ml.config.max_persisted_redelivery_counts,
+            host.config.max_persisted_redelivery_counts,
             (
                 (position, count)
                 for position, count in redelivery_counts
@@ -154,7 +158,7 @@ class ManagedCursor:
         the holes they leave do not count towards ``max_inline_ack_ranges``."""
         self._skip: AckRanges | None = None
         """Entries :meth:`read` jumps over as over acknowledged ones (see :meth:`skip_on_read`)."""
-        self._log = log.bind(managed_ledger=ml.name, cursor=name)
+        self._log = log.bind(managed_ledger=host.name, cursor=name)
 
     # --- state --------------------------------------------------------------------------------
 
@@ -176,7 +180,7 @@ class ManagedCursor:
     @property
     def has_more(self) -> bool:
         """Whether confirmed entries exist at or after the read position."""
-        return self._read_position <= self._ml.last_confirmed
+        return self._read_position <= self._host.last_confirmed
 
     @property
     def ack_hole_ranges(self) -> int:
@@ -188,7 +192,7 @@ class ManagedCursor:
         """At ``max_inline_ack_ranges`` ranges or more, not counting one per parked (delayed)
         entry: the subscription dispatches no new entries until acknowledgements fill holes
         (every range is still persisted)."""
-        return len(self._acks) - self.parked_entries >= self._ml.config.max_inline_ack_ranges
+        return len(self._acks) - self.parked_entries >= self._host.config.max_inline_ack_ranges
 
     @property
     def ack_ranges(self) -> list[tuple[Position, Position]]:
@@ -219,7 +223,7 @@ class ManagedCursor:
     @property
     def backlog_messages(self) -> int:
         """Confirmed messages not acknowledged (best effort; see the module doc)."""
-        unacked = self._ml.confirmed_next_offset - (self._mark_delete_offset + 1)
+        unacked = self._host.confirmed_next_offset - (self._mark_delete_offset + 1)
         return max(0, unacked - self._acked_messages)
 
     @property
@@ -249,7 +253,7 @@ class ManagedCursor:
             if not self.has_more:
                 break
             try:
-                entries = await self._ml.read(
+                entries = await self._host.read(
                     self._read_position, max_entries=run, max_bytes=max(1, max_bytes - size)
                 )
             except MagnetarError:
@@ -261,7 +265,7 @@ class ManagedCursor:
                 break
             if not entries:
                 break
-            self._read_position = self._ml.next_position(entries[-1].position)
+            self._read_position = self._host.next_position(entries[-1].position)
             for entry in entries:
                 if self._acks.contains(entry.position) or (
                     skip is not None and skip.contains(entry.position)
@@ -311,7 +315,7 @@ class ManagedCursor:
                 merged.append([start, end])
         self._skip = (
             AckRanges(
-                self._ml.next_position,
+                self._host.next_position,
                 self._acks.mark_delete,
                 ((start, end) for start, end in merged),
             )
@@ -332,7 +336,7 @@ class ManagedCursor:
 
     def rewind(self) -> None:
         """Read again from the first unacknowledged entry (redeliver what is not acked)."""
-        self._read_position = self._ml.next_position(self._acks.mark_delete)
+        self._read_position = self._host.next_position(self._acks.mark_delete)
         self._skip = None
 
     def seek(self, position: Position) -> None:
@@ -343,7 +347,7 @@ class ManagedCursor:
         """Start over at ``position``: everything before it counts as acknowledged, nothing after
         it does, reads go from there; persisted at once."""
         position = check_position(position)
-        mark_delete, offset, read_position = await self._ml._start_state(position)
+        mark_delete, offset, read_position = await self._host.start_state(position)
         self._acks.reset(mark_delete)
         self._batch_acks.clear()
         self.redelivery_counts.clear()
@@ -358,7 +362,7 @@ class ManagedCursor:
         self._log.info("cursor_reset", mark_delete=tuple(mark_delete), offset=offset)
         await self.flush()
         await self.clear_delay_index()
-        self._ml._cursor_moved(self, mark_delete)
+        self._host.cursor_moved(mark_delete, durable=self.durable)
 
     # --- acknowledging ------------------------------------------------------------------------
 
@@ -372,11 +376,11 @@ class ManagedCursor:
             raise InvalidArgumentError(
                 f"ack() takes an iterable of positions, got the single position {positions!r}"
             )
-        checked = [self._ml._check_ackable(p) for p in positions]
+        checked = [self._host.check_ackable(p) for p in positions]
         before = self._acks.mark_delete
         changed = False
         for position in checked:
-            if position <= self._acks.mark_delete or position < self._ml.first_position:
+            if position <= self._acks.mark_delete or position < self._host.first_position:
                 continue
             if self._acks.add(position):
                 changed = True
@@ -394,7 +398,7 @@ class ManagedCursor:
         are, the entry is acknowledged as a whole. Returns whether the entry is now
         acknowledged. Raises :class:`InvalidArgumentError` for a position that is not a
         confirmed entry or indexes outside the batch."""
-        checked = self._ml._check_ackable(position)
+        checked = self._host.check_ackable(position)
         wanted = set(indexes)
         if batch_size < 1 or any(not 0 <= i < batch_size for i in wanted):
             raise InvalidArgumentError(
@@ -402,7 +406,7 @@ class ManagedCursor:
                 f" messages at {tuple(checked)}",
                 context={"position": tuple(checked), "batch_size": batch_size},
             )
-        if self._acks.contains(checked) or checked < self._ml.first_position:
+        if self._acks.contains(checked) or checked < self._host.first_position:
             return True
         size, acked = self._batch_acks.get(checked, (batch_size, set()))
         acked |= wanted
@@ -417,7 +421,7 @@ class ManagedCursor:
 
     def ack_cumulative(self, position: Position) -> None:
         """Acknowledge every entry up to and including ``position``."""
-        checked = self._ml._check_ackable(position)
+        checked = self._host.check_ackable(position)
         before = self._acks.mark_delete
         if self._acks.ack_cumulative(checked):
             self._changed(before)
@@ -425,7 +429,7 @@ class ManagedCursor:
     def expire_before(self, position: Position) -> bool:
         """Acknowledge every entry before ``position`` (message TTL); whether mark-delete
         moved."""
-        mark_delete, _, _ = self._ml._start_for(check_position(position))
+        mark_delete, _, _ = self._host.start_hint(check_position(position))
         if mark_delete <= self._acks.mark_delete:
             return False
         self.ack_cumulative(mark_delete)
@@ -439,7 +443,7 @@ class ManagedCursor:
                 self._mark_delete_offset = known.first_offset + known.num_messages - 1
                 self._mark_delete_offset_exact = True
             else:
-                hint = self._ml._offset_hint(mark_delete)
+                hint = self._host.offset_hint(mark_delete)
                 if hint is not None:
                     self._mark_delete_offset = hint
                     self._mark_delete_offset_exact = True
@@ -451,15 +455,15 @@ class ManagedCursor:
                 for position in [p for p in self._batch_acks if p <= mark_delete]:
                     del self._batch_acks[position]
             if self._read_position <= mark_delete:
-                self._read_position = self._ml.next_position(mark_delete)
-            self._ml._cursor_moved(self, mark_delete)
+                self._read_position = self._host.next_position(mark_delete)
+            self._host.cursor_moved(mark_delete, durable=self.durable)
         self._changes += 1
         if self.ack_ranges_over_limit and not self._over_limit_logged:
             self._over_limit_logged = True
             self._log.warning(
                 "cursor_ack_ranges_over_limit",
                 ranges=len(self._acks),
-                limit=self._ml.config.max_inline_ack_ranges,
+                limit=self._host.config.max_inline_ack_ranges,
             )
         elif not self.ack_ranges_over_limit:
             self._over_limit_logged = False
@@ -512,7 +516,7 @@ class ManagedCursor:
         self._persist_task = asyncio.ensure_future(self._persist_later())
 
     async def _persist_later(self) -> None:
-        interval = self._ml.config.cursor_persist_interval_ms / 1000
+        interval = self._host.config.cursor_persist_interval_ms / 1000
         delay = self._last_persist + interval - self._clock.monotonic()
         if delay > 0 and (self._last_persist_failed or not self._persist_waiters):
             # wait out the interval, unless a receipt waiter arrives (after a failed write,
@@ -538,12 +542,12 @@ class ManagedCursor:
             self._last_persist = self._clock.monotonic()  # try again after an interval
             self._last_persist_failed = True
         self._persist_task = None
-        if self.dirty and not self._ml.closed:
+        if self.dirty and not self._host.closed:
             self._schedule_persist()
 
     @property
     def persist_interval_s(self) -> float:
-        return self._ml.config.cursor_persist_interval_ms / 1000
+        return self._host.config.cursor_persist_interval_ms / 1000
 
     @property
     def changes(self) -> int:
@@ -589,7 +593,7 @@ class ManagedCursor:
             changes = self._changes
             stored = self.stored()
             try:
-                await self._ml._write_cursor(self, stored)
+                self.version = await self._host.write_cursor(self.name, stored, self.version)
             except ManagedLedgerFencedError as e:
                 self._release_waiters(e)
                 raise
@@ -605,7 +609,7 @@ class ManagedCursor:
 
     async def _resolve_mark_delete_offset(self) -> None:
         mark_delete = self._acks.mark_delete
-        offset = await self._ml._offset_through(mark_delete)
+        offset = await self._host.offset_through(mark_delete)
         if self._acks.mark_delete == mark_delete:
             self._mark_delete_offset = offset
             self._mark_delete_offset_exact = True
@@ -620,22 +624,22 @@ class ManagedCursor:
                 f"invalid delay index bucket name {bucket!r}: 1 to 64 of 0-9, a-z and '-'",
                 context={"bucket": repr(bucket)},
             )
-        return layout.managed_ledger_delay_bucket(self._ml.name, self.name, bucket)
+        return layout.managed_ledger_delay_bucket(self._host.name, self.name, bucket)
 
     async def write_delay_bucket(self, bucket: str, entries: Sequence[DelayedEntry]) -> None:
         """Persist a sealed bucket of the subscription's delay index (fenced like the cursor)."""
-        await self._ml.write_guarded(self._bucket_key(bucket), encode_delay_bucket(entries))
+        await self._host.write_guarded(self._bucket_key(bucket), encode_delay_bucket(entries))
 
     async def delete_delay_bucket(self, bucket: str) -> None:
-        await self._ml.write_guarded(self._bucket_key(bucket), None)
+        await self._host.write_guarded(self._bucket_key(bucket), None)
 
     async def load_delay_index(self) -> dict[str, tuple[DelayedEntry, ...]]:
         """The persisted buckets of the delay index, by name (what a new owner holds aside)."""
         if not self.durable:
             return {}
-        prefix = layout.managed_ledger_delay_index(self._ml.name, self.name)
+        prefix = layout.managed_ledger_delay_index(self._host.name, self.name)
         buckets: dict[str, tuple[DelayedEntry, ...]] = {}
-        for key, value in await self._ml.list_records(prefix):
+        for key, value in await self._host.list_records(prefix):
             name = key[len(prefix) :]
             if "/" in name:
                 continue
@@ -652,21 +656,34 @@ class ManagedCursor:
     async def delay_bucket_names(self) -> list[str]:
         if not self.durable:
             return []
-        prefix = layout.managed_ledger_delay_index(self._ml.name, self.name)
-        names = [key[len(prefix) :] for key, _ in await self._ml.list_records(prefix)]
+        prefix = layout.managed_ledger_delay_index(self._host.name, self.name)
+        names = [key[len(prefix) :] for key, _ in await self._host.list_records(prefix)]
         return [name for name in names if _BUCKET_NAME.fullmatch(name)]
 
     async def close(self) -> None:
         """Persist what changed; the cursor stays in its managed ledger."""
-        self._cancel_persist()
+        self.cancel_persist()
         await self.flush()
 
+    async def create_persisted(self) -> None:
+        """Write the record of a new durable cursor (raises :class:`CursorAlreadyExistsError`
+        if someone else created it meanwhile)."""
+        self.version = await self._host.write_cursor(self.name, self.stored(), self.version)
+
+    async def delete_persisted(self) -> None:
+        """Persist nothing more and delete the record and the delay index (the managed ledger
+        deletes this cursor)."""
+        await self._stop()
+        await self.clear_delay_index()
+        self.version = await self._host.write_cursor(self.name, None, self.version)
+
     async def _stop(self) -> None:
-        self._cancel_persist()
+        self.cancel_persist()
         async with self._flush_lock:
             pass  # let a flush in progress finish
 
-    def _cancel_persist(self) -> None:
+    def cancel_persist(self) -> None:
+        """Stop the background persist (the managed ledger is closing)."""
         if self._persist_task is not None and self._persist_task is not asyncio.current_task():
             self._persist_task.cancel()
         self._persist_task = None

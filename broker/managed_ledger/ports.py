@@ -1,4 +1,5 @@
-"""What the managed ledger needs of the ledger client, written down as protocols.
+"""The managed ledger's ports, written down as protocols: what it needs of the ledger client,
+and what a cursor needs of its managed ledger (:class:`CursorHost`).
 
 The managed ledger is given a :class:`bookie.client.ledger_client.LedgerClient` and uses only
 the methods and attributes below. Naming them here, instead of importing the client, keeps
@@ -6,13 +7,23 @@ the managed ledger independent of how the client reaches bookies (gRPC): the imp
 contract "The managed ledger knows nothing of the broker's service or gRPC layers" holds for
 the whole import graph, and a test may pass an in-memory ledger client that has this shape.
 ``tests/unit/broker/managed_ledger/test_ports.py`` checks that the real client fits.
+
+A cursor is typed against :class:`CursorHost` rather than the managed ledger: it reads,
+checks acks and writes its record through these public calls only, and the managed ledger
+reaches into no cursor either, so the two can change apart. The same test file checks that
+:class:`~broker.managed_ledger.managed_ledger.ManagedLedger` is a host.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from broker.managed_ledger.config import ManagedLedgerConfig
+    from broker.managed_ledger.persistence import StoredCursor
+    from broker.managed_ledger.types import Entry, Position, StartAt
 
 MAX_ENTRY_BYTES = 5 * 1024 * 1024
 """Largest entry the ledger client writes (``bookie.client.write_handle.MAX_ENTRY_BYTES``).
@@ -110,3 +121,68 @@ class LedgerClientApi(Protocol):
     def writable_bookies(self) -> int:
         """Bookies a new ledger could be placed on now (writable, registered, reachable)."""
         ...
+
+
+class CursorHost(Protocol):
+    """What a cursor needs of the managed ledger it belongs to (the managed ledger is one)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def config(self) -> ManagedLedgerConfig: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def first_position(self) -> Position: ...
+
+    @property
+    def last_confirmed(self) -> Position:
+        """Readers never go past this entry."""
+        ...
+
+    @property
+    def confirmed_next_offset(self) -> int: ...
+
+    def next_position(self, position: Position) -> Position: ...
+
+    async def read(self, start: Position, *, max_entries: int, max_bytes: int) -> list[Entry]: ...
+
+    def check_ackable(self, position: object) -> Position:
+        """``position`` as a Position, if it is a confirmed entry (or before the first stored
+        one); else :class:`InvalidArgumentError`."""
+        ...
+
+    def start_hint(self, start: StartAt) -> tuple[Position, int | None, Position]:
+        """Mark-delete, its offset (``None`` if unknown without a read) and read position of a
+        cursor starting at ``start``."""
+        ...
+
+    async def start_state(self, start: StartAt) -> tuple[Position, int, Position]:
+        """As :meth:`start_hint`, with the offset exact (read if needed)."""
+        ...
+
+    def offset_hint(self, position: Position) -> int | None:
+        """The offset of the last message at or before ``position``, if known without a read."""
+        ...
+
+    async def offset_through(self, position: Position) -> int:
+        """The offset of the last message at or before ``position`` (reads an entry if needed)."""
+        ...
+
+    def cursor_moved(self, mark_delete: Position, *, durable: bool) -> None:
+        """A cursor's mark-delete moved (the oldest ledger may be free to trim)."""
+        ...
+
+    async def write_cursor(self, cursor: str, stored: StoredCursor | None, version: int) -> int:
+        """Put (``stored``) or delete (``None``) cursor ``cursor``'s record, fenced, if it is
+        still at ``version`` (0: absent); returns its new version (0: deleted)."""
+        ...
+
+    async def write_guarded(self, key: str, value: bytes | None) -> None:
+        """Put or delete one of the managed ledger's records, fenced like a cursor."""
+        ...
+
+    async def list_records(self, prefix: str) -> list[tuple[str, bytes]]: ...

@@ -55,7 +55,7 @@ def held(cluster: Cluster, topic: str) -> list[weakref.ref[object]]:
     objects: list[object] = [served, served.ml, served.dedup]
     for subscription in served.subscriptions.values():
         objects += [subscription, subscription.cursor]
-    handle = served.ml._handle
+    handle = served.ml._writer.handle
     if handle is not None:
         objects.append(handle)
     return [weakref.ref(o) for o in objects]

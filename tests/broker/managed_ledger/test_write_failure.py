@@ -107,7 +107,7 @@ async def test_entries_that_reached_no_bookie_move_to_a_new_ledger_unchanged(
         await ml_env.stop_bookie(bookie)
     during = [append(ml, b"m%d" % i) for i in range(20, 35)]
     await eventually(
-        lambda: ml.pending_appends == 15 and ml._state.value == "switching", interval_s=0.01
+        lambda: ml.pending_appends == 15 and ml._life.state.value == "switching", interval_s=0.01
     )
     # recovery attempts fail (nothing to fence), and the managed ledger says so
     await eventually(lambda: ml.write_problem is not None, interval_s=0.01)

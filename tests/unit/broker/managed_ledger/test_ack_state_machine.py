@@ -30,7 +30,7 @@ from magnetar.common.clock import ManualClock
 from magnetar.common.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
-    from broker.managed_ledger import ManagedLedger
+    from broker.managed_ledger.ports import CursorHost
 
 MAX_INLINE_ACK_RANGES = 3
 FIRST_LEDGER = 10
@@ -39,7 +39,8 @@ Msg = tuple[Position, int]
 
 
 class FakeLedger:
-    """What :class:`ManagedCursor` uses of a :class:`ManagedLedger`, over ledgers in memory."""
+    """Some of what :class:`ManagedCursor` uses of its host (:class:`CursorHost`), over ledgers
+    in memory."""
 
     name = "tenant/ns/topic-partition-0"
 
@@ -49,7 +50,7 @@ class FakeLedger:
         self.ledgers: list[tuple[int, list[int]]] = [(FIRST_LEDGER, [])]
         """(ledger id, messages in each entry), oldest first; the last one is being written."""
         self.moved: list[Position] = []
-        """Mark-delete positions cursors reported (``_cursor_moved``)."""
+        """Mark-delete positions cursors reported (``cursor_moved``)."""
 
     # --- the layout ------------------------------------------------------------------------------
 
@@ -110,7 +111,7 @@ class FakeLedger:
     def confirmed_next_offset(self) -> int:
         return sum(n for _, sizes in self.ledgers for n in sizes)
 
-    def _check_ackable(self, position: object) -> Position:
+    def check_ackable(self, position: object) -> Position:
         checked = check_position(position)
         if checked > self.last_confirmed:
             raise InvalidArgumentError(f"{checked} is past the last confirmed entry")
@@ -120,10 +121,10 @@ class FakeLedger:
             raise InvalidArgumentError(f"{checked} is not an entry")
         return checked
 
-    def _cursor_moved(self, cursor: ManagedCursor, mark_delete: Position) -> None:
+    def cursor_moved(self, mark_delete: Position, *, durable: bool) -> None:
         self.moved.append(mark_delete)
 
-    def _offset_hint(self, position: Position) -> int | None:
+    def offset_hint(self, position: Position) -> int | None:
         """Known without a read: before everything, at the end, and at ledger ends (no cache)."""
         if position < self.first_position:
             return -1
@@ -144,11 +145,11 @@ class FakeLedger:
 def open_cursor(ledger: FakeLedger, stored: StoredCursor | None = None) -> ManagedCursor:
     """A cursor from the start of the ledger, or from a persisted record as
     ``ManagedLedger._cursor_from`` builds it (non-durable, so that nothing is written)."""
-    ml = cast("ManagedLedger", ledger)
+    host = cast("CursorHost", ledger)
     if stored is None:
         stored = StoredCursor(mark_delete=Position(FIRST_LEDGER, -1), mark_delete_offset=-1)
     return ManagedCursor(
-        ml,
+        host,
         "sub",
         durable=False,
         mark_delete=stored.mark_delete,
