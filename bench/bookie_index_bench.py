@@ -37,9 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "bench" / "results"
-MIB = 1024 * 1024
+from harness import MIB, REPO, RESULTS
 
 
 @dataclass(frozen=True, slots=True)

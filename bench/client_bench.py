@@ -35,7 +35,6 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import datetime as dt
 import importlib.metadata
 import inspect
 import json
@@ -45,7 +44,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -59,19 +57,21 @@ from typing import Any
 
 import structlog
 
-# The other benchmarks sit next to this script, so they are importable when it is run as
+# harness.py sits next to this script, so it is importable when it is run as
 # ``python bench/client_bench.py``: machine details, CPU accounting and the results harness.
-from bookie_bench import (
+from harness import (
     REPO,
-    _python,
+    add_output_options,
+    free_port,
+    log_tail,
     machine_cpu_seconds,
     machine_info,
     percentile,
     proc_cpu_seconds,
     report_preamble,
+    results_head,
     run_and_write,
 )
-from broker_bench import log_tail
 
 # --- targets (reported with PASS / FAIL, never asserted) ------------------------------------------
 
@@ -725,13 +725,6 @@ def setup_redis(*, install: bool) -> dict[str, Any]:
 # --- the servers ----------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 _URL = re.compile(r"magnetar://\S+")
 
 
@@ -1258,12 +1251,7 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
         skipped["redis-xadd"] = redis_setup["note"]
     patterns = chosen_patterns(args, skipped)
     results: dict[str, Any] = {
-        "benchmark": "client",
-        "date": dt.date.today().isoformat(),
-        "started_at": dt.datetime.fromtimestamp(started, dt.UTC).isoformat(timespec="seconds"),
-        "command": shlex.join([_python(), "bench/client_bench.py", *argv]),
-        "quick": args.quick,
-        "tag": args.tag,
+        **results_head("client", "client_bench.py", argv, started, args),
         "parameters": {
             "rounds": args.rounds,
             "messages": args.messages,
@@ -1386,12 +1374,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         " client-<date>-quick.* (unless --tag is given)",
     )
     add("--tag", help="name the results client-<date>-<TAG>.*")
-    add("--out", type=Path, default=REPO / "bench" / "results", help="directory for the results")
-    add(
-        "--data-root",
-        type=Path,
-        default=REPO / "bench",
-        help="a temporary directory is made here for the servers' data, and removed at the end",
+    add_output_options(
+        add,
+        data_root_help=(
+            "a temporary directory is made here for the servers' data, and removed at the end"
+        ),
     )
     add("--keep-data", action="store_true", help="leave the temporary directory (with the logs)")
     args = parser.parse_args(argv)

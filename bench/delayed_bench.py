@@ -38,8 +38,8 @@ from typing import Any
 
 import structlog
 
-# bookie_bench.py sits next to this script (importable when run as ``python bench/...``)
-from bookie_bench import REPO, latency_summary, machine_info, report_preamble, run_and_write
+# harness.py sits next to this script (importable when run as ``python bench/...``)
+from harness import REPO, latency_summary, machine_info, report_preamble, rss_bytes, run_and_write
 
 import magnetar
 from magnetar.aio import Client
@@ -66,15 +66,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if getattr(args, name) < (0 if name == "delayed" else 1):
             parser.error(f"--{name} must be >= {0 if name == 'delayed' else 1}")
     return args
-
-
-def rss_bytes(pid: int | None) -> int:
-    if pid is None:
-        return 0
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 def subscription_stats(service_url: str, topic: str) -> dict[str, Any]:
@@ -114,7 +105,7 @@ async def one_run(cluster: LocalCluster, delayed: int, args: argparse.Namespace)
         run["fill_s"] = time.monotonic() - started
         await asyncio.sleep(2)  # the last acks reach the broker
         run["after_fill"] = await asyncio.to_thread(subscription_stats, url, topic)
-        run["after_fill"]["broker_rss_bytes"] = rss_bytes(broker_pid)
+        run["after_fill"]["broker_rss_bytes"] = rss_bytes(broker_pid) or 0
 
         latencies: list[float] = []
 
@@ -140,7 +131,7 @@ async def one_run(cluster: LocalCluster, delayed: int, args: argparse.Namespace)
         run["throughput_msg_s"] = args.messages / (last_receive - first_send)
         run["latency"] = latency_summary(latencies)
         run["after_measure"] = await asyncio.to_thread(subscription_stats, url, topic)
-        run["after_measure"]["broker_rss_bytes"] = rss_bytes(broker_pid)
+        run["after_measure"]["broker_rss_bytes"] = rss_bytes(broker_pid) or 0
         await producer.close()
         await consumer.close()
     return run

@@ -40,9 +40,9 @@ from typing import Any
 
 import structlog
 
-# bookie_bench.py and failover_bench.py sit next to this script
-from bookie_bench import REPO, machine_info, report_preamble, run_and_write
+# harness.py and failover_bench.py sit next to this script
 from failover_bench import owner_of
+from harness import REPO, machine_info, report_preamble, run_and_write
 
 from magnetar.aio import AdminClient, Client
 from magnetar.testing import LocalCluster

@@ -24,14 +24,12 @@ import argparse
 import asyncio
 import collections
 import contextlib
-import datetime as dt
 import logging
 import os
 import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -43,17 +41,20 @@ from typing import IO, Any
 
 import structlog
 
-# bookie_bench.py sits next to this script, so it is importable when the script is run as
+# harness.py sits next to this script, so it is importable when the script is run as
 # ``python bench/standalone_bench.py``; machine details and the results harness are shared.
-from bookie_bench import (
+from harness import (
     KIB,
     MIB,
     REPO,
-    _python,
+    add_output_options,
+    free_port,
     machine_info,
     percentile,
     proc_cpu_seconds,
+    python_path,
     report_preamble,
+    results_head,
     run_and_write,
 )
 
@@ -71,14 +72,6 @@ STDERR_TAIL_LINES = 60
 
 
 # --- the process ----------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    """A port nothing listens on now (the kernel's pick for port 0); it may be taken again by
-    the time the standalone binds it, which would show as a failed run."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -431,7 +424,7 @@ async def measure_imports(runs: int) -> dict[str, Any]:
             times[key].append(await time_command(command))
     return {key: summary(values) for key, values in times.items()} | {
         "commands": {
-            key: shlex.join([_python(), *command[1:]]) for key, command in commands.items()
+            key: shlex.join([python_path(), *command[1:]]) for key, command in commands.items()
         }
     }
 
@@ -686,12 +679,7 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
     print(f"data directories in {root}", flush=True)
     example = standalone_command(Path("DIR"), 0, 0, args.standalone_arg)
     results: dict[str, Any] = {
-        "benchmark": "standalone",
-        "date": dt.date.today().isoformat(),
-        "started_at": dt.datetime.fromtimestamp(started, dt.UTC).isoformat(timespec="seconds"),
-        "command": shlex.join([_python(), "bench/standalone_bench.py", *argv]),
-        "quick": args.quick,
-        "tag": args.tag,
+        **results_head("standalone", "standalone_bench.py", argv, started, args),
         "parameters": {
             "command": shlex.join(
                 [
@@ -779,12 +767,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="name the results standalone-<date>-<TAG>.*, so that a variant run does not replace"
         " the full run's files",
     )
-    add("--out", type=Path, default=REPO / "bench" / "results", help="directory for the results")
-    add(
-        "--data-root",
-        type=Path,
-        default=REPO / "bench",
-        help="a temporary directory is made here for the data directories and removed at the end",
+    add_output_options(
+        add,
+        data_root_help=(
+            "a temporary directory is made here for the data directories and removed at the end"
+        ),
     )
     args = parser.parse_args(argv)
     if args.quick:
