@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import logging
 import os
 import shlex
 import shutil
@@ -31,7 +30,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import structlog
 from harness import (
     KIB,
     MB,
@@ -44,11 +42,13 @@ from harness import (
     RAW_RTT_P99,
     REPO,
     add_output_options,
+    add_raw_s_option,
     latency_summary,
     machine_cpu_seconds,
     machine_info,
     ms,
     proc_cpu_seconds,
+    quiet_logs,
     raw_limits_at,
     raw_limits_table,
     raw_pair,
@@ -56,6 +56,7 @@ from harness import (
     results_head,
     run_and_write,
     size_name,
+    stop_process,
 )
 
 from bookie.client.bookie_client import BookieClient
@@ -216,15 +217,7 @@ class BookieRunner:
         process = self.process
         if process is None:
             return None
-        if process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(process.wait(), grace_s)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    process.kill()
-                await process.wait()
+        await stop_process(process, grace_s, signal.SIGTERM)
         return process.returncode
 
 
@@ -682,12 +675,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--warmup-s", type=float, default=1.0, help="unmeasured seconds before each workload"
     )
-    parser.add_argument(
-        "--raw-s",
-        type=float,
-        default=1.5,
-        help="seconds per raw-limit measurement (each of 4, at start and at end)",
-    )
+    add_raw_s_option(parser.add_argument)
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -788,7 +776,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     # the client logs each add stream it closes; the benchmark's own output is enough
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    quiet_logs()
     results = run_and_write("bookie", args, argv, bench, render_markdown)
     if results is None:
         return 130

@@ -43,6 +43,7 @@ from harness import (
     RAW_RTT_P50,
     LogClock,
     add_output_options,
+    add_raw_s_option,
     configure_logs,
     latency_summary,
     log_tail,
@@ -1342,12 +1343,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--warmup-s", type=float, default=2.0, help="unmeasured seconds before each one")
     add("--window-mib", type=float, default=8.0, help="bytes in flight, both paths (MiB)")
     add("--turn-mib", type=float, default=1.0, help="bytes added per event-loop turn (MiB)")
-    add(
-        "--raw-s",
-        type=float,
-        default=1.0,
-        help="seconds per raw-limit measurement (each of 4, at start and at end)",
-    )
+    add_raw_s_option(add, default=1.0)
     add("--no-failover", action="store_true", help="skip the failover runs")
     add("--no-throughput", action="store_true", help="skip the throughput comparison")
     add(

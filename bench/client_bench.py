@@ -38,7 +38,6 @@ import dataclasses
 import importlib.metadata
 import inspect
 import json
-import logging
 import os
 import re
 import shlex
@@ -55,8 +54,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 # harness.py sits next to this script, so it is importable when it is run as
 # ``python bench/client_bench.py``: machine details, CPU accounting and the results harness.
 from harness import (
@@ -68,9 +65,13 @@ from harness import (
     machine_info,
     percentile,
     proc_cpu_seconds,
+    quiet_logs,
     report_preamble,
     results_head,
     run_and_write,
+    spread,
+    spread_cell,
+    stop_process,
 )
 
 # --- targets (reported with PASS / FAIL, never asserted) ------------------------------------------
@@ -636,7 +637,7 @@ AIO_RUNNERS = {
 def worker_main(spec_text: str) -> int:
     """One pattern, one run: its figures as one JSON line on stdout."""
     # the client library logs its connections at info; the figures are what is read
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    quiet_logs()
     spec = json.loads(spec_text)
     if spec.get("tune_gc"):
         from magnetar.common.gc_tuning import tune_gc_for_throughput  # noqa: PLC0415
@@ -822,20 +823,9 @@ async def start_redis(directory: Path, server_path: str) -> Server:
 
 async def stop_server(server: Server, grace_s: float = 20.0) -> None:
     """SIGINT (SIGTERM for Redis), then SIGKILL after ``grace_s``."""
-    process = server.process
-    if process.returncode is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        if server.name == "redis-server":
-            process.terminate()
-        else:
-            process.send_signal(signal.SIGINT)  # the standalone stops as on Ctrl-C
-    try:
-        await asyncio.wait_for(process.wait(), grace_s)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            process.kill()
-        await process.wait()
+    # the standalone stops as on Ctrl-C
+    sig = signal.SIGTERM if server.name == "redis-server" else signal.SIGINT
+    await stop_process(server.process, grace_s, sig)
 
 
 # --- backlogs -------------------------------------------------------------------------------------
@@ -963,18 +953,6 @@ async def run_one(
 # --- figures --------------------------------------------------------------------------------------
 
 
-def spread(values: Sequence[float]) -> dict[str, Any]:
-    """Median, minimum and maximum of the rounds' values (``median`` None when there are none)."""
-    if not values:
-        return {"median": None, "min": None, "max": None, "n": 0}
-    return {
-        "median": statistics.median(values),
-        "min": min(values),
-        "max": max(values),
-        "n": len(values),
-    }
-
-
 FIGURES = (
     "msg_per_s",
     "client_us_per_msg",
@@ -1062,18 +1040,6 @@ def ratios(
 # --- the report -----------------------------------------------------------------------------------
 
 
-def _cell(figure: dict[str, Any] | None, spec: str = ",.0f") -> str:
-    """``median (min-max)`` of a spread."""
-    if not figure or figure.get("median") is None:
-        return "-"
-    if figure["n"] == 1:
-        return format(figure["median"], spec)
-    return (
-        f"{format(figure['median'], spec)} ({format(figure['min'], spec)}-"
-        f"{format(figure['max'], spec)})"
-    )
-
-
 def _ratio_line(entry: dict[str, Any]) -> str:
     head = f"- **{entry['verdict']}** {entry['name']}"
     if entry["median"] is None:
@@ -1153,10 +1119,12 @@ def render_markdown(results: dict[str, Any]) -> str:
         if f is None:
             continue
         lines.append(
-            f"| {pattern.key} | {pattern.client}: `{pattern.call}` | **{_cell(f['msg_per_s'])}**"
-            f" | {_cell(f['client_us_per_msg'], '.2f')} | {_cell(f['server_us_per_msg'], '.2f')}"
-            f" | {_cell(f['client_cpu_pct'])} | {_cell(f['server_cpu_pct'])}"
-            f" | {_cell(f['machine_busy_pct'])} ({_cell(f['others_pct'])})"
+            f"| {pattern.key} | {pattern.client}: `{pattern.call}`"
+            f" | **{spread_cell(f['msg_per_s'])}**"
+            f" | {spread_cell(f['client_us_per_msg'], '.2f')}"
+            f" | {spread_cell(f['server_us_per_msg'], '.2f')}"
+            f" | {spread_cell(f['client_cpu_pct'])} | {spread_cell(f['server_cpu_pct'])}"
+            f" | {spread_cell(f['machine_busy_pct'])} ({spread_cell(f['others_pct'])})"
             f" | {f['ok_runs']} / {f['runs']} |"
         )
     latency = summary.get("sync-send")
@@ -1166,9 +1134,9 @@ def render_markdown(results: dict[str, Any]) -> str:
             (
                 f"`sync-send` ({p['send_count']:,} sequential `producer.send(msg)`, after"
                 f" {p['send_warmup']} not counted): latency p50"
-                f" {_cell(latency['latency_p50_ms'], '.2f')} ms, p99"
-                f" {_cell(latency['latency_p99_ms'], '.2f')} ms, max"
-                f" {_cell(latency['latency_max_ms'], '.1f')} ms: send call -> the broker's"
+                f" {spread_cell(latency['latency_p50_ms'], '.2f')} ms, p99"
+                f" {spread_cell(latency['latency_p99_ms'], '.2f')} ms, max"
+                f" {spread_cell(latency['latency_max_ms'], '.1f')} ms: send call -> the broker's"
                 " receipt, the message stored on Qa bookies and `fdatasync`ed."
             ),
         ]
@@ -1405,7 +1373,7 @@ def main(argv: list[str] | None = None) -> int:
         return worker_main(argv[1])
     args = parse_args(argv)
     # the admin client logs at info; the benchmark's own output is enough
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    quiet_logs()
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     results = run_and_write("client", args, argv, bench, render_markdown, keep_data=args.keep_data)
     if results is None:

@@ -30,16 +30,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
-import logging
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 # harness.py sits next to this script (importable when run as ``python bench/...``)
-from harness import REPO, latency_summary, machine_info, report_preamble, rss_bytes, run_and_write
+from harness import (
+    REPO,
+    latency_summary,
+    machine_info,
+    quiet_logs,
+    report_preamble,
+    rss_bytes,
+    run_and_write,
+)
 
 import magnetar
 from magnetar.aio import Client
@@ -196,7 +201,7 @@ def render_markdown(results: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    quiet_logs()
     results = run_and_write("delayed", args, argv, bench, render_markdown)
     return 130 if results is None else 0
 

@@ -32,17 +32,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
-import logging
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 # harness.py and failover_bench.py sit next to this script
 from failover_bench import owner_of
-from harness import REPO, machine_info, report_preamble, run_and_write
+from harness import REPO, machine_info, quiet_logs, report_preamble, run_and_write
 
 from magnetar.aio import AdminClient, Client
 from magnetar.testing import LocalCluster
@@ -212,7 +209,7 @@ def render_markdown(results: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    quiet_logs()
     results = run_and_write("delayed-failover", args, argv, bench, render_markdown)
     return 130 if results is None else 0
 

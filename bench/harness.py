@@ -30,6 +30,7 @@ import shlex
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -97,6 +98,32 @@ def latency_summary(seconds: list[float]) -> dict[str, Any]:
         "max_us": (values[-1] * us) if values else float("nan"),
         "mean_us": (sum(values) / len(values) * us) if values else float("nan"),
     }
+
+
+def spread(values: Sequence[float | None]) -> dict[str, Any]:
+    """Median, min and max of the values that exist (say, one per round), with their count;
+    None figures when none do."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return {"n": 0, "median": None, "min": None, "max": None}
+    return {
+        "n": len(present),
+        "median": statistics.median(present),
+        "min": min(present),
+        "max": max(present),
+    }
+
+
+def spread_cell(figure: dict[str, Any] | None, spec: str = ",.0f") -> str:
+    """A :func:`spread` as a report cell: ``median (min-max)``, or the one value."""
+    if not figure or figure.get("median") is None:
+        return "-"
+    if figure["n"] == 1:
+        return format(figure["median"], spec)
+    return (
+        f"{format(figure['median'], spec)} ({format(figure['min'], spec)}-"
+        f"{format(figure['max'], spec)})"
+    )
 
 
 # --- the processes --------------------------------------------------------------------------------
@@ -195,12 +222,16 @@ def log_tail(path: Path, lines: int = 15) -> str:
     return "(no log)"
 
 
-async def stop_process(process: asyncio.subprocess.Process, grace_s: float = 15.0) -> None:
-    """SIGINT (perf prints its partial figures), then SIGKILL after ``grace_s``."""
+async def stop_process(
+    process: asyncio.subprocess.Process,
+    grace_s: float = 15.0,
+    sig: signal.Signals = signal.SIGINT,
+) -> None:
+    """``sig`` (SIGINT: perf prints its partial figures), then SIGKILL after ``grace_s``."""
     if process.returncode is not None:
         return
     with contextlib.suppress(ProcessLookupError):
-        process.send_signal(signal.SIGINT)
+        process.send_signal(sig)
     try:
         await asyncio.wait_for(process.wait(), grace_s)
     except TimeoutError:
@@ -258,6 +289,12 @@ class LogClock:
 
     def first_after(self, name: str, since: float) -> float | None:
         return next((t for t, e in self.seen if e == name and t >= since), None)
+
+
+def quiet_logs() -> None:
+    """Let only warnings and errors of the libraries' logs through to the console: the
+    benchmark's own output is enough."""
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
 
 def configure_logs(clock: LogClock) -> None:
@@ -686,6 +723,16 @@ def tag_help(name: str) -> str:
     return (
         f"name the results {name}-<date>-<TAG>.*, so that a variant run does not replace the"
         " full run's files"
+    )
+
+
+def add_raw_s_option(add: Callable[..., Any], default: float = 1.5) -> None:
+    """``--raw-s``: how long each raw limit is measured (:func:`raw_limits_at`)."""
+    add(
+        "--raw-s",
+        type=float,
+        default=default,
+        help="seconds per raw-limit measurement (each of 4, at start and at end)",
     )
 
 

@@ -44,6 +44,7 @@ from harness import (
     RAW_RTT_P99,
     LogClock,
     add_output_options,
+    add_raw_s_option,
     configure_logs,
     latency_summary,
     log_tail,
@@ -1139,12 +1140,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add = parser.add_argument
     add("--duration-s", type=float, default=5.0, help="measured seconds per workload")
     add("--warmup-s", type=float, default=1.0, help="unmeasured seconds before each workload")
-    add(
-        "--raw-s",
-        type=float,
-        default=1.5,
-        help="seconds per raw-limit measurement (each of 4, at start and at end)",
-    )
+    add_raw_s_option(add)
     add(
         "--quick",
         action="store_true",

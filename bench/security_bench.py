@@ -54,19 +54,15 @@ import argparse
 import asyncio
 import contextlib
 import json
-import logging
 import os
 import shlex
 import signal
-import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import structlog
 
 # harness.py and the other benchmarks sit next to this script, so they are importable when it is
 # run as ``python bench/security_bench.py``: the harness measures and reports, the broker's
@@ -80,10 +76,13 @@ from harness import (
     machine_info,
     opt,
     proc_cpu_seconds,
+    quiet_logs,
     report_preamble,
     results_head,
     run_and_write,
     spawn_piped,
+    spread,
+    spread_cell,
     stop_process,
     summary_errors,
 )
@@ -318,7 +317,7 @@ def worker_main(spec_text: str) -> int:
     from magnetar.common.gc_tuning import tune_gc_for_throughput  # noqa: PLC0415
 
     # the client library logs its connections at info; perf's own output is what is read
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    quiet_logs()
     spec = json.loads(spec_text)
     parser = argparse.ArgumentParser(prog="magnetar")
     perf.add_perf_command(parser.add_subparsers(dest="command"))
@@ -836,19 +835,6 @@ def run_figures(
 # --- figures over the rounds ----------------------------------------------------------------------
 
 
-def spread(values: Sequence[float | None]) -> dict[str, Any]:
-    """Median, min and max of the values that exist, with their count; None figures when none do."""
-    present = [v for v in values if v is not None]
-    if not present:
-        return {"n": 0, "median": None, "min": None, "max": None}
-    return {
-        "n": len(present),
-        "median": statistics.median(present),
-        "min": min(present),
-        "max": max(present),
-    }
-
-
 def by_round(
     runs: Sequence[dict[str, Any]], workload: str, variant: str, figure: str
 ) -> dict[int, float]:
@@ -1076,18 +1062,6 @@ def checks(
 # --- the report -----------------------------------------------------------------------------------
 
 
-def _cell(figure: dict[str, Any] | None, spec: str = ",.0f") -> str:
-    """``median (min-max)`` of a spread."""
-    if not figure or figure.get("median") is None:
-        return "-"
-    if figure["n"] == 1:
-        return format(figure["median"], spec)
-    return (
-        f"{format(figure['median'], spec)} ({format(figure['min'], spec)}-"
-        f"{format(figure['max'], spec)})"
-    )
-
-
 def _broker(figures: dict[str, Any]) -> str:
     """`` (broker N)`` for a cluster, whose server CPU is several processes; empty otherwise."""
     broker = figures.get("broker_cpu_pct")
@@ -1143,13 +1117,15 @@ def _variant_tables(results: dict[str, Any]) -> list[str]:
             for variant in variants:
                 f = per_variant[variant.key]
                 lines.append(
-                    f"| {variant.name} | {_cell(f.get('msg_per_s'))} |"
-                    f" {_cell(f.get('p50_ms'), '.1f')} / {_cell(f.get('p99_ms'), '.1f')} |"
-                    f" {_cell(f.get('server_cpu_pct'))}{_broker(f)} |"
-                    f" {_cell(f.get('server_us_per_msg'), '.2f')} |"
-                    f" {_cell(f.get('client_cpu_pct'))} |"
-                    f" {_cell(f.get('client_us_per_msg'), '.2f')} |"
-                    f" {_cell(f.get('machine_busy_pct'))} ({_cell(f.get('others_pct'))}) |"
+                    f"| {variant.name} | {spread_cell(f.get('msg_per_s'))} |"
+                    f" {spread_cell(f.get('p50_ms'), '.1f')} /"
+                    f" {spread_cell(f.get('p99_ms'), '.1f')} |"
+                    f" {spread_cell(f.get('server_cpu_pct'))}{_broker(f)} |"
+                    f" {spread_cell(f.get('server_us_per_msg'), '.2f')} |"
+                    f" {spread_cell(f.get('client_cpu_pct'))} |"
+                    f" {spread_cell(f.get('client_us_per_msg'), '.2f')} |"
+                    f" {spread_cell(f.get('machine_busy_pct'))}"
+                    f" ({spread_cell(f.get('others_pct'))}) |"
                     f" {f['ok_runs']} / {f['runs']} |"
                 )
         else:
@@ -1164,13 +1140,16 @@ def _variant_tables(results: dict[str, Any]) -> list[str]:
             for variant in variants:
                 f = per_variant[variant.key]
                 lines.append(
-                    f"| {variant.name} | {_cell(f.get('msg_per_s'))} |"
-                    f" {_cell(f.get('p50_ms'), '.2f')} | {_cell(f.get('p99_ms'), '.2f')} |"
-                    f" {_cell(f.get('p99_9_ms'), '.2f')} | {_cell(f.get('max_ms'), '.1f')} |"
-                    f" {_cell(f.get('publish_p99_ms'), '.2f')} |"
-                    f" {_cell(f.get('server_cpu_pct'), '.1f')}{_broker(f)} |"
-                    f" {_cell(f.get('client_cpu_pct'), '.1f')} |"
-                    f" {_cell(f.get('machine_busy_pct'))} ({_cell(f.get('others_pct'))}) |"
+                    f"| {variant.name} | {spread_cell(f.get('msg_per_s'))} |"
+                    f" {spread_cell(f.get('p50_ms'), '.2f')} |"
+                    f" {spread_cell(f.get('p99_ms'), '.2f')} |"
+                    f" {spread_cell(f.get('p99_9_ms'), '.2f')} |"
+                    f" {spread_cell(f.get('max_ms'), '.1f')} |"
+                    f" {spread_cell(f.get('publish_p99_ms'), '.2f')} |"
+                    f" {spread_cell(f.get('server_cpu_pct'), '.1f')}{_broker(f)} |"
+                    f" {spread_cell(f.get('client_cpu_pct'), '.1f')} |"
+                    f" {spread_cell(f.get('machine_busy_pct'))}"
+                    f" ({spread_cell(f.get('others_pct'))}) |"
                     f" {f['ok_runs']} / {f['runs']} |"
                 )
     return lines
@@ -1642,7 +1621,7 @@ def main(argv: list[str] | None = None) -> int:
         return worker_main(argv[1])
     args = parse_args(argv)
     # the test kit and the admin client log at info; the benchmark's own output is enough
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    quiet_logs()
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     results = run_and_write(
         "security", args, argv, bench, render_markdown, keep_data=args.keep_data

@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import collections
 import contextlib
-import logging
 import os
 import re
 import shlex
@@ -39,8 +38,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-import structlog
-
 # harness.py sits next to this script, so it is importable when the script is run as
 # ``python bench/standalone_bench.py``; machine details and the results harness are shared.
 from harness import (
@@ -53,6 +50,7 @@ from harness import (
     percentile,
     proc_cpu_seconds,
     python_path,
+    quiet_logs,
     report_preamble,
     results_head,
     run_and_write,
@@ -791,7 +789,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     # the client library logs its connections; the benchmark's own output is enough
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    quiet_logs()
     results = run_and_write("standalone", args, argv, bench, render_markdown)
     if results is None:
         return 130

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import logging
 import math
 import os
 import shlex
@@ -35,8 +34,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import structlog
 
 # harness.py and broker_bench.py sit next to this script, so they are importable when it is run
 # as ``python bench/suite.py``. The cluster's settings and its CPU accounting are broker_bench's,
@@ -53,12 +50,14 @@ from harness import (
     RAW_RTT_P99,
     PerfOutput,
     add_output_options,
+    add_raw_s_option,
     log_tail,
     machine_info,
     opt,
     peak_rss_bytes,
     proc_cpu_seconds,
     python_path,
+    quiet_logs,
     raw_limits_at,
     raw_limits_table,
     raw_pair,
@@ -1644,12 +1643,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=DEFAULT_RSS_BOUND_MIB,
         help="the broker's RSS must stay under this in max-rate and backlog workloads",
     )
-    add(
-        "--raw-s",
-        type=float,
-        default=1.5,
-        help="seconds per raw-limit measurement (each of 4, at start and at end)",
-    )
+    add_raw_s_option(add)
     add(
         "--grow-gb",
         type=float,
@@ -1738,7 +1732,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench/suite.py: {reason}", file=sys.stderr)
         return 2
     # the test kit and the metadata client log at info; the suite's own output is enough
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    quiet_logs()
     results = run_and_write("suite", args, argv, bench, render_markdown, keep_data=args.keep_data)
     if results is None:
         return 130
