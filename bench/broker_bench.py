@@ -808,16 +808,10 @@ async def run_failover(
         LOG_CLOCK.seen.clear()
 
         exited_at: list[float] = []
-
-        async def take_down(node: BrokerNode) -> None:
-            # both send their signal before their first await, then wait for the exit
-            await (node.kill() if kind == "crash" else node.stop())
-            exited_at.append(time.perf_counter())
-
         result["victim_age_s"] = process_age_s(victim.pid)
         t0 = time.perf_counter()
         wall0 = time.time()
-        stopping = asyncio.create_task(take_down(victim), name="take-down")
+        stopping = asyncio.create_task(_take_down(victim, kind, exited_at), name="take-down")
         first_new = await load.wait_for_ack(t0, not_in=old_ledgers, timeout_s=3 * ttl_s + 30)
         settle = time.perf_counter() + after_s
         while time.perf_counter() < settle or len(load.acks) < acked_before + 100:
@@ -829,14 +823,7 @@ async def run_failover(
         await asyncio.wait_for(producer.flush(), 120)
         await producer.close()
 
-        survivor = running_broker(cluster)
-        channel2, stub2 = admin_stub(survivor)
-        try:
-            after = await stub2.GetTopicStats(admin.GetTopicStatsRequest(topic=partition))
-            stored = after.partitions[0].next_offset
-            new_owner = after.partitions[0].owner_broker_id
-        finally:
-            await channel2.close()
+        stored, new_owner = await _stored_and_owner(cluster, partition)
         numbers = await read_back(client, partition, stored, 60)
         acked = {a.number for a in load.acks}
         seen = set(numbers)
@@ -851,17 +838,7 @@ async def run_failover(
             return None if t is None else (t - t0) * 1e3
 
         def log_ms(broker_id: str, event: str, **match: str) -> float | None:
-            node = next((b for b in cluster.brokers if b.broker_id == broker_id), None)
-            if node is None:
-                return None
-            for wall, name, record in broker_log_events(node.log_path, offsets.get(broker_id, 0)):
-                if (
-                    name == event
-                    and wall >= wall0
-                    and all(record.get(k, "").endswith(v) for k, v in match.items())
-                ):
-                    return (wall - wall0) * 1e3
-            return None
+            return _log_event_ms(cluster, offsets, wall0, broker_id, event, **match)
 
         lost = sorted(acked - seen)
         result.update(
@@ -929,21 +906,67 @@ async def run_failover(
         with contextlib.suppress(Exception):
             await asyncio.wait_for(client.close(), 30)
         await channel.close()
-    # the next run finds both brokers up again (a new process for the one that went away)
+    result["restart_s"] = await _restore(cluster, topic)
+    return result
+
+
+async def _take_down(node: BrokerNode, kind: str, exited_at: list[float]) -> None:
+    """SIGKILL (``crash``) or SIGTERM (``graceful``) a broker, and note when it exited."""
+    # both send their signal before their first await, then wait for the exit
+    await (node.kill() if kind == "crash" else node.stop())
+    exited_at.append(time.perf_counter())
+
+
+async def _stored_and_owner(cluster: LocalCluster, partition: str) -> tuple[int, str]:
+    """How many messages a partition holds, and its owner, as a running broker tells."""
+    channel, stub = admin_stub(running_broker(cluster))
+    try:
+        after = await stub.GetTopicStats(admin.GetTopicStatsRequest(topic=partition))
+        return after.partitions[0].next_offset, after.partitions[0].owner_broker_id
+    finally:
+        await channel.close()
+
+
+def _log_event_ms(
+    cluster: LocalCluster,
+    offsets: dict[str, int],
+    wall0: float,
+    broker_id: str,
+    event: str,
+    **match: str,
+) -> float | None:
+    """Milliseconds from ``wall0`` to the first ``event`` a broker logged since then (past
+    ``offsets``, its log's size when the run started) whose fields end with ``match``."""
+    node = next((b for b in cluster.brokers if b.broker_id == broker_id), None)
+    if node is None:
+        return None
+    for wall, name, record in broker_log_events(node.log_path, offsets.get(broker_id, 0)):
+        if (
+            name == event
+            and wall >= wall0
+            and all(record.get(k, "").endswith(v) for k, v in match.items())
+        ):
+            return (wall - wall0) * 1e3
+    return None
+
+
+async def _restore(cluster: LocalCluster, topic: str) -> float:
+    """Bring every broker up again, so the next run finds both (a new process for the one that
+    went away), and delete the run's topic, so it is not among those a stopping broker hands
+    over; the seconds the restart took."""
     restart_started = time.perf_counter()
     for node in cluster.brokers:
         if not node.is_running:
             await node.start()
     await cluster.wait_brokers_registered()
-    result["restart_s"] = time.perf_counter() - restart_started
-    # and does not find this run's partition among those a stopping broker hands over
+    restart_s = time.perf_counter() - restart_started
     with contextlib.suppress(Exception):
         channel, stub = admin_stub(running_broker(cluster))
         try:
             await stub.DeleteTopic(admin.DeleteTopicRequest(topic=topic, force=True), timeout=30)
         finally:
             await channel.close()
-    return result
+    return restart_s
 
 
 def _age(v: float | None) -> str:

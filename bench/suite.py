@@ -30,7 +30,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -1076,6 +1076,28 @@ def _stem(results: dict[str, Any]) -> str:
     return f"suite-{results['date']}{'-' + tag if tag else ''}"
 
 
+def _loaded_phases(results: dict[str, Any]) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """Every phase of the max-rate and backlog workloads, with its workload (the fixed-rate
+    ones deliver their rate or not: see the latency plot's labels)."""
+    for w in results["workloads"]:
+        if w["kind"] != FIXED_RATE:
+            for phase in w["phases"]:
+                yield w, phase
+
+
+def _throughput_bars(results: dict[str, Any]) -> list[tuple[str, float, str]]:
+    """A bar per phase with a summary: label, msg/s and colour (green: a backlog drain)."""
+    bars: list[tuple[str, float, str]] = []
+    for w, phase in _loaded_phases(results):
+        summary = phase.get("summary")
+        if summary is None:
+            continue
+        label = w["key"] + (f" ({phase['phase']})" if w["kind"] == BACKLOG else "")
+        color = "#2ca02c" if phase["phase"] == "consume" else "#1f77b4"
+        bars.append((label, summary["msg_per_s"], color))
+    return bars
+
+
 def plot_throughput(path: Path, results: dict[str, Any]) -> None:
     """Bars: msg/s per workload (targets as lines); below, every second of the max-rate and
     backlog phases."""
@@ -1085,17 +1107,7 @@ def plot_throughput(path: Path, results: dict[str, Any]) -> None:
     import matplotlib.pyplot as plt  # noqa: PLC0415
     from matplotlib.ticker import FuncFormatter  # noqa: PLC0415
 
-    bars: list[tuple[str, float, str]] = []
-    for w in results["workloads"]:
-        if w["kind"] == FIXED_RATE:
-            continue  # they deliver their rate or not: see the latency plot's labels
-        for phase in w["phases"]:
-            summary = phase.get("summary")
-            if summary is None:
-                continue
-            label = w["key"] + (f" ({phase['phase']})" if w["kind"] == BACKLOG else "")
-            color = "#2ca02c" if phase["phase"] == "consume" else "#1f77b4"
-            bars.append((label, summary["msg_per_s"], color))
+    bars = _throughput_bars(results)
     figure, (top, bottom) = plt.subplots(
         2, 1, figsize=(12, 10), dpi=100, gridspec_kw={"height_ratios": [3, 2]}
     )
@@ -1121,16 +1133,13 @@ def plot_throughput(path: Path, results: dict[str, Any]) -> None:
         "Max rate: blue = produce (send -> receipt), green = one consumer draining the backlog",
         fontsize=10,
     )
-    for w in results["workloads"]:
-        if w["kind"] == FIXED_RATE:
-            continue
-        for phase in w["phases"]:
-            series = phase.get("progress") or []
-            if series:
-                label = w["key"] + (f" {phase['phase']}" if w["kind"] == BACKLOG else "")
-                bottom.plot(
-                    [p["t_s"] for p in series], [p["msg_per_s"] for p in series], lw=1, label=label
-                )
+    for w, phase in _loaded_phases(results):
+        series = phase.get("progress") or []
+        if series:
+            label = w["key"] + (f" {phase['phase']}" if w["kind"] == BACKLOG else "")
+            bottom.plot(
+                [p["t_s"] for p in series], [p["msg_per_s"] for p in series], lw=1, label=label
+            )
     bottom.set_xlabel("seconds since the phase started measuring")
     bottom.set_ylabel("messages per second")
     bottom.set_ylim(bottom=0)
