@@ -59,6 +59,7 @@ from typing import Any
 from harness import (
     REPO,
     add_output_options,
+    failed_runs_section,
     free_port,
     log_tail,
     machine_cpu_seconds,
@@ -1171,20 +1172,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         ),
         "",
     ]
-    failed = [r for r in results["runs"] if not r["ok"]]
-    if failed:
-        lines += ["## Failed runs", ""]
-        for run in failed:
-            lines += [
-                f"- round {run['round']}, {run['pattern']}: {run.get('error')}",
-                "",
-                "```",
-                run.get("stderr_tail", ""),
-                "--- server log tail",
-                run.get("server_log_tail", ""),
-                "```",
-                "",
-            ]
+    lines += failed_runs_section(results["runs"], lambda r: f"round {r['round']}, {r['pattern']}")
     lines += [
         (
             "Every run (figures, CPU, the backlog fills' times), parameters and machine"

@@ -766,6 +766,29 @@ def report_preamble(results: dict[str, Any]) -> list[str]:
     ]
 
 
+def failed_runs_section(
+    runs: Sequence[dict[str, Any]], name: Callable[[dict[str, Any]], str]
+) -> list[str]:
+    """The report's "Failed runs": each failed run (``name`` says which), its error, and the
+    tails of its client's stderr and of the server's log; nothing when none failed."""
+    failed = [r for r in runs if not r["ok"]]
+    if not failed:
+        return []
+    lines = ["## Failed runs", ""]
+    for run in failed:
+        lines += [
+            f"- {name(run)}: {run.get('error')}",
+            "",
+            "```",
+            run.get("stderr_tail", ""),
+            "--- server log tail",
+            run.get("server_log_tail", ""),
+            "```",
+            "",
+        ]
+    return lines
+
+
 BenchBody = Callable[[argparse.Namespace, list[str], Path], Awaitable[dict[str, Any]]]
 
 

@@ -71,6 +71,7 @@ from broker_bench import BROKER_ARGS
 from harness import (
     PerfOutput,
     add_output_options,
+    failed_runs_section,
     log_tail,
     machine_cpu_seconds,
     machine_info,
@@ -1377,20 +1378,9 @@ def render_markdown(results: dict[str, Any]) -> str:
         ),
         "",
     ]
-    failed = [r for r in results["runs"] if not r["ok"]]
-    if failed:
-        lines += ["## Failed runs", ""]
-        for run in failed:
-            lines += [
-                f"- round {run['round']}, {run['workload']}, {run['variant']}: {run.get('error')}",
-                "",
-                "```",
-                run.get("stderr_tail", ""),
-                "--- server log tail",
-                run.get("server_log_tail", ""),
-                "```",
-                "",
-            ]
+    lines += failed_runs_section(
+        results["runs"], lambda r: f"round {r['round']}, {r['workload']}, {r['variant']}"
+    )
     lines += [
         (
             "Every run (command, perf's summary and per-second progress, CPU), parameters and"
