@@ -1060,13 +1060,8 @@ def render_markdown(results: dict[str, Any]) -> str:
     title_tag = f" ({results['tag']})" if results["tag"] else ""
     p = results["parameters"]
     cores = results["machine"]["cpu_count"]
-    preamble = report_preamble(results)
-    fs = results["machine"]["filesystem"]
     # the shared preamble's last line speaks of raw limits, which this benchmark does not measure
-    preamble[-1] = (
-        f"Data file system: {fs['device']} ({fs['type']}) on {fs['mount_point']},"
-        f" {fs['free_bytes'] / 1e9:,.0f} GB free of {fs['total_bytes'] / 1e9:,.0f} GB."
-    )
+    preamble = report_preamble(results, raw_limits=False)
     redis = results["redis"]
     redis_text = (
         f"Redis: {redis['server_version']}, redis-py {redis['redis_py']}."

@@ -47,7 +47,7 @@ from harness import (
 )
 
 import magnetar
-from magnetar.aio import Client
+from magnetar.aio import Client, Consumer, Producer
 from magnetar.testing import LocalCluster
 
 HOUR_MS = 3_600_000
@@ -81,6 +81,29 @@ def subscription_stats(service_url: str, topic: str) -> dict[str, Any]:
     return {k: sub.get(k) for k in keys}
 
 
+async def send_delayed(producer: Producer, count: int, window: int) -> None:
+    """``count`` messages due in an hour, each an entry of its own followed by an immediate
+    one (to be acknowledged: a hole each), at most ``window`` unconfirmed."""
+    due_ms = int(time.time() * 1000) + HOUR_MS
+    pending: list[asyncio.Future[Any]] = []
+    for _ in range(count):
+        pending.append(producer.send_async(b"later", deliver_at_ms=due_ms))
+        pending.append(producer.send_async(b"fill"))
+        if len(pending) >= window:
+            await asyncio.gather(*pending)
+            pending.clear()
+    await asyncio.gather(*pending)
+
+
+async def take_fills(consumer: Consumer, count: int) -> None:
+    """Receive and acknowledge the ``count`` immediate messages; a delayed one is an error."""
+    for _ in range(count):
+        message = await consumer.receive(timeout_millis=120_000)
+        if message.data() != b"fill":
+            raise RuntimeError(f"a delayed message came early: {message.data()!r}")
+        await consumer.acknowledge(message)
+
+
 async def one_run(cluster: LocalCluster, delayed: int, args: argparse.Namespace) -> dict[str, Any]:
     topic = f"delayed-bench-{delayed}-{int(time.time())}"
     url = cluster.service_url
@@ -93,20 +116,8 @@ async def one_run(cluster: LocalCluster, delayed: int, args: argparse.Namespace)
         producer = await client.create_producer(topic)
         started = time.monotonic()
         if delayed:
-            due_ms = int(time.time() * 1000) + HOUR_MS
-            pending: list[asyncio.Future[Any]] = []
-            for _ in range(delayed):
-                pending.append(producer.send_async(b"later", deliver_at_ms=due_ms))
-                pending.append(producer.send_async(b"fill"))
-                if len(pending) >= args.window:
-                    await asyncio.gather(*pending)
-                    pending.clear()
-            await asyncio.gather(*pending)
-            for _ in range(delayed):
-                message = await consumer.receive(timeout_millis=120_000)
-                if message.data() != b"fill":
-                    raise RuntimeError(f"a delayed message came early: {message.data()!r}")
-                await consumer.acknowledge(message)
+            await send_delayed(producer, delayed, args.window)
+            await take_fills(consumer, delayed)
         run["fill_s"] = time.monotonic() - started
         await asyncio.sleep(2)  # the last acks reach the broker
         run["after_fill"] = await asyncio.to_thread(subscription_stats, url, topic)

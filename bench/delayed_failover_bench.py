@@ -37,7 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-# harness.py and failover_bench.py sit next to this script
+# harness.py, delayed_bench.py and failover_bench.py sit next to this script
+from delayed_bench import SUBSCRIPTION, send_delayed, take_fills
 from failover_bench import owner_of
 from harness import REPO, machine_info, quiet_logs, report_preamble, run_and_write
 
@@ -45,8 +46,6 @@ from magnetar.aio import AdminClient, Client
 from magnetar.testing import LocalCluster
 from metadata import open_store
 
-HOUR_MS = 3_600_000
-SUBSCRIPTION = "work"
 SEAL_WAIT_S = 8.0
 """Longer than dispatch_delayed_index_seal_ms (5 s): every bucket is written before a move."""
 
@@ -119,21 +118,9 @@ async def one_cluster(root: Path, args: argparse.Namespace, *, index: bool) -> d
             )
             producer = await client.create_producer(topic)
             started = time.monotonic()
-            due_ms = int(time.time() * 1000) + HOUR_MS
-            pending: list[asyncio.Future[Any]] = []
-            for _ in range(args.delayed):
-                pending.append(producer.send_async(b"later", deliver_at_ms=due_ms))
-                pending.append(producer.send_async(b"fill"))
-                if len(pending) >= args.window:
-                    await asyncio.gather(*pending)
-                    pending.clear()
-            await asyncio.gather(*pending)
+            await send_delayed(producer, args.delayed, args.window)
             await producer.close()
-            for _ in range(args.delayed):
-                message = await consumer.receive(timeout_millis=120_000)
-                if message.data() != b"fill":
-                    raise RuntimeError(f"a delayed message came early: {message.data()!r}")
-                await consumer.acknowledge(message)
+            await take_fills(consumer, args.delayed)
             await wait_held(admin, topic, args.delayed, started)
             run["fill_s"] = time.monotonic() - started
             await asyncio.sleep(SEAL_WAIT_S)

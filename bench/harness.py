@@ -743,10 +743,17 @@ def add_output_options(add: Callable[..., Any], *, data_root_help: str) -> None:
     add("--data-root", type=Path, default=REPO / "bench", help=data_root_help)
 
 
-def report_preamble(results: dict[str, Any]) -> list[str]:
-    """The command, machine and file-system lines that open every benchmark report."""
+def report_preamble(results: dict[str, Any], *, raw_limits: bool = True) -> list[str]:
+    """The command, machine and file-system lines that open every benchmark report; the last
+    says the raw limits were measured in the same tree as the data, unless ``raw_limits`` is
+    False (a benchmark that does not measure them)."""
     m = results["machine"]
     cores = m["cpu_count"]
+    fs = m["filesystem"]
+    data = (
+        f"Data file system: {fs['device']} ({fs['type']}) on {fs['mount_point']},"
+        f" {fs['free_bytes'] / 1e9:,.0f} GB free of {fs['total_bytes'] / 1e9:,.0f} GB."
+    )
     return [
         f"Command: `{results['command']}`  ",
         (
@@ -757,12 +764,9 @@ def report_preamble(results: dict[str, Any]) -> list[str]:
             f"Machine: {cores} cores ({m['cpu_model']}), {m['memory_bytes'] / 2**30:.1f} GiB,"
             f" kernel {m['kernel']}, Python {m['python']}, grpcio {m['grpcio']}.  "
         ),
-        (
-            f"Data file system: {m['filesystem']['device']} ({m['filesystem']['type']}) on"
-            f" {m['filesystem']['mount_point']}, {m['filesystem']['free_bytes'] / 1e9:,.0f} GB free"
-            f" of {m['filesystem']['total_bytes'] / 1e9:,.0f} GB. Raw limits and bookie data are in"
-            " the same directory tree."
-        ),
+        data + " Raw limits and bookie data are in the same directory tree."
+        if raw_limits
+        else data,
     ]
 
 

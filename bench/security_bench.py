@@ -1265,13 +1265,8 @@ def render_markdown(results: dict[str, Any]) -> str:
     hops = hops_of(results)
     p = results["parameters"]
     cores = results["machine"]["cpu_count"]
-    preamble = report_preamble(results)
-    fs = results["machine"]["filesystem"]
     # the shared preamble's last line speaks of raw limits, which this benchmark does not measure
-    preamble[-1] = (
-        f"Data file system: {fs['device']} ({fs['type']}) on {fs['mount_point']},"
-        f" {fs['free_bytes'] / 1e9:,.0f} GB free of {fs['total_bytes'] / 1e9:,.0f} GB."
-    )
+    preamble = report_preamble(results, raw_limits=False)
     if p.get("server") == STANDALONE:
         servers_text = (
             f"Two `magnetar standalone` processes ({p['bookies']} bookies each, embedded"

@@ -559,13 +559,8 @@ def render_markdown(results: dict[str, Any]) -> str:
     s = results["summary"]
     p = results["parameters"]
     imports = results["imports"]
-    preamble = report_preamble(results)
     # the shared preamble's last line speaks of raw limits, which this benchmark does not measure
-    fs = results["machine"]["filesystem"]
-    preamble[-1] = (
-        f"Data file system: {fs['device']} ({fs['type']}) on {fs['mount_point']},"
-        f" {fs['free_bytes'] / 1e9:,.0f} GB free of {fs['total_bytes'] / 1e9:,.0f} GB."
-    )
+    preamble = report_preamble(results, raw_limits=False)
     lines = [
         f"# Standalone benchmark, {results['date']}{title_tag}",
         "",
