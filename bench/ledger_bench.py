@@ -609,19 +609,20 @@ async def run_workload(
         result["limits"] = limits(result)
         await asyncio.wait_for(handle.close(), 30)
     except Exception as e:  # noqa: BLE001 - one failed workload is reported, the rest still run
-        result.update(
-            {
-                "ok": False,
-                "error": f"{e!r}",
-                "bookie_log_tails": {
-                    str(n.bookie_id): log_tail(n.log_path) for n in cluster.bookies
-                },
-            }
-        )
+        result.update(_failure(e, cluster))
     finally:
         with contextlib.suppress(Exception):
             await client.close()
     return result
+
+
+def _failure(error: Exception, cluster: LocalCluster) -> dict[str, Any]:
+    """A failed run's result: its error and every bookie's log tail."""
+    return {
+        "ok": False,
+        "error": f"{error!r}",
+        "bookie_log_tails": {str(n.bookie_id): log_tail(n.log_path) for n in cluster.bookies},
+    }
 
 
 def _print_workload(r: dict[str, Any]) -> None:
@@ -755,15 +756,7 @@ async def run_failover(
             writer.failed == 0 and handle.ensemble_changes >= 1 and result["victim_replaced"]
         )
     except Exception as e:  # noqa: BLE001 - reported with the others; the run goes on
-        result.update(
-            {
-                "ok": False,
-                "error": f"{e!r}",
-                "bookie_log_tails": {
-                    str(n.bookie_id): log_tail(n.log_path) for n in cluster.bookies
-                },
-            }
-        )
+        result.update(_failure(e, cluster))
     finally:
         for task in tasks:
             task.cancel()
