@@ -2,14 +2,16 @@
 
 - figures: percentiles and latency summaries, sizes and durations as the reports print them;
 - the processes: CPU of a process, of each of its threads and of the machine, memory from
-  /proc/<pid>/status, a free port, a log's tail, stopping a child process;
+  /proc/<pid>/status, a free port, a log's tail, stopping a child process, watching a run's
+  tasks and servers; the libraries' logs kept quiet, or timed (:class:`LogClock`);
 - the machine: its details and the file system of the data, and its raw limits (append +
   ``fdatasync`` of 4 KiB, 1 MiB and 4 MiB, and a loopback gRPC round trip) in the same run;
-- ``magnetar perf``'s output (its per-second progress lines and its ``--json`` summary);
-- the run: the options every script takes (``--quick``, ``--tag``, ``--out``, ``--data-root``),
-  the head of the results and the preamble of the report, and :func:`run_and_write`, which runs a
-  benchmark in a temporary directory, stops it on Ctrl-C or SIGTERM, and writes
-  ``<name>-<date>[-<tag>].json`` and ``.md``.
+- ``magnetar perf``'s output (its per-second progress lines and its ``--json`` summary), read as
+  it comes with a snapshot at both ends of the measured window (:class:`PerfOutput`);
+- the run: the options the scripts share (``--out``, ``--data-root``, ``--raw-s``), the head of
+  the results, the preamble and the failed-runs section of the report, and
+  :func:`run_and_write`, which runs a benchmark in a temporary directory, stops it on Ctrl-C or
+  SIGTERM, and writes ``<name>-<date>[-<tag>].json`` and ``.md``.
 
 The scripts run as ``python bench/<name>.py``, which puts bench/ on the path, so they import
 this module as ``harness``.
@@ -716,14 +718,6 @@ def results_head(
         "quick": args.quick,
         "tag": args.tag,
     }
-
-
-def tag_help(name: str) -> str:
-    """The help of ``--tag`` for a script writing ``<name>-<date>.*``."""
-    return (
-        f"name the results {name}-<date>-<TAG>.*, so that a variant run does not replace the"
-        " full run's files"
-    )
 
 
 def add_raw_s_option(add: Callable[..., Any], default: float = 1.5) -> None:
