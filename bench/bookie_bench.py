@@ -18,35 +18,49 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import datetime as dt
-import json
-import logging
 import os
-import platform
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
-import grpc.aio
-import structlog
+from harness import (
+    KIB,
+    MB,
+    RAW_1M,
+    RAW_4K_OPS,
+    RAW_4K_P50,
+    RAW_4K_P99,
+    RAW_4M,
+    RAW_RTT_P50,
+    RAW_RTT_P99,
+    REPO,
+    add_output_options,
+    add_raw_s_option,
+    latency_summary,
+    machine_cpu_seconds,
+    machine_info,
+    ms,
+    proc_cpu_seconds,
+    quiet_logs,
+    raw_limits_at,
+    raw_limits_table,
+    raw_pair,
+    report_preamble,
+    results_head,
+    run_and_write,
+    size_name,
+    stop_process,
+)
 
 from bookie.client.bookie_client import BookieClient
 from bookie.entries import AddEntry, entry_checksum
-
-REPO = Path(__file__).resolve().parent.parent
-KIB = 1024
-MIB = 1024 * 1024
-MB = 1_000_000  # bandwidths are reported in MB/s = 10^6 bytes/s of entry payload
 
 TARGET_64K_BANDWIDTH_RATIO = 0.70
 TARGET_1K_ENTRIES_PER_S = 20_000
@@ -67,11 +81,11 @@ class Workload:
 
     @property
     def name(self) -> str:
-        return f"{_size_name(self.entry_bytes)} x {self.ledgers} ledger{'s' * (self.ledgers > 1)}"
+        return f"{size_name(self.entry_bytes)} x {self.ledgers} ledger{'s' * (self.ledgers > 1)}"
 
     @property
     def key(self) -> str:
-        return f"{_size_name(self.entry_bytes)}x{self.ledgers}".replace(" ", "")
+        return f"{size_name(self.entry_bytes)}x{self.ledgers}".replace(" ", "")
 
     @property
     def in_flight_bytes_per_ledger(self) -> int:
@@ -95,232 +109,6 @@ FULL_WORKLOADS = (
     Workload(entry_bytes=64 * KIB, ledgers=16, batch=4, window=2),
 )
 QUICK_WORKLOADS = tuple(w for w in FULL_WORKLOADS if w.ledgers == 1 and w.entry_bytes >= KIB)
-
-
-def _size_name(n: int) -> str:
-    if n >= MIB and n % MIB == 0:
-        return f"{n // MIB} MiB"
-    if n >= KIB and n % KIB == 0:
-        return f"{n // KIB} KiB"
-    return f"{n} B"
-
-
-# --- small helpers --------------------------------------------------------------------------------
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100) of an already sorted list; NaN when empty."""
-    if not sorted_values:
-        return float("nan")
-    rank = max(1, -(-len(sorted_values) * q // 100))  # ceil(n * q / 100), at least 1
-    return sorted_values[min(len(sorted_values), int(rank)) - 1]
-
-
-def latency_summary(seconds: list[float]) -> dict[str, Any]:
-    """p50/p99/p99.9/max/mean in microseconds, with the sample count they rest on."""
-    values = sorted(seconds)
-    us = 1e6
-    return {
-        "samples": len(values),
-        "p50_us": percentile(values, 50) * us,
-        "p99_us": percentile(values, 99) * us,
-        "p999_us": percentile(values, 99.9) * us,
-        "max_us": (values[-1] * us) if values else float("nan"),
-        "mean_us": (sum(values) / len(values) * us) if values else float("nan"),
-    }
-
-
-def proc_cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (all its threads), from /proc/<pid>/stat."""
-    text = Path(f"/proc/{pid}/stat").read_text()
-    fields = text[text.rindex(")") + 2 :].split()
-    # fields[0] is field 3 (state) of proc(5); utime and stime are fields 14 and 15
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def machine_cpu_seconds() -> tuple[float, float, float]:
-    """(busy, steal, total) CPU seconds of the whole machine since boot, from /proc/stat.
-
-    Steal is time the hypervisor ran something else while this VM wanted the CPU: a sign of
-    the noisy neighbours the figures must be read against. It is not counted as busy.
-    """
-    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    values += [0] * (8 - len(values))
-    ticks = os.sysconf("SC_CLK_TCK")
-    idle = values[3] + values[4]  # idle + iowait
-    steal = values[7]
-    total = sum(values[:8])  # guest time is already counted in user
-    return (total - idle - steal) / ticks, steal / ticks, total / ticks
-
-
-def filesystem_of(path: Path) -> dict[str, Any]:
-    """Mount point, device and type of the file system holding ``path``, and its space."""
-    p = path.resolve()
-    while not os.path.ismount(p):
-        p = p.parent
-    device, fstype = "?", "?"
-    for line in Path("/proc/mounts").read_text().splitlines():
-        parts = line.split()
-        if len(parts) >= 3 and parts[1] == str(p):
-            device, fstype = parts[0], parts[2]  # the last match is the one mounted on top
-    usage = shutil.disk_usage(path)
-    return {
-        "path": str(path),
-        "mount_point": str(p),
-        "device": device,
-        "type": fstype,
-        "total_bytes": usage.total,
-        "free_bytes": usage.free,
-    }
-
-
-def machine_info(data_root: Path) -> dict[str, Any]:
-    model = "?"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    mem_total = 0
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        mem_total = int(Path("/proc/meminfo").read_text().split()[1]) * KIB
-    commit, dirty = "?", None
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = bool(
-            subprocess.run(
-                ["git", "status", "--porcelain"],
-                cwd=REPO,
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout.strip()
-        )
-    return {
-        "cpu_count": os.cpu_count(),
-        "cpu_model": model,
-        "memory_bytes": mem_total,
-        "kernel": platform.release(),
-        "platform": platform.platform(),
-        "python": sys.version.split()[0],
-        "grpcio": grpc.__version__,
-        "filesystem": filesystem_of(data_root),
-        "git_commit": commit,
-        "git_dirty": dirty,
-    }
-
-
-# --- raw limits -----------------------------------------------------------------------------------
-
-
-def _append_fdatasync(directory: Path, write_bytes: int, seconds: float) -> dict[str, Any]:
-    """Append ``write_bytes`` and fdatasync, in a loop, to a new file: the journal's pattern."""
-    path = directory / f"raw-{write_bytes}.log"
-    data = os.urandom(write_bytes)
-    latencies: list[float] = []
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o644)
-    try:
-        started = time.perf_counter()
-        deadline = started + seconds
-        now = started
-        while now < deadline:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fdatasync(fd)
-            after = time.perf_counter()
-            latencies.append(after - now)
-            now = after
-        elapsed = now - started
-    finally:
-        os.close(fd)
-        path.unlink(missing_ok=True)
-    ops = len(latencies)
-    return {
-        "write_bytes": write_bytes,
-        "seconds": elapsed,
-        "ops": ops,
-        "ops_per_s": ops / elapsed,
-        "mb_per_s": ops * write_bytes / elapsed / MB,
-        "latency": latency_summary(latencies),
-    }
-
-
-async def _grpc_round_trip(seconds: float) -> dict[str, Any]:
-    """Sequential tiny unary calls to an in-process grpc.aio server over loopback TCP.
-
-    Client and server share this process and its event loop, so one round trip includes the
-    Python/gRPC cost of both sides: the floor of one request/response between two processes.
-    """
-
-    async def ping(request: bytes, _context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
-        return request
-
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers(
-        (
-            grpc.method_handlers_generic_handler(
-                "bench.Echo", {"Ping": grpc.unary_unary_rpc_method_handler(ping)}
-            ),
-        )
-    )
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            call = channel.unary_unary("/bench.Echo/Ping")
-            payload = b"x" * 16
-            for _ in range(200):  # connect, warm caches
-                await call(payload)
-            latencies: list[float] = []
-            started = time.perf_counter()
-            deadline = started + seconds
-            now = started
-            while now < deadline:
-                await call(payload)
-                after = time.perf_counter()
-                latencies.append(after - now)
-                now = after
-            elapsed = now - started
-    finally:
-        await server.stop(None)
-    return {
-        "payload_bytes": len(payload),
-        "seconds": elapsed,
-        "calls": len(latencies),
-        "calls_per_s": len(latencies) / elapsed,
-        "latency": latency_summary(latencies),
-    }
-
-
-async def measure_raw_limits(directory: Path, seconds: float) -> dict[str, Any]:
-    await asyncio.to_thread(directory.mkdir, parents=True, exist_ok=True)
-    started = time.time()
-    small = await asyncio.to_thread(_append_fdatasync, directory, 4 * KIB, seconds)
-    large_1m = await asyncio.to_thread(_append_fdatasync, directory, 1 * MIB, seconds)
-    large_4m = await asyncio.to_thread(_append_fdatasync, directory, 4 * MIB, seconds)
-    rtt = await _grpc_round_trip(seconds)
-    return {
-        "at": dt.datetime.fromtimestamp(started, dt.UTC).isoformat(timespec="seconds"),
-        "append_fdatasync_4k": small,
-        "append_fdatasync_1m": large_1m,
-        "append_fdatasync_4m": large_4m,
-        "grpc_unary_round_trip": rtt,
-    }
-
-
-def _print_raw(label: str, raw: dict[str, Any]) -> None:
-    print(
-        f"raw limits ({label}): 4 KiB append+fdatasync"
-        f" {raw['append_fdatasync_4k']['ops_per_s']:,.0f} ops/s"
-        f" (p50 {raw['append_fdatasync_4k']['latency']['p50_us']:,.0f} us);"
-        f" 1 MiB {raw['append_fdatasync_1m']['mb_per_s']:,.0f} MB/s;"
-        f" 4 MiB {raw['append_fdatasync_4m']['mb_per_s']:,.0f} MB/s;"
-        f" gRPC round trip p50 {raw['grpc_unary_round_trip']['latency']['p50_us']:,.0f} us",
-        flush=True,
-    )
 
 
 # --- the bookie process ---------------------------------------------------------------------------
@@ -429,15 +217,7 @@ class BookieRunner:
         process = self.process
         if process is None:
             return None
-        if process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(process.wait(), grace_s)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    process.kill()
-                await process.wait()
+        await stop_process(process, grace_s, signal.SIGTERM)
         return process.returncode
 
 
@@ -707,60 +487,19 @@ def checks(results: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _python() -> str:
-    """This interpreter, relative to the repository when it is the repository's venv."""
-    path = Path(sys.executable)
-    with contextlib.suppress(ValueError):
-        return str(path.relative_to(REPO))
-    return str(path)
-
-
-def _ms(us: float) -> str:
-    return f"{us / 1000:,.2f} ms"
-
-
-def report_preamble(results: dict[str, Any]) -> list[str]:
-    """The command, machine and file-system lines that open every benchmark report."""
-    m = results["machine"]
-    cores = m["cpu_count"]
-    return [
-        f"Command: `{results['command']}`  ",
-        (
-            f"Started {results['started_at']}, took {results['elapsed_s']:.0f} s. Git"
-            f" {m['git_commit'][:12]}{' (uncommitted changes)' if m['git_dirty'] else ''}.  "
-        ),
-        (
-            f"Machine: {cores} cores ({m['cpu_model']}), {m['memory_bytes'] / 2**30:.1f} GiB,"
-            f" kernel {m['kernel']}, Python {m['python']}, grpcio {m['grpcio']}.  "
-        ),
-        (
-            f"Data file system: {m['filesystem']['device']} ({m['filesystem']['type']}) on"
-            f" {m['filesystem']['mount_point']}, {m['filesystem']['free_bytes'] / 1e9:,.0f} GB free"
-            f" of {m['filesystem']['total_bytes'] / 1e9:,.0f} GB. Raw limits and bookie data are in"
-            " the same directory tree."
-        ),
-    ]
-
-
 def render_markdown(results: dict[str, Any]) -> str:
     start, end = results["raw_limits"]["start"], results["raw_limits"]["end"]
     m = results["machine"]
 
-    def both(key: str, metric: str, fmt: str) -> str:
-        a, b = start[key], end[key]
-        for part in metric.split("."):
-            a, b = a[part], b[part]
-        return f"{format(a, fmt)} / {format(b, fmt)}"
-
-    small_ops = both("append_fdatasync_4k", "ops_per_s", ",.0f")
-    small_p50 = both("append_fdatasync_4k", "latency.p50_us", ",.0f")
-    small_p99 = both("append_fdatasync_4k", "latency.p99_us", ",.0f")
-    bw_1m = both("append_fdatasync_1m", "mb_per_s", ",.0f")
-    bw_4m = both("append_fdatasync_4m", "mb_per_s", ",.0f")
-    big1_p50 = both("append_fdatasync_1m", "latency.p50_us", ",.0f")
-    big4_p50 = both("append_fdatasync_4m", "latency.p50_us", ",.0f")
-    rtt_p50 = both("grpc_unary_round_trip", "latency.p50_us", ",.0f")
-    rtt_p99 = both("grpc_unary_round_trip", "latency.p99_us", ",.0f")
+    small_ops = raw_pair(results, "append_fdatasync_4k", "ops_per_s")
+    small_p50 = raw_pair(results, "append_fdatasync_4k", "latency.p50_us")
+    small_p99 = raw_pair(results, "append_fdatasync_4k", "latency.p99_us")
+    bw_1m = raw_pair(results, "append_fdatasync_1m", "mb_per_s")
+    bw_4m = raw_pair(results, "append_fdatasync_4m", "mb_per_s")
+    big1_p50 = raw_pair(results, "append_fdatasync_1m", "latency.p50_us")
+    big4_p50 = raw_pair(results, "append_fdatasync_4m", "latency.p50_us")
+    rtt_p50 = raw_pair(results, "grpc_unary_round_trip", "latency.p50_us")
+    rtt_p99 = raw_pair(results, "grpc_unary_round_trip", "latency.p99_us")
     cores = m["cpu_count"]
 
     title_tag = f" ({results['tag']})" if results["tag"] else ""
@@ -799,24 +538,11 @@ def render_markdown(results: dict[str, Any]) -> str:
             )
     lines += [
         "",
-        "## Raw limits of this machine (same run)",
-        "",
-        "| measure | start | end |",
-        "|---|---|---|",
+        *raw_limits_table(
+            results,
+            (RAW_4K_OPS, RAW_4K_P50, RAW_4K_P99, RAW_1M, RAW_4M, RAW_RTT_P50, RAW_RTT_P99),
+        ),
     ]
-    for label, key, metric, fmt, unit in (
-        ("4 KiB append + fdatasync", "append_fdatasync_4k", "ops_per_s", ",.0f", "ops/s"),
-        ("4 KiB append + fdatasync, p50", "append_fdatasync_4k", "latency.p50_us", ",.0f", "us"),
-        ("4 KiB append + fdatasync, p99", "append_fdatasync_4k", "latency.p99_us", ",.0f", "us"),
-        ("1 MiB append + fdatasync", "append_fdatasync_1m", "mb_per_s", ",.0f", "MB/s"),
-        ("4 MiB append + fdatasync", "append_fdatasync_4m", "mb_per_s", ",.0f", "MB/s"),
-        ("loopback gRPC unary round trip, p50", "grpc_unary_round_trip", "latency.p50_us", ",.0f",
-         "us"),
-        ("loopback gRPC unary round trip, p99", "grpc_unary_round_trip", "latency.p99_us", ",.0f",
-         "us"),
-    ):  # fmt: skip
-        a, b = both(key, metric, fmt).split(" / ")
-        lines.append(f"| {label} | {a} {unit} | {b} {unit} |")
 
     lines += [
         "",
@@ -835,8 +561,8 @@ def render_markdown(results: dict[str, Any]) -> str:
         lat, cpu = w["add_latency"], w["cpu"]
         lines.append(
             f"| {w['name']} | {w['entries_per_s']:,.0f} | {w['mb_per_s']:,.1f}"
-            f" | {_ms(lat['p50_us'])} | {_ms(lat['p99_us'])} | {_ms(lat['p999_us'])}"
-            f" | {_ms(lat['max_us'])} | {cpu['bookie_pct']:.0f}% | {cpu['client_pct']:.0f}%"
+            f" | {ms(lat['p50_us'])} | {ms(lat['p99_us'])} | {ms(lat['p999_us'])}"
+            f" | {ms(lat['max_us'])} | {cpu['bookie_pct']:.0f}% | {cpu['client_pct']:.0f}%"
             f" | {cpu['machine_busy_pct']:.0f}% |"
         )
 
@@ -848,9 +574,9 @@ def render_markdown(results: dict[str, Any]) -> str:
             "",
             (
                 f"{p['ledgers']} ledger(s), each keeping {p['window']} calls of {p['batch']}"
-                f" entries of {_size_name(p['entry_bytes'])} in flight"
-                f" ({_size_name(p['in_flight_bytes_per_ledger'])} per ledger,"
-                f" {_size_name(p['in_flight_bytes_per_ledger'] * p['ledgers'])} in all);"
+                f" entries of {size_name(p['entry_bytes'])} in flight"
+                f" ({size_name(p['in_flight_bytes_per_ledger'])} per ledger,"
+                f" {size_name(p['in_flight_bytes_per_ledger'] * p['ledgers'])} in all);"
                 f" {p['warmup_s']:g} s warm-up, {p['duration_s']:g} s measured."
             ),
             "",
@@ -885,15 +611,15 @@ def render_markdown(results: dict[str, Any]) -> str:
                 f" {end['grpc_unary_round_trip']['calls_per_s']:,.0f} |"
             ),
             (
-                f"| add latency p50 | {_ms(lat['p50_us'])} | fdatasync 4 KiB p50 {small_p50} us;"
+                f"| add latency p50 | {ms(lat['p50_us'])} | fdatasync 4 KiB p50 {small_p50} us;"
                 f" gRPC round trip p50 {rtt_p50} us |"
             ),
             (
-                f"| add latency p99 | {_ms(lat['p99_us'])} | fdatasync 4 KiB p99 {small_p99} us;"
+                f"| add latency p99 | {ms(lat['p99_us'])} | fdatasync 4 KiB p99 {small_p99} us;"
                 f" gRPC round trip p99 {rtt_p99} us |"
             ),
-            f"| add latency p99.9 | {_ms(lat['p999_us'])} | ({lat['samples']:,} samples) |",
-            f"| add latency max | {_ms(lat['max_us'])} | |",
+            f"| add latency p99.9 | {ms(lat['p999_us'])} | ({lat['samples']:,} samples) |",
+            f"| add latency max | {ms(lat['max_us'])} | |",
             (
                 f"| bookie CPU | {cpu['bookie_pct']:.0f}% of a core | {100 * cores}% = all"
                 f" {cores} cores |"
@@ -949,12 +675,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--warmup-s", type=float, default=1.0, help="unmeasured seconds before each workload"
     )
-    parser.add_argument(
-        "--raw-s",
-        type=float,
-        default=1.5,
-        help="seconds per raw-limit measurement (each of 4, at start and at end)",
-    )
+    add_raw_s_option(parser.add_argument)
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -979,15 +700,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--window", type=int, help="add_entries calls in flight per ledger, for every workload run"
     )
-    parser.add_argument(
-        "--out", type=Path, default=REPO / "bench" / "results", help="directory for the results"
-    )
-    parser.add_argument(
-        "--data-root",
-        type=Path,
-        default=REPO / "bench",
-        help="a temporary directory is made here for bookie data and the raw disk tests (so"
-        " both are on the same file system) and removed at the end",
+    add_output_options(
+        parser.add_argument,
+        data_root_help=(
+            "a temporary directory is made here for bookie data and the raw disk tests (so both"
+            " are on the same file system) and removed at the end"
+        ),
     )
     parser.add_argument(
         "--bookie-arg",
@@ -1026,12 +744,7 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
     started = time.time()
     print(f"data and raw disk tests in {root}", flush=True)
     results: dict[str, Any] = {
-        "benchmark": "bookie",
-        "date": dt.date.today().isoformat(),
-        "started_at": dt.datetime.fromtimestamp(started, dt.UTC).isoformat(timespec="seconds"),
-        "command": shlex.join([_python(), "bench/bookie_bench.py", *argv]),
-        "quick": args.quick,
-        "tag": args.tag,
+        **results_head("bookie", "bookie_bench.py", argv, started, args),
         "parameters": {
             "duration_s": args.duration_s,
             "warmup_s": args.warmup_s,
@@ -1042,8 +755,7 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
         "raw_limits": {},
         "workloads": [],
     }
-    results["raw_limits"]["start"] = await measure_raw_limits(root / "raw", args.raw_s)
-    _print_raw("start", results["raw_limits"]["start"])
+    await raw_limits_at(results, "start", root / "raw", args.raw_s)
     for workload in chosen_workloads(args):
         result = await run_workload(
             workload,
@@ -1054,57 +766,9 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
         )
         results["workloads"].append(result)
         _print_workload(result)
-    results["raw_limits"]["end"] = await measure_raw_limits(root / "raw", args.raw_s)
-    _print_raw("end", results["raw_limits"]["end"])
+    await raw_limits_at(results, "end", root / "raw", args.raw_s)
     results["elapsed_s"] = time.time() - started
     results["checks"] = checks(results)
-    return results
-
-
-BenchBody = Callable[[argparse.Namespace, list[str], Path], Awaitable[dict[str, Any]]]
-
-
-async def _cancellable(
-    body: BenchBody, args: argparse.Namespace, argv: list[str], root: Path
-) -> dict[str, Any]:
-    # SIGTERM cancels the run like Ctrl-C does, so the benchmark's finally blocks stop its servers
-    loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-    assert task is not None
-    loop.add_signal_handler(signal.SIGTERM, task.cancel)
-    return await body(args, argv, root)
-
-
-def run_and_write(
-    name: str,
-    args: argparse.Namespace,
-    argv: list[str],
-    body: BenchBody,
-    render: Callable[[dict[str, Any]], str],
-    *,
-    keep_data: bool = False,
-) -> dict[str, Any] | None:
-    """Run a benchmark in a temporary directory under ``args.data_root`` (removed afterwards
-    unless ``keep_data``), then write ``<name>-<date>[-<tag>].json`` and ``.md`` to
-    ``args.out``. Returns the results, or None when interrupted (Ctrl-C or SIGTERM)."""
-    args.data_root.mkdir(parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix=f".{name}-bench-", dir=args.data_root))
-    try:
-        results = asyncio.run(_cancellable(body, args, argv, root))
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        print("interrupted; servers stopped", file=sys.stderr)
-        return None
-    finally:
-        if keep_data:
-            print(f"kept {root}", file=sys.stderr)
-        else:
-            shutil.rmtree(root, ignore_errors=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"{name}-{results['date']}{'-' + args.tag if args.tag else ''}"
-    json_path, md_path = args.out / f"{stem}.json", args.out / f"{stem}.md"
-    json_path.write_text(json.dumps(results, indent=2) + "\n")
-    md_path.write_text(render(results))
-    print(f"wrote {json_path} and {md_path}")
     return results
 
 
@@ -1112,7 +776,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     # the client logs each add stream it closes; the benchmark's own output is enough
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    quiet_logs()
     results = run_and_write("bookie", args, argv, bench, render_markdown)
     if results is None:
         return 130

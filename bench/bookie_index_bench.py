@@ -37,9 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "bench" / "results"
-MIB = 1024 * 1024
+from harness import MIB, REPO, RESULTS, quiet_logs
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,11 +191,8 @@ def run_engine(workload: Workload) -> Result:
 
 def run_one(key: str) -> None:
     """In the child process: run one workload and print its result as JSON."""
-    import logging  # noqa: PLC0415
 
-    import structlog  # noqa: PLC0415
-
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    quiet_logs()
     workload = BY_KEY[key]
     result = run_engine(workload) if workload.engine else run_index(workload)
     print(json.dumps(asdict(result)))

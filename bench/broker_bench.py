@@ -22,44 +22,50 @@ import datetime as dt
 import functools
 import itertools
 import json
-import logging
 import os
 import random
-import shlex
 import statistics
 import sys
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import grpc.aio
-import structlog
-
-# bookie_bench.py and ledger_bench.py sit next to this script, so they are importable when it
-# is run as ``python bench/broker_bench.py``. The machine details, the raw limits, the report
-# preamble and the direct ledger writer are reused as they are, so that the benchmarks measure
-# the machine and the ledger path the same way.
-from bookie_bench import (
+from harness import (
     KIB,
     MB,
     MIB,
-    REPO,
-    _ms,
-    _print_raw,
-    _python,
-    _size_name,
+    RAW_1M,
+    RAW_4K_OPS,
+    RAW_4M,
+    RAW_RTT_P50,
+    LogClock,
+    add_output_options,
+    add_raw_s_option,
+    configure_logs,
     latency_summary,
+    log_tail,
     machine_cpu_seconds,
     machine_info,
-    measure_raw_limits,
+    ms,
     proc_cpu_seconds,
+    raw_limits_at,
+    raw_limits_table,
     report_preamble,
+    results_head,
     run_and_write,
+    settle_disk,
+    size_name,
+    thread_cpu_seconds,
+    watching,
 )
-from ledger_bench import Writer, scrape, thread_cpu_seconds, wait_for_view
+
+# harness.py and ledger_bench.py sit next to this script, so they are importable when it is run
+# as ``python bench/broker_bench.py``. The direct ledger writer is ledger_bench's, so that both
+# benchmarks measure the ledger path the same way.
+from ledger_bench import Writer, scrape, timed_run, wait_for_view
 
 from bookie.client.config import LedgerClientConfig
 from bookie.client.ledger_client import LedgerClient
@@ -93,28 +99,8 @@ BUSY_MACHINE_FRACTION = 0.85
 # --- logs, timed ----------------------------------------------------------------------------------
 
 
-class ClientLogClock:
-    """A structlog processor that notes when the client library logged the events a failover is
-    broken down by, and lets only warnings and errors through to the console."""
-
-    EVENTS = frozenset({"producer_reconnecting", "producer_connected"})
-    SHOWN = frozenset({"warning", "error", "critical", "exception"})
-
-    def __init__(self) -> None:
-        self.seen: list[tuple[float, str]] = []
-
-    def __call__(self, _logger: Any, method_name: str, event: Any) -> Any:
-        if event.get("event") in self.EVENTS:
-            self.seen.append((time.perf_counter(), event["event"]))
-        if method_name not in self.SHOWN:
-            raise structlog.DropEvent
-        return event
-
-    def after(self, name: str, since: float) -> list[float]:
-        return [t for t, e in self.seen if e == name and t >= since]
-
-
-LOG_CLOCK = ClientLogClock()
+# times the client library's reconnects, which the failover is broken down by
+LOG_CLOCK = LogClock(frozenset({"producer_reconnecting", "producer_connected"}))
 
 # What the brokers log (JSON, wall-clock timestamps) that a failover is broken down by.
 BROKER_EVENTS = frozenset(
@@ -171,12 +157,6 @@ def log_size(node: BrokerNode) -> int:
     return 0
 
 
-def log_tail(path: Path, lines: int = 15) -> str:
-    with contextlib.suppress(OSError):
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    return "(no log)"
-
-
 # --- cluster helpers ------------------------------------------------------------------------------
 
 
@@ -198,22 +178,6 @@ async def owner_of(stub: admin_pb2_grpc.AdminServiceAsyncStub, partition: str) -
         if o.partition_topic == partition:
             return o.broker_id
     return ""
-
-
-async def watching(
-    tasks: Sequence[asyncio.Task[Any]], cluster: LocalCluster | None, seconds: float
-) -> None:
-    """Sleep, but fail at once if a task ends with an error or (unless ``cluster`` is None: a
-    broker is meant to be down) a server process of the cluster dies."""
-    done, _ = await asyncio.wait(tasks, timeout=seconds, return_when="FIRST_COMPLETED")
-    for task in done:
-        task.result()
-    if cluster is None:
-        return
-    dead = [n.bookie_id for n in cluster.bookies if not n.is_running]
-    dead += [n.broker_id for n in cluster.brokers if not n.is_running]
-    if dead:
-        raise RuntimeError(f"server process(es) {dead} exited")
 
 
 class OwnershipWatch:
@@ -527,7 +491,7 @@ async def run_broker_throughput(
     duration_s: float,
 ) -> dict[str, Any]:
     window, turn = window_for(message_bytes, window_bytes, turn_bytes)
-    topic = f"throughput-{_size_name(message_bytes).replace(' ', '')}-{index}"
+    topic = f"throughput-{size_name(message_bytes).replace(' ', '')}-{index}"
     partition = f"public/default/{topic}-partition-0"
     result: dict[str, Any] = {
         "path": "broker",
@@ -640,7 +604,6 @@ async def run_direct_throughput(
             "max_pending_bytes": config.max_pending_bytes,
         },
     }
-    tasks: list[asyncio.Task[None]] = []
     client = await LedgerClient.start(store, config)
     try:
         await wait_for_view(client, cluster)
@@ -648,20 +611,9 @@ async def run_direct_throughput(
             ensemble_size=QUORUM[0], write_quorum=QUORUM[1], ack_quorum=QUORUM[2]
         )
         writer = Writer(handle, entry_bytes, window=window, turn_entries=turn)
-        tasks = [
-            asyncio.create_task(writer.produce(), name="produce"),
-            asyncio.create_task(writer.reap(), name="reap"),
-        ]
-        loop_tid = threading.get_native_id()
-        await watching(tasks, cluster, warmup_s)
-        before = await usage(cluster, loop_tid)
-        writer.start = time.perf_counter()
-        writer.end = writer.start + duration_s
-        await watching(tasks, cluster, duration_s)
-        after = await usage(cluster, loop_tid)
-        writer.stop = True
-        await tasks[0]
-        await writer.drain(60)
+        before, after = await timed_run(
+            writer, cluster, warmup_s=warmup_s, duration_s=duration_s, sample=usage
+        )
         await asyncio.wait_for(handle.close(), 30)
         cpu = usage_delta(before, after, os.cpu_count() or 1)
         entries = writer.entries
@@ -686,16 +638,13 @@ async def run_direct_throughput(
     except Exception as e:  # noqa: BLE001 - one failed workload is reported, the rest still run
         result.update({"ok": False, "error": f"{e!r}"})
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
         with contextlib.suppress(Exception):
             await client.close()
     return result
 
 
 def _print_throughput(r: dict[str, Any]) -> None:
-    name = f"{_size_name(r['message_bytes'])} messages, {r['path']}"
+    name = f"{size_name(r['message_bytes'])} messages, {r['path']}"
     if not r["ok"]:
         print(f"{name}: FAILED {r.get('error')}", flush=True)
         return
@@ -703,7 +652,7 @@ def _print_throughput(r: dict[str, Any]) -> None:
     print(
         f"{name}: {r['messages_per_s']:,.0f} messages/s, {r['entries_per_s']:,.0f} entries/s"
         f" of {r['stored_entry_bytes'] / KIB:,.1f} KiB, {r['stored_mb_per_s']:,.1f} MB/s stored;"
-        f" latency p50 {_ms(lat['p50_us'])} p99 {_ms(lat['p99_us'])};"
+        f" latency p50 {ms(lat['p50_us'])} p99 {ms(lat['p99_us'])};"
         f" CPU client {cpu['bench_pct']:.0f}% (loop {cpu['bench_event_loop_pct']:.0f}%)"
         f" broker {cpu['broker_pct']:.0f}% bookies {cpu['bookies_pct']:.0f}%"
         f" machine {cpu['machine_busy_pct']:.0f}%; limit: {'; '.join(r['limits'])}",
@@ -859,16 +808,10 @@ async def run_failover(
         LOG_CLOCK.seen.clear()
 
         exited_at: list[float] = []
-
-        async def take_down(node: BrokerNode) -> None:
-            # both send their signal before their first await, then wait for the exit
-            await (node.kill() if kind == "crash" else node.stop())
-            exited_at.append(time.perf_counter())
-
         result["victim_age_s"] = process_age_s(victim.pid)
         t0 = time.perf_counter()
         wall0 = time.time()
-        stopping = asyncio.create_task(take_down(victim), name="take-down")
+        stopping = asyncio.create_task(_take_down(victim, kind, exited_at), name="take-down")
         first_new = await load.wait_for_ack(t0, not_in=old_ledgers, timeout_s=3 * ttl_s + 30)
         settle = time.perf_counter() + after_s
         while time.perf_counter() < settle or len(load.acks) < acked_before + 100:
@@ -880,14 +823,7 @@ async def run_failover(
         await asyncio.wait_for(producer.flush(), 120)
         await producer.close()
 
-        survivor = running_broker(cluster)
-        channel2, stub2 = admin_stub(survivor)
-        try:
-            after = await stub2.GetTopicStats(admin.GetTopicStatsRequest(topic=partition))
-            stored = after.partitions[0].next_offset
-            new_owner = after.partitions[0].owner_broker_id
-        finally:
-            await channel2.close()
+        stored, new_owner = await _stored_and_owner(cluster, partition)
         numbers = await read_back(client, partition, stored, 60)
         acked = {a.number for a in load.acks}
         seen = set(numbers)
@@ -902,17 +838,7 @@ async def run_failover(
             return None if t is None else (t - t0) * 1e3
 
         def log_ms(broker_id: str, event: str, **match: str) -> float | None:
-            node = next((b for b in cluster.brokers if b.broker_id == broker_id), None)
-            if node is None:
-                return None
-            for wall, name, record in broker_log_events(node.log_path, offsets.get(broker_id, 0)):
-                if (
-                    name == event
-                    and wall >= wall0
-                    and all(record.get(k, "").endswith(v) for k, v in match.items())
-                ):
-                    return (wall - wall0) * 1e3
-            return None
+            return _log_event_ms(cluster, offsets, wall0, broker_id, event, **match)
 
         lost = sorted(acked - seen)
         result.update(
@@ -980,21 +906,67 @@ async def run_failover(
         with contextlib.suppress(Exception):
             await asyncio.wait_for(client.close(), 30)
         await channel.close()
-    # the next run finds both brokers up again (a new process for the one that went away)
+    result["restart_s"] = await _restore(cluster, topic)
+    return result
+
+
+async def _take_down(node: BrokerNode, kind: str, exited_at: list[float]) -> None:
+    """SIGKILL (``crash``) or SIGTERM (``graceful``) a broker, and note when it exited."""
+    # both send their signal before their first await, then wait for the exit
+    await (node.kill() if kind == "crash" else node.stop())
+    exited_at.append(time.perf_counter())
+
+
+async def _stored_and_owner(cluster: LocalCluster, partition: str) -> tuple[int, str]:
+    """How many messages a partition holds, and its owner, as a running broker tells."""
+    channel, stub = admin_stub(running_broker(cluster))
+    try:
+        after = await stub.GetTopicStats(admin.GetTopicStatsRequest(topic=partition))
+        return after.partitions[0].next_offset, after.partitions[0].owner_broker_id
+    finally:
+        await channel.close()
+
+
+def _log_event_ms(
+    cluster: LocalCluster,
+    offsets: dict[str, int],
+    wall0: float,
+    broker_id: str,
+    event: str,
+    **match: str,
+) -> float | None:
+    """Milliseconds from ``wall0`` to the first ``event`` a broker logged since then (past
+    ``offsets``, its log's size when the run started) whose fields end with ``match``."""
+    node = next((b for b in cluster.brokers if b.broker_id == broker_id), None)
+    if node is None:
+        return None
+    for wall, name, record in broker_log_events(node.log_path, offsets.get(broker_id, 0)):
+        if (
+            name == event
+            and wall >= wall0
+            and all(record.get(k, "").endswith(v) for k, v in match.items())
+        ):
+            return (wall - wall0) * 1e3
+    return None
+
+
+async def _restore(cluster: LocalCluster, topic: str) -> float:
+    """Bring every broker up again, so the next run finds both (a new process for the one that
+    went away), and delete the run's topic, so it is not among those a stopping broker hands
+    over; the seconds the restart took."""
     restart_started = time.perf_counter()
     for node in cluster.brokers:
         if not node.is_running:
             await node.start()
     await cluster.wait_brokers_registered()
-    result["restart_s"] = time.perf_counter() - restart_started
-    # and does not find this run's partition among those a stopping broker hands over
+    restart_s = time.perf_counter() - restart_started
     with contextlib.suppress(Exception):
         channel, stub = admin_stub(running_broker(cluster))
         try:
             await stub.DeleteTopic(admin.DeleteTopicRequest(topic=topic, force=True), timeout=30)
         finally:
             await channel.close()
-    return result
+    return restart_s
 
 
 def _age(v: float | None) -> str:
@@ -1075,13 +1047,6 @@ def failover_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def _fig(summary: dict[str, Any], name: str, stat: str) -> str:
     f = summary["figures"].get(name)
     return "-" if f is None else f"{f[stat]:,.0f} ms"
-
-
-def _raw_both(results: dict[str, Any], key: str, metric: str) -> str:
-    a, b = results["raw_limits"]["start"][key], results["raw_limits"]["end"][key]
-    for part in metric.split("."):
-        a, b = a[part], b[part]
-    return f"{a:,.0f} / {b:,.0f}"
 
 
 def _failover_lines(results: dict[str, Any]) -> list[str]:
@@ -1229,7 +1194,7 @@ def _throughput_lines(results: dict[str, Any]) -> list[str]:
     if not runs:
         return [*lines, "Not run."]
     runs = sorted(runs, key=lambda r: (r["message_bytes"], r["round"], r["path"]))
-    header = [f"{_size_name(r['message_bytes'])}, {r['path']} #{r['round']}" for r in runs]
+    header = [f"{size_name(r['message_bytes'])}, {r['path']} #{r['round']}" for r in runs]
     own = results.get("own_cost", {}).get("us_per_message", 0.0)
     rows: list[tuple[str, Any]] = [
         ("messages/s", lambda r: f"**{r['messages_per_s']:,.0f}**"),
@@ -1238,9 +1203,9 @@ def _throughput_lines(results: dict[str, Any]) -> list[str]:
         ("messages per entry", lambda r: f"{r['messages_per_entry']:,.1f}"),
         ("entry size on the bookies", lambda r: f"{r['stored_entry_bytes'] / KIB:,.1f} KiB"),
         ("entry MB/s", lambda r: f"**{r['stored_mb_per_s']:,.1f}**"),
-        ("latency p50 (send / add)", lambda r: _ms(r["latency"]["p50_us"])),
-        ("latency p99", lambda r: _ms(r["latency"]["p99_us"])),
-        ("latency max", lambda r: _ms(r["latency"]["max_us"])),
+        ("latency p50 (send / add)", lambda r: ms(r["latency"]["p50_us"])),
+        ("latency p99", lambda r: ms(r["latency"]["p99_us"])),
+        ("latency max", lambda r: ms(r["latency"]["max_us"])),
         ("bench process CPU (the client)", lambda r: f"{r['cpu']['bench_pct']:.0f}%"),
         ("of it, its event loop thread", lambda r: f"{r['cpu']['bench_event_loop_pct']:.0f}%"),
         ("of it, the benchmark's own bookkeeping", lambda r: (
@@ -1285,7 +1250,7 @@ def _throughput_lines(results: dict[str, Any]) -> list[str]:
         )
         b, d = o["broker"], o["direct"]
         lines.append(
-            f"- {_size_name(o['message_bytes'])} messages: **{o['entries_ratio']:.2f}** (mean"
+            f"- {size_name(o['message_bytes'])} messages: **{o['entries_ratio']:.2f}** (mean"
             f" over the rounds: broker {b['messages_per_s']:,.0f} messages/s ="
             f" {b['entries_per_s']:,.0f} entries/s = {b['stored_mb_per_s']:,.1f} MB/s of entries;"
             f" direct {d['messages_per_s']:,.0f} messages/s = {d['entries_per_s']:,.0f}"
@@ -1334,21 +1299,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         lines += _failover_lines(results)
     if results["throughput"]["runs"]:
         lines += _throughput_lines(results)
-    lines += [
-        "",
-        "## Raw limits of this machine (same run)",
-        "",
-        "| measure | start | end |",
-        "|---|---|---|",
-    ]
-    for label, key, metric, unit in (
-        ("4 KiB append + fdatasync", "append_fdatasync_4k", "ops_per_s", "ops/s"),
-        ("1 MiB append + fdatasync", "append_fdatasync_1m", "mb_per_s", "MB/s"),
-        ("4 MiB append + fdatasync", "append_fdatasync_4m", "mb_per_s", "MB/s"),
-        ("loopback gRPC unary round trip, p50", "grpc_unary_round_trip", "latency.p50_us", "us"),
-    ):
-        a, b = _raw_both(results, key, metric).split(" / ")
-        lines.append(f"| {label} | {a} {unit} | {b} {unit} |")
+    lines += ["", *raw_limits_table(results, (RAW_4K_OPS, RAW_1M, RAW_4M, RAW_RTT_P50))]
     lines += [
         "",
         (
@@ -1415,12 +1366,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--warmup-s", type=float, default=2.0, help="unmeasured seconds before each one")
     add("--window-mib", type=float, default=8.0, help="bytes in flight, both paths (MiB)")
     add("--turn-mib", type=float, default=1.0, help="bytes added per event-loop turn (MiB)")
-    add(
-        "--raw-s",
-        type=float,
-        default=1.0,
-        help="seconds per raw-limit measurement (each of 4, at start and at end)",
-    )
+    add_raw_s_option(add, default=1.0)
     add("--no-failover", action="store_true", help="skip the failover runs")
     add("--no-throughput", action="store_true", help="skip the throughput comparison")
     add(
@@ -1435,13 +1381,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="name the results broker-<date>-<TAG>.*, so that a variant run does not replace"
         " the full run's files",
     )
-    add("--out", type=Path, default=REPO / "bench" / "results", help="directory for the results")
-    add(
-        "--data-root",
-        type=Path,
-        default=REPO / "bench",
-        help="a temporary directory is made here for the clusters and the raw disk tests and"
-        " removed at the end",
+    add_output_options(
+        add,
+        data_root_help=(
+            "a temporary directory is made here for the clusters and the raw disk tests and"
+            " removed at the end"
+        ),
     )
     add(
         "--keep-data",
@@ -1508,15 +1453,6 @@ async def bench_failover(args: argparse.Namespace, root: Path, results: dict[str
             await cluster.aclose()
 
 
-async def settle_disk() -> float:
-    """Write back every dirty page (``sync``) before a workload, so that what the previous one
-    left in the page cache is not flushed by kernel threads inside this one's window."""
-    started = time.perf_counter()
-    await asyncio.to_thread(os.sync)
-    await asyncio.sleep(0.5)
-    return time.perf_counter() - started
-
-
 async def bench_throughput(args: argparse.Namespace, root: Path, results: dict[str, Any]) -> None:
     window_bytes, turn_bytes = int(args.window_mib * MIB), int(args.turn_mib * MIB)
     cluster = LocalCluster(root / "throughput", bookies=BOOKIES, brokers=1, broker_args=BROKER_ARGS)
@@ -1576,7 +1512,7 @@ async def bench_throughput(args: argparse.Namespace, root: Path, results: dict[s
                     ratio["round"] = round_ + 1
                     results["throughput"]["ratios"].append(ratio)
                     print(
-                        f"{_size_name(size)}, round {round_ + 1}: broker / direct ="
+                        f"{size_name(size)}, round {round_ + 1}: broker / direct ="
                         f" {ratio['entries_ratio']:.2f} (entries/s)",
                         flush=True,
                     )
@@ -1620,12 +1556,7 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
     started = time.time()
     print(f"clusters and raw disk tests in {root}", flush=True)
     results: dict[str, Any] = {
-        "benchmark": "broker",
-        "date": dt.date.today().isoformat(),
-        "started_at": dt.datetime.fromtimestamp(started, dt.UTC).isoformat(timespec="seconds"),
-        "command": shlex.join([_python(), "bench/broker_bench.py", *argv]),
-        "quick": args.quick,
-        "tag": args.tag,
+        **results_head("broker", "broker_bench.py", argv, started, args),
         "parameters": {
             "bookies": BOOKIES,
             "quorum": "E{}/Qw{}/Qa{}".format(*QUORUM),
@@ -1661,8 +1592,7 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
         "failover": {"runs": [], "summary": {}},
         "throughput": {"runs": [], "ratios": [], "overall": []},
     }
-    results["raw_limits"]["start"] = await measure_raw_limits(root / "raw", args.raw_s)
-    _print_raw("start", results["raw_limits"]["start"])
+    await raw_limits_at(results, "start", root / "raw", args.raw_s)
     turn = window_for(KIB, int(args.window_mib * MIB), int(args.turn_mib * MIB))[1]
     results["own_cost"] = await measure_own_cost(1.0, turn)
     print(
@@ -1684,8 +1614,7 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
                     f" {s['acked']:,} acknowledged",
                     flush=True,
                 )
-    results["raw_limits"]["end"] = await measure_raw_limits(root / "raw", args.raw_s)
-    _print_raw("end", results["raw_limits"]["end"])
+    await raw_limits_at(results, "end", root / "raw", args.raw_s)
     results["elapsed_s"] = time.time() - started
     return results
 
@@ -1695,10 +1624,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # the client library logs every reconnect: only warnings reach the console; LOG_CLOCK times
     # the events the failover is broken down by
-    structlog.configure(
-        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
-        processors=[LOG_CLOCK, *structlog.get_config()["processors"]],
-    )
+    configure_logs(LOG_CLOCK)
     results = run_and_write("broker", args, argv, bench, render_markdown, keep_data=args.keep_data)
     if results is None:
         return 130

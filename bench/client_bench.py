@@ -35,17 +35,14 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import datetime as dt
 import importlib.metadata
 import inspect
 import json
-import logging
 import os
 import re
 import shlex
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -57,21 +54,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import structlog
-
-# The other benchmarks sit next to this script, so they are importable when it is run as
+# harness.py sits next to this script, so it is importable when it is run as
 # ``python bench/client_bench.py``: machine details, CPU accounting and the results harness.
-from bookie_bench import (
+from harness import (
     REPO,
-    _python,
+    add_output_options,
+    failed_runs_section,
+    free_port,
+    log_tail,
     machine_cpu_seconds,
     machine_info,
     percentile,
     proc_cpu_seconds,
+    quiet_logs,
     report_preamble,
+    results_head,
     run_and_write,
+    spread,
+    spread_cell,
+    stop_process,
 )
-from broker_bench import log_tail
 
 # --- targets (reported with PASS / FAIL, never asserted) ------------------------------------------
 
@@ -636,7 +638,7 @@ AIO_RUNNERS = {
 def worker_main(spec_text: str) -> int:
     """One pattern, one run: its figures as one JSON line on stdout."""
     # the client library logs its connections at info; the figures are what is read
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    quiet_logs()
     spec = json.loads(spec_text)
     if spec.get("tune_gc"):
         from magnetar.common.gc_tuning import tune_gc_for_throughput  # noqa: PLC0415
@@ -723,13 +725,6 @@ def setup_redis(*, install: bool) -> dict[str, Any]:
 
 
 # --- the servers ----------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 _URL = re.compile(r"magnetar://\S+")
@@ -829,20 +824,9 @@ async def start_redis(directory: Path, server_path: str) -> Server:
 
 async def stop_server(server: Server, grace_s: float = 20.0) -> None:
     """SIGINT (SIGTERM for Redis), then SIGKILL after ``grace_s``."""
-    process = server.process
-    if process.returncode is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        if server.name == "redis-server":
-            process.terminate()
-        else:
-            process.send_signal(signal.SIGINT)  # the standalone stops as on Ctrl-C
-    try:
-        await asyncio.wait_for(process.wait(), grace_s)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            process.kill()
-        await process.wait()
+    # the standalone stops as on Ctrl-C
+    sig = signal.SIGTERM if server.name == "redis-server" else signal.SIGINT
+    await stop_process(server.process, grace_s, sig)
 
 
 # --- backlogs -------------------------------------------------------------------------------------
@@ -970,18 +954,6 @@ async def run_one(
 # --- figures --------------------------------------------------------------------------------------
 
 
-def spread(values: Sequence[float]) -> dict[str, Any]:
-    """Median, minimum and maximum of the rounds' values (``median`` None when there are none)."""
-    if not values:
-        return {"median": None, "min": None, "max": None, "n": 0}
-    return {
-        "median": statistics.median(values),
-        "min": min(values),
-        "max": max(values),
-        "n": len(values),
-    }
-
-
 FIGURES = (
     "msg_per_s",
     "client_us_per_msg",
@@ -1069,18 +1041,6 @@ def ratios(
 # --- the report -----------------------------------------------------------------------------------
 
 
-def _cell(figure: dict[str, Any] | None, spec: str = ",.0f") -> str:
-    """``median (min-max)`` of a spread."""
-    if not figure or figure.get("median") is None:
-        return "-"
-    if figure["n"] == 1:
-        return format(figure["median"], spec)
-    return (
-        f"{format(figure['median'], spec)} ({format(figure['min'], spec)}-"
-        f"{format(figure['max'], spec)})"
-    )
-
-
 def _ratio_line(entry: dict[str, Any]) -> str:
     head = f"- **{entry['verdict']}** {entry['name']}"
     if entry["median"] is None:
@@ -1100,13 +1060,8 @@ def render_markdown(results: dict[str, Any]) -> str:
     title_tag = f" ({results['tag']})" if results["tag"] else ""
     p = results["parameters"]
     cores = results["machine"]["cpu_count"]
-    preamble = report_preamble(results)
-    fs = results["machine"]["filesystem"]
     # the shared preamble's last line speaks of raw limits, which this benchmark does not measure
-    preamble[-1] = (
-        f"Data file system: {fs['device']} ({fs['type']}) on {fs['mount_point']},"
-        f" {fs['free_bytes'] / 1e9:,.0f} GB free of {fs['total_bytes'] / 1e9:,.0f} GB."
-    )
+    preamble = report_preamble(results, raw_limits=False)
     redis = results["redis"]
     redis_text = (
         f"Redis: {redis['server_version']}, redis-py {redis['redis_py']}."
@@ -1160,10 +1115,12 @@ def render_markdown(results: dict[str, Any]) -> str:
         if f is None:
             continue
         lines.append(
-            f"| {pattern.key} | {pattern.client}: `{pattern.call}` | **{_cell(f['msg_per_s'])}**"
-            f" | {_cell(f['client_us_per_msg'], '.2f')} | {_cell(f['server_us_per_msg'], '.2f')}"
-            f" | {_cell(f['client_cpu_pct'])} | {_cell(f['server_cpu_pct'])}"
-            f" | {_cell(f['machine_busy_pct'])} ({_cell(f['others_pct'])})"
+            f"| {pattern.key} | {pattern.client}: `{pattern.call}`"
+            f" | **{spread_cell(f['msg_per_s'])}**"
+            f" | {spread_cell(f['client_us_per_msg'], '.2f')}"
+            f" | {spread_cell(f['server_us_per_msg'], '.2f')}"
+            f" | {spread_cell(f['client_cpu_pct'])} | {spread_cell(f['server_cpu_pct'])}"
+            f" | {spread_cell(f['machine_busy_pct'])} ({spread_cell(f['others_pct'])})"
             f" | {f['ok_runs']} / {f['runs']} |"
         )
     latency = summary.get("sync-send")
@@ -1173,9 +1130,9 @@ def render_markdown(results: dict[str, Any]) -> str:
             (
                 f"`sync-send` ({p['send_count']:,} sequential `producer.send(msg)`, after"
                 f" {p['send_warmup']} not counted): latency p50"
-                f" {_cell(latency['latency_p50_ms'], '.2f')} ms, p99"
-                f" {_cell(latency['latency_p99_ms'], '.2f')} ms, max"
-                f" {_cell(latency['latency_max_ms'], '.1f')} ms: send call -> the broker's"
+                f" {spread_cell(latency['latency_p50_ms'], '.2f')} ms, p99"
+                f" {spread_cell(latency['latency_p99_ms'], '.2f')} ms, max"
+                f" {spread_cell(latency['latency_max_ms'], '.1f')} ms: send call -> the broker's"
                 " receipt, the message stored on Qa bookies and `fdatasync`ed."
             ),
         ]
@@ -1210,20 +1167,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         ),
         "",
     ]
-    failed = [r for r in results["runs"] if not r["ok"]]
-    if failed:
-        lines += ["## Failed runs", ""]
-        for run in failed:
-            lines += [
-                f"- round {run['round']}, {run['pattern']}: {run.get('error')}",
-                "",
-                "```",
-                run.get("stderr_tail", ""),
-                "--- server log tail",
-                run.get("server_log_tail", ""),
-                "```",
-                "",
-            ]
+    lines += failed_runs_section(results["runs"], lambda r: f"round {r['round']}, {r['pattern']}")
     lines += [
         (
             "Every run (figures, CPU, the backlog fills' times), parameters and machine"
@@ -1258,12 +1202,7 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
         skipped["redis-xadd"] = redis_setup["note"]
     patterns = chosen_patterns(args, skipped)
     results: dict[str, Any] = {
-        "benchmark": "client",
-        "date": dt.date.today().isoformat(),
-        "started_at": dt.datetime.fromtimestamp(started, dt.UTC).isoformat(timespec="seconds"),
-        "command": shlex.join([_python(), "bench/client_bench.py", *argv]),
-        "quick": args.quick,
-        "tag": args.tag,
+        **results_head("client", "client_bench.py", argv, started, args),
         "parameters": {
             "rounds": args.rounds,
             "messages": args.messages,
@@ -1386,12 +1325,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         " client-<date>-quick.* (unless --tag is given)",
     )
     add("--tag", help="name the results client-<date>-<TAG>.*")
-    add("--out", type=Path, default=REPO / "bench" / "results", help="directory for the results")
-    add(
-        "--data-root",
-        type=Path,
-        default=REPO / "bench",
-        help="a temporary directory is made here for the servers' data, and removed at the end",
+    add_output_options(
+        add,
+        data_root_help=(
+            "a temporary directory is made here for the servers' data, and removed at the end"
+        ),
     )
     add("--keep-data", action="store_true", help="leave the temporary directory (with the logs)")
     args = parser.parse_args(argv)
@@ -1418,7 +1356,7 @@ def main(argv: list[str] | None = None) -> int:
         return worker_main(argv[1])
     args = parse_args(argv)
     # the admin client logs at info; the benchmark's own output is enough
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    quiet_logs()
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     results = run_and_write("client", args, argv, bench, render_markdown, keep_data=args.keep_data)
     if results is None:

@@ -30,19 +30,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
-import logging
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import structlog
-
-# bookie_bench.py sits next to this script (importable when run as ``python bench/...``)
-from bookie_bench import REPO, latency_summary, machine_info, report_preamble, run_and_write
+# harness.py sits next to this script (importable when run as ``python bench/...``)
+from harness import (
+    REPO,
+    latency_summary,
+    machine_info,
+    quiet_logs,
+    report_preamble,
+    rss_bytes,
+    run_and_write,
+)
 
 import magnetar
-from magnetar.aio import Client
+from magnetar.aio import Client, Consumer, Producer
 from magnetar.testing import LocalCluster
 
 HOUR_MS = 3_600_000
@@ -68,21 +73,35 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def rss_bytes(pid: int | None) -> int:
-    if pid is None:
-        return 0
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
 def subscription_stats(service_url: str, topic: str) -> dict[str, Any]:
     with magnetar.AdminClient(service_url) as admin:
         subs = admin.topic_stats(topic)["partitions"][0]["subscriptions"]
     sub = next(s for s in subs if s["subscription"] == SUBSCRIPTION)
     keys = ("delayed_entries", "ack_hole_ranges", "ack_ranges_over_limit", "blocked")
     return {k: sub.get(k) for k in keys}
+
+
+async def send_delayed(producer: Producer, count: int, window: int) -> None:
+    """``count`` messages due in an hour, each an entry of its own followed by an immediate
+    one (to be acknowledged: a hole each), at most ``window`` unconfirmed."""
+    due_ms = int(time.time() * 1000) + HOUR_MS
+    pending: list[asyncio.Future[Any]] = []
+    for _ in range(count):
+        pending.append(producer.send_async(b"later", deliver_at_ms=due_ms))
+        pending.append(producer.send_async(b"fill"))
+        if len(pending) >= window:
+            await asyncio.gather(*pending)
+            pending.clear()
+    await asyncio.gather(*pending)
+
+
+async def take_fills(consumer: Consumer, count: int) -> None:
+    """Receive and acknowledge the ``count`` immediate messages; a delayed one is an error."""
+    for _ in range(count):
+        message = await consumer.receive(timeout_millis=120_000)
+        if message.data() != b"fill":
+            raise RuntimeError(f"a delayed message came early: {message.data()!r}")
+        await consumer.acknowledge(message)
 
 
 async def one_run(cluster: LocalCluster, delayed: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -97,24 +116,12 @@ async def one_run(cluster: LocalCluster, delayed: int, args: argparse.Namespace)
         producer = await client.create_producer(topic)
         started = time.monotonic()
         if delayed:
-            due_ms = int(time.time() * 1000) + HOUR_MS
-            pending: list[asyncio.Future[Any]] = []
-            for _ in range(delayed):
-                pending.append(producer.send_async(b"later", deliver_at_ms=due_ms))
-                pending.append(producer.send_async(b"fill"))
-                if len(pending) >= args.window:
-                    await asyncio.gather(*pending)
-                    pending.clear()
-            await asyncio.gather(*pending)
-            for _ in range(delayed):
-                message = await consumer.receive(timeout_millis=120_000)
-                if message.data() != b"fill":
-                    raise RuntimeError(f"a delayed message came early: {message.data()!r}")
-                await consumer.acknowledge(message)
+            await send_delayed(producer, delayed, args.window)
+            await take_fills(consumer, delayed)
         run["fill_s"] = time.monotonic() - started
         await asyncio.sleep(2)  # the last acks reach the broker
         run["after_fill"] = await asyncio.to_thread(subscription_stats, url, topic)
-        run["after_fill"]["broker_rss_bytes"] = rss_bytes(broker_pid)
+        run["after_fill"]["broker_rss_bytes"] = rss_bytes(broker_pid) or 0
 
         latencies: list[float] = []
 
@@ -140,7 +147,7 @@ async def one_run(cluster: LocalCluster, delayed: int, args: argparse.Namespace)
         run["throughput_msg_s"] = args.messages / (last_receive - first_send)
         run["latency"] = latency_summary(latencies)
         run["after_measure"] = await asyncio.to_thread(subscription_stats, url, topic)
-        run["after_measure"]["broker_rss_bytes"] = rss_bytes(broker_pid)
+        run["after_measure"]["broker_rss_bytes"] = rss_bytes(broker_pid) or 0
         await producer.close()
         await consumer.close()
     return run
@@ -205,7 +212,7 @@ def render_markdown(results: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    quiet_logs()
     results = run_and_write("delayed", args, argv, bench, render_markdown)
     return 130 if results is None else 0
 

@@ -32,25 +32,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
-import logging
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import structlog
-
-# bookie_bench.py and failover_bench.py sit next to this script
-from bookie_bench import REPO, machine_info, report_preamble, run_and_write
+# harness.py, delayed_bench.py and failover_bench.py sit next to this script
+from delayed_bench import SUBSCRIPTION, send_delayed, take_fills
 from failover_bench import owner_of
+from harness import REPO, machine_info, quiet_logs, report_preamble, run_and_write
 
 from magnetar.aio import AdminClient, Client
 from magnetar.common.errors import MagnetarError
 from magnetar.testing import LocalCluster
 from metadata import open_store
 
-HOUR_MS = 3_600_000
-SUBSCRIPTION = "work"
 SEAL_WAIT_S = 8.0
 """Longer than dispatch_delayed_index_seal_ms (5 s): every bucket is written before a move."""
 
@@ -131,21 +127,9 @@ async def one_cluster(root: Path, args: argparse.Namespace, *, index: bool) -> d
             )
             producer = await client.create_producer(topic)
             started = time.monotonic()
-            due_ms = int(time.time() * 1000) + HOUR_MS
-            pending: list[asyncio.Future[Any]] = []
-            for _ in range(args.delayed):
-                pending.append(producer.send_async(b"later", deliver_at_ms=due_ms))
-                pending.append(producer.send_async(b"fill"))
-                if len(pending) >= args.window:
-                    await asyncio.gather(*pending)
-                    pending.clear()
-            await asyncio.gather(*pending)
+            await send_delayed(producer, args.delayed, args.window)
             await producer.close()
-            for _ in range(args.delayed):
-                message = await consumer.receive(timeout_millis=120_000)
-                if message.data() != b"fill":
-                    raise RuntimeError(f"a delayed message came early: {message.data()!r}")
-                await consumer.acknowledge(message)
+            await take_fills(consumer, args.delayed)
             await wait_held(admin, topic, args.delayed, started)
             run["fill_s"] = time.monotonic() - started
             await asyncio.sleep(SEAL_WAIT_S)
@@ -221,7 +205,7 @@ def render_markdown(results: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    quiet_logs()
     results = run_and_write("delayed-failover", args, argv, bench, render_markdown)
     return 130 if results is None else 0
 

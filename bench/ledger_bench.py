@@ -20,41 +20,47 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import datetime as dt
 import itertools
-import logging
 import os
-import shlex
 import statistics
 import sys
 import threading
 import time
 import urllib.request
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
-import structlog
-
-# bookie_bench.py sits next to this script, so it is importable when the script is run as
-# ``python bench/ledger_bench.py``; its raw-limit measurements and accounting are reused as they
-# are, so that both benchmarks measure the machine the same way.
-from bookie_bench import (
+from harness import (
     KIB,
     MB,
-    REPO,
-    _ms,
-    _print_raw,
-    _python,
-    _size_name,
+    RAW_1M,
+    RAW_4K_OPS,
+    RAW_4K_P50,
+    RAW_4M,
+    RAW_RTT_P50,
+    RAW_RTT_P99,
+    LogClock,
+    add_output_options,
+    add_raw_s_option,
+    configure_logs,
     latency_summary,
+    log_tail,
     machine_cpu_seconds,
     machine_info,
-    measure_raw_limits,
+    ms,
     proc_cpu_seconds,
+    raw_limits_at,
+    raw_limits_table,
+    raw_pair,
     report_preamble,
+    results_head,
     run_and_write,
+    size_name,
+    thread_cpu_seconds,
+    watching,
 )
 
 from bookie.client.config import LedgerClientConfig
@@ -62,6 +68,8 @@ from bookie.client.ledger_client import LedgerClient
 from bookie.client.write_handle import WriteHandle
 from magnetar.testing import BookieNode, LocalCluster
 from metadata import MetadataStore, open_store
+
+T = TypeVar("T")  # what timed_run samples at both ends of its window
 
 BOOKIES = 4  # one more than the widest ensemble, so the failover has a replacement to pick
 
@@ -110,12 +118,12 @@ class Workload:
     @property
     def name(self) -> str:
         burst = ", whole window per loop turn" if self.burst else ""
-        return f"{self.quorum.name}, {_size_name(self.entry_bytes)}{burst}"
+        return f"{self.quorum.name}, {size_name(self.entry_bytes)}{burst}"
 
     @property
     def key(self) -> str:
         q = self.quorum
-        return f"E{q.ensemble}Qw{q.write}Qa{q.ack}-{_size_name(self.entry_bytes)}".replace(" ", "")
+        return f"E{q.ensemble}Qw{q.write}Qa{q.ack}-{size_name(self.entry_bytes)}".replace(" ", "")
 
     @property
     def in_flight_bytes(self) -> int:
@@ -143,29 +151,6 @@ def all_workloads(sizes: tuple[int, ...]) -> list[Workload]:
 
 
 # --- small helpers --------------------------------------------------------------------------------
-
-
-def thread_cpu_seconds(pid: int) -> dict[str, float]:
-    """CPU seconds of each thread of a process, by ``name:tid`` (threads that ended are gone).
-
-    The main thread (tid = pid) is named ``main``: in a bookie and in this script it runs the
-    asyncio event loop. Python threads keep the process's name, so the others are told apart
-    by tid only.
-    """
-    out: dict[str, float] = {}
-    ticks = os.sysconf("SC_CLK_TCK")
-    with contextlib.suppress(OSError):
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                text = (task / "stat").read_text()
-                name = (
-                    "main"
-                    if task.name == str(pid)
-                    else text[text.index("(") + 1 : text.rindex(")")]
-                )
-                fields = text[text.rindex(")") + 2 :].split()
-                out[f"{name}:{task.name}"] = (int(fields[11]) + int(fields[12])) / ticks
-    return out
 
 
 def proc_write_bytes(pid: int) -> int:
@@ -205,12 +190,6 @@ async def scrape(node: BookieNode) -> dict[str, float]:
     return found
 
 
-def log_tail(node: BookieNode, lines: int = 15) -> str:
-    with contextlib.suppress(OSError):
-        return "\n".join(node.log_path.read_text(errors="replace").splitlines()[-lines:])
-    return "(no log)"
-
-
 async def wait_for_view(client: LedgerClient, cluster: LocalCluster, timeout_s: float = 30) -> None:
     """Until the client sees every running bookie at its current address."""
     async with asyncio.timeout(timeout_s):
@@ -225,28 +204,10 @@ async def wait_for_view(client: LedgerClient, cluster: LocalCluster, timeout_s: 
 # --- the client's log, timed -------------------------------------------------------------------
 
 
-class LogClock:
-    """A structlog processor that notes when the ledger client logged the events the failover
-    is timed by, and lets only warnings and errors through to the console."""
-
-    EVENTS = frozenset({"bookie_add_stream_broken", "ledger_bookie_failed", "ensemble_changed"})
-    SHOWN = frozenset({"warning", "error", "critical", "exception"})
-
-    def __init__(self) -> None:
-        self.seen: list[tuple[float, str]] = []
-
-    def __call__(self, _logger: Any, method_name: str, event: Any) -> Any:
-        if event.get("event") in self.EVENTS:
-            self.seen.append((time.perf_counter(), event["event"]))
-        if method_name not in self.SHOWN:
-            raise structlog.DropEvent
-        return event
-
-    def first_after(self, name: str, since: float) -> float | None:
-        return next((t for t, e in self.seen if e == name and t >= since), None)
-
-
-LOG_CLOCK = LogClock()
+# times the ledger client's events the failover is broken down by
+LOG_CLOCK = LogClock(
+    frozenset({"bookie_add_stream_broken", "ledger_bookie_failed", "ensemble_changed"})
+)
 
 
 # --- the load -------------------------------------------------------------------------------------
@@ -419,14 +380,36 @@ async def measure_writer_cost(seconds: float, turn_entries: int) -> dict[str, An
     }
 
 
-async def watching(tasks: list[asyncio.Task[None]], cluster: LocalCluster, seconds: float) -> None:
-    """Sleep, but fail at once if a task ends with an error or a bookie process dies."""
-    done, _ = await asyncio.wait(tasks, timeout=seconds, return_when="FIRST_COMPLETED")
-    for task in done:
-        task.result()
-    dead = [n.bookie_id for n in cluster.bookies if not n.is_running]
-    if dead:
-        raise RuntimeError(f"bookie process(es) {dead} exited")
+async def timed_run(
+    writer: Writer,
+    cluster: LocalCluster,
+    *,
+    warmup_s: float,
+    duration_s: float,
+    sample: Callable[[LocalCluster, int], Awaitable[T]],
+) -> tuple[T, T]:
+    """Run ``writer`` for ``warmup_s`` unmeasured, then ``duration_s`` measured, and drain it:
+    ``sample`` (CPU and counters) taken as the measured window opens and as it closes."""
+    tasks = [
+        asyncio.create_task(writer.produce(), name="produce"),
+        asyncio.create_task(writer.reap(), name="reap"),
+    ]
+    try:
+        loop_tid = threading.get_native_id()
+        await watching(tasks, cluster, warmup_s)
+        before = await sample(cluster, loop_tid)
+        writer.start = time.perf_counter()
+        writer.end = writer.start + duration_s
+        await watching(tasks, cluster, duration_s)
+        after = await sample(cluster, loop_tid)
+        writer.stop = True
+        await tasks[0]
+        await writer.drain(60)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return before, after
 
 
 @dataclass(slots=True)
@@ -590,7 +573,6 @@ async def run_workload(
             "ledger_client_config": asdict(config),
         },
     }
-    tasks: list[asyncio.Task[None]] = []
     client = await LedgerClient.start(store, config)
     handle: WriteHandle | None = None
     try:
@@ -606,20 +588,9 @@ async def run_workload(
             window=workload.window,
             turn_entries=workload.turn_entries,
         )
-        tasks = [
-            asyncio.create_task(writer.produce(), name="produce"),
-            asyncio.create_task(writer.reap(), name="reap"),
-        ]
-        loop_tid = threading.get_native_id()
-        await watching(tasks, cluster, warmup_s)
-        before = await snapshot(cluster, loop_tid)
-        writer.start = time.perf_counter()
-        writer.end = writer.start + duration_s
-        await watching(tasks, cluster, duration_s)
-        after = await snapshot(cluster, loop_tid)
-        writer.stop = True
-        await tasks[0]
-        await writer.drain(60)
+        before, after = await timed_run(
+            writer, cluster, warmup_s=warmup_s, duration_s=duration_s, sample=snapshot
+        )
         entries = writer.entries
         payload = entries * workload.entry_bytes
         result.update(
@@ -638,20 +609,20 @@ async def run_workload(
         result["limits"] = limits(result)
         await asyncio.wait_for(handle.close(), 30)
     except Exception as e:  # noqa: BLE001 - one failed workload is reported, the rest still run
-        result.update(
-            {
-                "ok": False,
-                "error": f"{e!r}",
-                "bookie_log_tails": {str(n.bookie_id): log_tail(n) for n in cluster.bookies},
-            }
-        )
+        result.update(_failure(e, cluster))
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
         with contextlib.suppress(Exception):
             await client.close()
     return result
+
+
+def _failure(error: Exception, cluster: LocalCluster) -> dict[str, Any]:
+    """A failed run's result: its error and every bookie's log tail."""
+    return {
+        "ok": False,
+        "error": f"{error!r}",
+        "bookie_log_tails": {str(n.bookie_id): log_tail(n.log_path) for n in cluster.bookies},
+    }
 
 
 def _print_workload(r: dict[str, Any]) -> None:
@@ -662,7 +633,7 @@ def _print_workload(r: dict[str, Any]) -> None:
     print(
         f"{r['name']} (window {p['window']}, {p['turn_entries']} per turn):"
         f" {r['entries_per_s']:,.0f} entries/s, {r['mb_per_s']:,.1f} MB/s,"
-        f" add p50 {_ms(lat['p50_us'])} p99 {_ms(lat['p99_us'])};"
+        f" add p50 {ms(lat['p50_us'])} p99 {ms(lat['p99_us'])};"
         f" CPU bench {cpu['bench_pct']:.0f}% (loop {cpu['bench_event_loop_pct']:.0f}%)"
         f" bookies {cpu['bookies_pct']:.0f}% machine {cpu['machine_busy_pct']:.0f}%;"
         f" limit: {'; '.join(r['limits'])}",
@@ -771,7 +742,7 @@ async def run_failover(
                     f"kill_to_{name}_ms": (t - killed_at) * ms if t is not None else None
                     for name, t in (
                         (event, LOG_CLOCK.first_after(event, killed_at))
-                        for event in sorted(LogClock.EVENTS)
+                        for event in sorted(LOG_CLOCK.events)
                     )
                 },
                 "longest_gap_ms": longest[1] * ms,
@@ -785,13 +756,7 @@ async def run_failover(
             writer.failed == 0 and handle.ensemble_changes >= 1 and result["victim_replaced"]
         )
     except Exception as e:  # noqa: BLE001 - reported with the others; the run goes on
-        result.update(
-            {
-                "ok": False,
-                "error": f"{e!r}",
-                "bookie_log_tails": {str(n.bookie_id): log_tail(n) for n in cluster.bookies},
-            }
-        )
+        result.update(_failure(e, cluster))
     finally:
         for task in tasks:
             task.cancel()
@@ -874,31 +839,24 @@ def _machine(r: dict[str, Any]) -> str:
     return f"{c['machine_busy_pct']:.0f}% ({c['other_pct']:.0f}%; {c['machine_steal_pct']:.0f}%)"
 
 
-def _raw_both(results: dict[str, Any], key: str, metric: str) -> str:
-    a, b = results["raw_limits"]["start"][key], results["raw_limits"]["end"][key]
-    for part in metric.split("."):
-        a, b = a[part], b[part]
-    return f"{a:,.0f} / {b:,.0f}"
-
-
 def _side_by_side(results: dict[str, Any], runs: list[dict[str, Any]]) -> list[str]:
     cores = results["machine"]["cpu_count"]
-    small_ops = _raw_both(results, "append_fdatasync_4k", "ops_per_s")
-    small_p50 = _raw_both(results, "append_fdatasync_4k", "latency.p50_us")
+    small_ops = raw_pair(results, "append_fdatasync_4k", "ops_per_s")
+    small_p50 = raw_pair(results, "append_fdatasync_4k", "latency.p50_us")
     bw = (
-        f"append+fdatasync 1 MiB {_raw_both(results, 'append_fdatasync_1m', 'mb_per_s')};"
-        f" 4 MiB {_raw_both(results, 'append_fdatasync_4m', 'mb_per_s')} MB/s"
+        f"append+fdatasync 1 MiB {raw_pair(results, 'append_fdatasync_1m', 'mb_per_s')};"
+        f" 4 MiB {raw_pair(results, 'append_fdatasync_4m', 'mb_per_s')} MB/s"
     )
-    rtt = _raw_both(results, "grpc_unary_round_trip", "latency.p50_us")
+    rtt = raw_pair(results, "grpc_unary_round_trip", "latency.p50_us")
     rows: list[tuple[str, Any, str]] = [
         ("entries/s", lambda r: f"**{r['entries_per_s']:,.0f}**",
          f"4 KiB append+fdatasync {small_ops} ops/s"),
         ("MB/s (payload)", lambda r: f"**{r['mb_per_s']:,.1f}**", bw),
-        ("add latency p50", lambda r: _ms(r["add_latency"]["p50_us"]),
+        ("add latency p50", lambda r: ms(r["add_latency"]["p50_us"]),
          f"gRPC round trip p50 {rtt} us; 4 KiB fdatasync p50 {small_p50} us"),
-        ("add latency p99", lambda r: _ms(r["add_latency"]["p99_us"]), ""),
-        ("add latency p99.9", lambda r: _ms(r["add_latency"]["p999_us"]), ""),
-        ("add latency max", lambda r: _ms(r["add_latency"]["max_us"]), ""),
+        ("add latency p99", lambda r: ms(r["add_latency"]["p99_us"]), ""),
+        ("add latency p99.9", lambda r: ms(r["add_latency"]["p999_us"]), ""),
+        ("add latency max", lambda r: ms(r["add_latency"]["max_us"]), ""),
         ("latency samples", lambda r: f"{r['add_latency']['samples']:,}", ""),
         ("bench process CPU (the writer)", lambda r: f"{r['cpu']['bench_pct']:.0f}%",
          f"{100 * cores}% = all {cores} cores"),
@@ -946,7 +904,7 @@ def _failover_lines(fo: dict[str, Any]) -> list[str]:
         "## Failover: a bookie of the ensemble SIGKILLed under a steady add rate",
         "",
         (
-            f"{p['quorum']}, {_size_name(p['entry_bytes'])} entries issued at a fixed"
+            f"{p['quorum']}, {size_name(p['entry_bytes'])} entries issued at a fixed"
             f" {p['rate_per_s']:,.0f} entries/s by one writer (default `LedgerClientConfig`: add"
             f" timeout {p['ledger_client_config']['add_timeout_ms']:,} ms, pending limit"
             f" {p['ledger_client_config']['max_pending_adds']:,} adds), a fresh ledger and ledger"
@@ -1025,8 +983,8 @@ def _failover_lines(fo: dict[str, Any]) -> list[str]:
         b, a = r["add_latency_before_kill"], r["add_latency_after_kill"]
         lines.append(
             f"| {r['repetition'] + 1}"
-            f" | {_ms(b['p50_us'])} / {_ms(b['p99_us'])} / {_ms(b['max_us'])}"
-            f" | {_ms(a['p50_us'])} / {_ms(a['p99_us'])} / {_ms(a['max_us'])}"
+            f" | {ms(b['p50_us'])} / {ms(b['p99_us'])} / {ms(b['max_us'])}"
+            f" | {ms(a['p50_us'])} / {ms(a['p99_us'])} / {ms(a['max_us'])}"
             f" | {r['adds_completed']:,} | {r['achieved_rate_per_s']:,.0f}/s |"
         )
     lines += [
@@ -1066,30 +1024,19 @@ def render_markdown(results: dict[str, Any]) -> str:
             " noisy: compare within this run only."
         ),
         "",
-        "## Raw limits of this machine (same run)",
-        "",
-        "| measure | start | end |",
-        "|---|---|---|",
+        *raw_limits_table(
+            results, (RAW_4K_OPS, RAW_4K_P50, RAW_1M, RAW_4M, RAW_RTT_P50, RAW_RTT_P99)
+        ),
     ]
-    for label, key, metric, unit in (
-        ("4 KiB append + fdatasync", "append_fdatasync_4k", "ops_per_s", "ops/s"),
-        ("4 KiB append + fdatasync, p50", "append_fdatasync_4k", "latency.p50_us", "us"),
-        ("1 MiB append + fdatasync", "append_fdatasync_1m", "mb_per_s", "MB/s"),
-        ("4 MiB append + fdatasync", "append_fdatasync_4m", "mb_per_s", "MB/s"),
-        ("loopback gRPC unary round trip, p50", "grpc_unary_round_trip", "latency.p50_us", "us"),
-        ("loopback gRPC unary round trip, p99", "grpc_unary_round_trip", "latency.p99_us", "us"),
-    ):
-        a, b = _raw_both(results, key, metric).split(" / ")
-        lines.append(f"| {label} | {a} {unit} | {b} {unit} |")
 
     for size, runs in _by_size(results["workloads"]).items():
         p = runs[0]["parameters"]
         lines += [
             "",
-            f"## {_size_name(size)} entries: quorums side by side",
+            f"## {size_name(size)} entries: quorums side by side",
             "",
             (
-                f"One writer, {p['window']:,} adds in flight ({_size_name(p['window'] * size)}),"
+                f"One writer, {p['window']:,} adds in flight ({size_name(p['window'] * size)}),"
                 f" letting the event loop run after every {p['turn_entries']:,} adds;"
                 f" {p['warmup_s']:g} s warm-up, {p['duration_s']:g} s measured per workload."
             ),
@@ -1141,15 +1088,15 @@ def render_markdown(results: dict[str, Any]) -> str:
                 for fmt, get in (
                     ("{:,.0f}", lambda r: r["entries_per_s"]),
                     ("{:,.1f}", lambda r: r["mb_per_s"]),
-                    ("{}", lambda r: _ms(r["add_latency"]["p50_us"])),
-                    ("{}", lambda r: _ms(r["add_latency"]["p99_us"])),
+                    ("{}", lambda r: ms(r["add_latency"]["p50_us"])),
+                    ("{}", lambda r: ms(r["add_latency"]["p99_us"])),
                     ("{:,.0f} KiB", lambda r: r["cpu"]["disk"]["mean_group_commit_bytes"] / KIB),
                     ("{:.0f}%", lambda r: r["cpu"]["bench_pct"]),
                     ("{:.0f}%", lambda r: r["cpu"]["bookies_pct"]),
                     ("{:.0f}%", lambda r: r["cpu"]["machine_busy_pct"]),
                 )
             ]
-            name = f"{_qname(burst)}, {_size_name(burst['parameters']['entry_bytes'])}"
+            name = f"{_qname(burst)}, {size_name(burst['parameters']['entry_bytes'])}"
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
 
     if results["failover"]["runs"]:
@@ -1186,12 +1133,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add = parser.add_argument
     add("--duration-s", type=float, default=5.0, help="measured seconds per workload")
     add("--warmup-s", type=float, default=1.0, help="unmeasured seconds before each workload")
-    add(
-        "--raw-s",
-        type=float,
-        default=1.5,
-        help="seconds per raw-limit measurement (each of 4, at start and at end)",
-    )
+    add_raw_s_option(add)
     add(
         "--quick",
         action="store_true",
@@ -1231,13 +1173,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=60.0,
         help="give up on a failover repetition after this long",
     )
-    add("--out", type=Path, default=REPO / "bench" / "results", help="directory for the results")
-    add(
-        "--data-root",
-        type=Path,
-        default=REPO / "bench",
-        help="a temporary directory is made here for the cluster and the raw disk tests (so"
-        " both are on the same file system) and removed at the end",
+    add_output_options(
+        add,
+        data_root_help=(
+            "a temporary directory is made here for the cluster and the raw disk tests (so both"
+            " are on the same file system) and removed at the end"
+        ),
     )
     args = parser.parse_args(argv)
     if args.quick:
@@ -1276,19 +1217,14 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
     bursts = [] if args.no_burst else [dataclasses.replace(w, turn_entries=0) for w in workloads]
     bursts = [w for w in bursts if w not in workloads]
     results: dict[str, Any] = {
-        "benchmark": "ledger",
-        "date": dt.date.today().isoformat(),
-        "started_at": dt.datetime.fromtimestamp(started, dt.UTC).isoformat(timespec="seconds"),
-        "command": shlex.join([_python(), "bench/ledger_bench.py", *argv]),
-        "quick": args.quick,
-        "tag": args.tag,
+        **results_head("ledger", "ledger_bench.py", argv, started, args),
         "parameters": {
             "bookies": BOOKIES,
             "bookie_settings": "defaults (LocalCluster, no extra bookie arguments)",
             "duration_s": args.duration_s,
             "warmup_s": args.warmup_s,
             "raw_s": args.raw_s,
-            "windows_and_turns": {_size_name(k): v for k, v in WINDOWS.items()},
+            "windows_and_turns": {size_name(k): v for k, v in WINDOWS.items()},
             "window_override": args.window,
             "turn_entries_override": args.turn_entries,
             "failover_reps": args.failover_reps,
@@ -1300,8 +1236,7 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
         "burst_workloads": [],
         "failover": {"runs": [], "medians": {}},
     }
-    results["raw_limits"]["start"] = await measure_raw_limits(root / "raw", args.raw_s)
-    _print_raw("start", results["raw_limits"]["start"])
+    await raw_limits_at(results, "start", root / "raw", args.raw_s)
     results["writer_cost"] = await measure_writer_cost(1.0, WINDOWS[KIB][1])
     print(
         f"the benchmark's own cost per add (stub handle): "
@@ -1342,8 +1277,7 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
             with contextlib.suppress(Exception):
                 await store.close()
         await cluster.aclose()
-    results["raw_limits"]["end"] = await measure_raw_limits(root / "raw", args.raw_s)
-    _print_raw("end", results["raw_limits"]["end"])
+    await raw_limits_at(results, "end", root / "raw", args.raw_s)
     results["elapsed_s"] = time.time() - started
     return results
 
@@ -1353,10 +1287,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # the ledger client logs every ledger it creates and closes: only warnings (a bookie failed)
     # reach the console; LOG_CLOCK times the events the failover is broken down by
-    structlog.configure(
-        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
-        processors=[LOG_CLOCK, *structlog.get_config()["processors"]],
-    )
+    configure_logs(LOG_CLOCK)
     results = run_and_write("ledger", args, argv, bench, render_markdown)
     if results is None:
         return 130

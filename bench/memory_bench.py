@@ -23,7 +23,6 @@ import asyncio
 import datetime as dt
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,8 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "bench" / "results"
+from harness import REPO, RESULTS, free_port
 
 
 def rss_mib(pid: int) -> float:
@@ -40,12 +38,6 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError(f"no VmRSS for pid {pid}")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def git_revision() -> str:

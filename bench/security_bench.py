@@ -53,43 +53,41 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime as dt
 import json
-import logging
 import os
 import shlex
 import signal
-import statistics
 import sys
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import structlog
-
-# The other benchmarks sit next to this script, so they are importable when it is run as
-# ``python bench/security_bench.py``: machine details, CPU accounting, the results harness and
-# the reading of perf's output are shared with them.
-from bookie_bench import (
-    REPO,
-    _python,
+# harness.py and the other benchmarks sit next to this script, so they are importable when it is
+# run as ``python bench/security_bench.py``: the harness measures and reports, the broker's
+# settings are broker_bench's and the rate a fixed-rate run must reach is the suite's.
+from broker_bench import BROKER_ARGS
+from harness import (
+    PerfOutput,
+    add_output_options,
+    failed_runs_section,
+    log_tail,
     machine_cpu_seconds,
     machine_info,
+    opt,
     proc_cpu_seconds,
+    quiet_logs,
     report_preamble,
+    results_head,
     run_and_write,
-)
-from broker_bench import BROKER_ARGS, log_tail
-from suite import (
-    RATE_REACHED_FRACTION,
-    parse_progress,
-    parse_summary,
-    perf_environment,
+    spawn_piped,
+    spread,
+    spread_cell,
     stop_process,
+    summary_errors,
 )
+from suite import RATE_REACHED_FRACTION
 
 from magnetar.aio import AdminClient, AuthenticationToken
 from magnetar.common.errors import MagnetarError
@@ -320,7 +318,7 @@ def worker_main(spec_text: str) -> int:
     from magnetar.common.gc_tuning import tune_gc_for_throughput  # noqa: PLC0415
 
     # the client library logs its connections at info; perf's own output is what is read
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    quiet_logs()
     spec = json.loads(spec_text)
     parser = argparse.ArgumentParser(prog="magnetar")
     perf.add_perf_command(parser.add_subparsers(dest="command"))
@@ -736,53 +734,50 @@ async def run_one(
     result["load_average_1m"] = os.getloadavg()[0]
     spec = json.dumps(servers.spec(variant, args))
     started = time.monotonic()
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        WORKER_SCRIPT,
-        "--worker",
-        spec,
-        cwd=REPO,
-        env=perf_environment(),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    first: Cpu | None = None
-    last: Cpu | None = None
-    summary: dict[str, Any] | None = None
-    stderr_tail: deque[str] = deque(maxlen=TAIL_LINES)
-    progress: list[dict[str, Any]] = []
+    process = await spawn_piped(sys.executable, WORKER_SCRIPT, "--worker", spec)
 
-    def snap() -> Cpu:
+    async def snap() -> Cpu:
         return take_cpu(server, other, process.pid)
 
-    async def read_stderr() -> None:
-        nonlocal first
-        assert process.stderr is not None
-        async for raw in process.stderr:
-            line = raw.decode(errors="replace").rstrip()
-            parsed = parse_progress(line)
-            if parsed is None:
-                stderr_tail.append(line)
-                continue
-            progress.append(parsed)
-            if first is None and not parsed.get("warmup"):
-                first = snap()  # CPU counts from the end of the warm-up, as in the suite
-
-    async def read_stdout() -> None:
-        nonlocal summary, last
-        assert process.stdout is not None
-        async for raw in process.stdout:
-            parsed = parse_summary(raw.decode(errors="replace"))
-            if parsed is not None:
-                last = snap()
-                summary = parsed
-
+    # CPU counts from the end of the warm-up, as in the suite
+    out = PerfOutput[Cpu](snap, tail_lines=TAIL_LINES)
     timeout_s = warmup_s + duration_s + RUN_TIMEOUT_MARGIN_S
+    errors = await _drive_client(process, out, timeout_s)
+    result["elapsed_s"] = round(time.monotonic() - started, 3)
+    # each server keeps the same handful of topics loaded from round to round
+    try:
+        await server.admin.delete_topic(topic, force=True)
+    except MagnetarError as e:
+        result["delete_topic_error"] = f"{type(e).__name__}: {e.message}"
+    result["exit_code"] = process.returncode
+    result["summary"] = out.summary
+    result["progress"] = out.progress
+    first, last = out.first, out.last
+    if first is not None and last is not None and last.at > first.at:
+        result["cpu"] = cpu_between(first, last)
+    errors += summary_errors(out.summary, "the client")
+    if process.returncode != 0:
+        errors.append(f"the client exited with {process.returncode}")
+    if "cpu" not in result:
+        errors.append("no CPU window (no progress line after the warm-up)")
+    if errors:
+        result["error"] = "; ".join(errors)
+        result["stderr_tail"] = "\n".join(out.stderr_tail)
+        result["server_log_tail"] = log_tail(server.log_path)
+    else:
+        result["ok"] = True
+        result["figures"] = run_figures(workload, out.summary, result["cpu"])
+    return result
+
+
+async def _drive_client(
+    process: asyncio.subprocess.Process, out: PerfOutput[Cpu], timeout_s: float
+) -> list[str]:
+    """Read the client's output to its end, interrupting it after ``timeout_s``, and reap it."""
     errors: list[str] = []
     try:
         try:
-            await asyncio.wait_for(asyncio.gather(read_stderr(), read_stdout()), timeout_s)
+            await asyncio.wait_for(out.read(process), timeout_s)
         except TimeoutError:
             errors.append(f"the client did not finish within {timeout_s:g} s (interrupted)")
             await stop_process(process)
@@ -792,33 +787,7 @@ async def run_one(
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
             await process.wait()
-    result["elapsed_s"] = round(time.monotonic() - started, 3)
-    # each server keeps the same handful of topics loaded from round to round
-    try:
-        await server.admin.delete_topic(topic, force=True)
-    except MagnetarError as e:
-        result["delete_topic_error"] = f"{type(e).__name__}: {e.message}"
-    result["exit_code"] = process.returncode
-    result["summary"] = summary
-    result["progress"] = progress
-    if first is not None and last is not None and last.at > first.at:
-        result["cpu"] = cpu_between(first, last)
-    if summary is None:
-        errors.append("the client printed no summary")
-    elif summary.get("errors"):
-        errors.append(f"{summary['errors']:,} messages failed")
-    if process.returncode != 0:
-        errors.append(f"the client exited with {process.returncode}")
-    if "cpu" not in result:
-        errors.append("no CPU window (no progress line after the warm-up)")
-    if errors:
-        result["error"] = "; ".join(errors)
-        result["stderr_tail"] = "\n".join(stderr_tail)
-        result["server_log_tail"] = log_tail(server.log_path)
-    else:
-        result["ok"] = True
-        result["figures"] = run_figures(workload, summary, result["cpu"])
-    return result
+    return errors
 
 
 def run_figures(
@@ -865,19 +834,6 @@ def run_figures(
 
 
 # --- figures over the rounds ----------------------------------------------------------------------
-
-
-def spread(values: Sequence[float | None]) -> dict[str, Any]:
-    """Median, min and max of the values that exist, with their count; None figures when none do."""
-    present = [v for v in values if v is not None]
-    if not present:
-        return {"n": 0, "median": None, "min": None, "max": None}
-    return {
-        "n": len(present),
-        "median": statistics.median(present),
-        "min": min(present),
-        "max": max(present),
-    }
 
 
 def by_round(
@@ -1107,22 +1063,6 @@ def checks(
 # --- the report -----------------------------------------------------------------------------------
 
 
-def _opt(value: float | None, spec: str = ",.2f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def _cell(figure: dict[str, Any] | None, spec: str = ",.0f") -> str:
-    """``median (min-max)`` of a spread."""
-    if not figure or figure.get("median") is None:
-        return "-"
-    if figure["n"] == 1:
-        return format(figure["median"], spec)
-    return (
-        f"{format(figure['median'], spec)} ({format(figure['min'], spec)}-"
-        f"{format(figure['max'], spec)})"
-    )
-
-
 def _broker(figures: dict[str, Any]) -> str:
     """`` (broker N)`` for a cluster, whose server CPU is several processes; empty otherwise."""
     broker = figures.get("broker_cpu_pct")
@@ -1178,13 +1118,15 @@ def _variant_tables(results: dict[str, Any]) -> list[str]:
             for variant in variants:
                 f = per_variant[variant.key]
                 lines.append(
-                    f"| {variant.name} | {_cell(f.get('msg_per_s'))} |"
-                    f" {_cell(f.get('p50_ms'), '.1f')} / {_cell(f.get('p99_ms'), '.1f')} |"
-                    f" {_cell(f.get('server_cpu_pct'))}{_broker(f)} |"
-                    f" {_cell(f.get('server_us_per_msg'), '.2f')} |"
-                    f" {_cell(f.get('client_cpu_pct'))} |"
-                    f" {_cell(f.get('client_us_per_msg'), '.2f')} |"
-                    f" {_cell(f.get('machine_busy_pct'))} ({_cell(f.get('others_pct'))}) |"
+                    f"| {variant.name} | {spread_cell(f.get('msg_per_s'))} |"
+                    f" {spread_cell(f.get('p50_ms'), '.1f')} /"
+                    f" {spread_cell(f.get('p99_ms'), '.1f')} |"
+                    f" {spread_cell(f.get('server_cpu_pct'))}{_broker(f)} |"
+                    f" {spread_cell(f.get('server_us_per_msg'), '.2f')} |"
+                    f" {spread_cell(f.get('client_cpu_pct'))} |"
+                    f" {spread_cell(f.get('client_us_per_msg'), '.2f')} |"
+                    f" {spread_cell(f.get('machine_busy_pct'))}"
+                    f" ({spread_cell(f.get('others_pct'))}) |"
                     f" {f['ok_runs']} / {f['runs']} |"
                 )
         else:
@@ -1199,13 +1141,16 @@ def _variant_tables(results: dict[str, Any]) -> list[str]:
             for variant in variants:
                 f = per_variant[variant.key]
                 lines.append(
-                    f"| {variant.name} | {_cell(f.get('msg_per_s'))} |"
-                    f" {_cell(f.get('p50_ms'), '.2f')} | {_cell(f.get('p99_ms'), '.2f')} |"
-                    f" {_cell(f.get('p99_9_ms'), '.2f')} | {_cell(f.get('max_ms'), '.1f')} |"
-                    f" {_cell(f.get('publish_p99_ms'), '.2f')} |"
-                    f" {_cell(f.get('server_cpu_pct'), '.1f')}{_broker(f)} |"
-                    f" {_cell(f.get('client_cpu_pct'), '.1f')} |"
-                    f" {_cell(f.get('machine_busy_pct'))} ({_cell(f.get('others_pct'))}) |"
+                    f"| {variant.name} | {spread_cell(f.get('msg_per_s'))} |"
+                    f" {spread_cell(f.get('p50_ms'), '.2f')} |"
+                    f" {spread_cell(f.get('p99_ms'), '.2f')} |"
+                    f" {spread_cell(f.get('p99_9_ms'), '.2f')} |"
+                    f" {spread_cell(f.get('max_ms'), '.1f')} |"
+                    f" {spread_cell(f.get('publish_p99_ms'), '.2f')} |"
+                    f" {spread_cell(f.get('server_cpu_pct'), '.1f')}{_broker(f)} |"
+                    f" {spread_cell(f.get('client_cpu_pct'), '.1f')} |"
+                    f" {spread_cell(f.get('machine_busy_pct'))}"
+                    f" ({spread_cell(f.get('others_pct'))}) |"
                     f" {f['ok_runs']} / {f['runs']} |"
                 )
     return lines
@@ -1320,13 +1265,8 @@ def render_markdown(results: dict[str, Any]) -> str:
     hops = hops_of(results)
     p = results["parameters"]
     cores = results["machine"]["cpu_count"]
-    preamble = report_preamble(results)
-    fs = results["machine"]["filesystem"]
     # the shared preamble's last line speaks of raw limits, which this benchmark does not measure
-    preamble[-1] = (
-        f"Data file system: {fs['device']} ({fs['type']}) on {fs['mount_point']},"
-        f" {fs['free_bytes'] / 1e9:,.0f} GB free of {fs['total_bytes'] / 1e9:,.0f} GB."
-    )
+    preamble = report_preamble(results, raw_limits=False)
     if p.get("server") == STANDALONE:
         servers_text = (
             f"Two `magnetar standalone` processes ({p['bookies']} bookies each, embedded"
@@ -1433,20 +1373,9 @@ def render_markdown(results: dict[str, Any]) -> str:
         ),
         "",
     ]
-    failed = [r for r in results["runs"] if not r["ok"]]
-    if failed:
-        lines += ["## Failed runs", ""]
-        for run in failed:
-            lines += [
-                f"- round {run['round']}, {run['workload']}, {run['variant']}: {run.get('error')}",
-                "",
-                "```",
-                run.get("stderr_tail", ""),
-                "--- server log tail",
-                run.get("server_log_tail", ""),
-                "```",
-                "",
-            ]
+    lines += failed_runs_section(
+        results["runs"], lambda r: f"round {r['round']}, {r['workload']}, {r['variant']}"
+    )
     lines += [
         (
             "Every run (command, perf's summary and per-second progress, CPU), parameters and"
@@ -1493,12 +1422,7 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
     seconds = durations(args)
     hops = HOPS[args.hops]
     results: dict[str, Any] = {
-        "benchmark": "security",
-        "date": dt.date.today().isoformat(),
-        "started_at": dt.datetime.fromtimestamp(started, dt.UTC).isoformat(timespec="seconds"),
-        "command": shlex.join([_python(), "bench/security_bench.py", *argv]),
-        "quick": args.quick,
-        "tag": args.tag,
+        **results_head("security", "security_bench.py", argv, started, args),
         "parameters": {
             "rounds": args.rounds,
             "quiet_pct": args.quiet_pct,
@@ -1573,9 +1497,9 @@ def _print_run(run: dict[str, Any]) -> None:
     if run.get("waited_for_quiet_s"):
         head += f" (waited {run['waited_for_quiet_s']:.0f} s for a quiet machine)"
     print(
-        f"{head} {_opt(f['msg_per_s'], ',.0f'):>9} msg/s  p50 {_opt(f['p50_ms'])} ms"
-        f"  p99 {_opt(f['p99_ms'])} ms  server CPU {_opt(f['server_cpu_pct'], '.0f')}%"
-        f"  client CPU {_opt(f['client_cpu_pct'], '.0f')}%",
+        f"{head} {opt(f['msg_per_s'], ',.0f'):>9} msg/s  p50 {opt(f['p50_ms'])} ms"
+        f"  p99 {opt(f['p99_ms'])} ms  server CPU {opt(f['server_cpu_pct'], '.0f')}%"
+        f"  client CPU {opt(f['client_cpu_pct'], '.0f')}%",
         flush=True,
     )
 
@@ -1648,13 +1572,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="name the results security-<date>-<TAG>.* (default: none, 'quick', 'every-hop' or"
         " 'every-hop-quick')",
     )
-    add("--out", type=Path, default=REPO / "bench" / "results", help="directory for the results")
-    add(
-        "--data-root",
-        type=Path,
-        default=REPO / "bench",
-        help="a temporary directory is made here for the servers' data, certificates and"
-        " tokens, and removed at the end",
+    add_output_options(
+        add,
+        data_root_help=(
+            "a temporary directory is made here for the servers' data, certificates and tokens,"
+            " and removed at the end"
+        ),
     )
     add("--keep-data", action="store_true", help="leave the temporary directory (with the logs)")
     args = parser.parse_args(argv)
@@ -1683,7 +1606,7 @@ def main(argv: list[str] | None = None) -> int:
         return worker_main(argv[1])
     args = parse_args(argv)
     # the test kit and the admin client log at info; the benchmark's own output is enough
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    quiet_logs()
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     results = run_and_write(
         "security", args, argv, bench, render_markdown, keep_data=args.keep_data

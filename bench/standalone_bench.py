@@ -24,14 +24,11 @@ import argparse
 import asyncio
 import collections
 import contextlib
-import datetime as dt
-import logging
 import os
 import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -41,19 +38,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-import structlog
-
-# bookie_bench.py sits next to this script, so it is importable when the script is run as
+# harness.py sits next to this script, so it is importable when the script is run as
 # ``python bench/standalone_bench.py``; machine details and the results harness are shared.
-from bookie_bench import (
+from harness import (
     KIB,
     MIB,
     REPO,
-    _python,
+    add_output_options,
+    free_port,
     machine_info,
     percentile,
     proc_cpu_seconds,
+    python_path,
+    quiet_logs,
     report_preamble,
+    results_head,
     run_and_write,
 )
 
@@ -71,14 +70,6 @@ STDERR_TAIL_LINES = 60
 
 
 # --- the process ----------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    """A port nothing listens on now (the kernel's pick for port 0); it may be taken again by
-    the time the standalone binds it, which would show as a failed run."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -431,7 +422,7 @@ async def measure_imports(runs: int) -> dict[str, Any]:
             times[key].append(await time_command(command))
     return {key: summary(values) for key, values in times.items()} | {
         "commands": {
-            key: shlex.join([_python(), *command[1:]]) for key, command in commands.items()
+            key: shlex.join([python_path(), *command[1:]]) for key, command in commands.items()
         }
     }
 
@@ -568,13 +559,8 @@ def render_markdown(results: dict[str, Any]) -> str:
     s = results["summary"]
     p = results["parameters"]
     imports = results["imports"]
-    preamble = report_preamble(results)
     # the shared preamble's last line speaks of raw limits, which this benchmark does not measure
-    fs = results["machine"]["filesystem"]
-    preamble[-1] = (
-        f"Data file system: {fs['device']} ({fs['type']}) on {fs['mount_point']},"
-        f" {fs['free_bytes'] / 1e9:,.0f} GB free of {fs['total_bytes'] / 1e9:,.0f} GB."
-    )
+    preamble = report_preamble(results, raw_limits=False)
     lines = [
         f"# Standalone benchmark, {results['date']}{title_tag}",
         "",
@@ -686,12 +672,7 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
     print(f"data directories in {root}", flush=True)
     example = standalone_command(Path("DIR"), 0, 0, args.standalone_arg)
     results: dict[str, Any] = {
-        "benchmark": "standalone",
-        "date": dt.date.today().isoformat(),
-        "started_at": dt.datetime.fromtimestamp(started, dt.UTC).isoformat(timespec="seconds"),
-        "command": shlex.join([_python(), "bench/standalone_bench.py", *argv]),
-        "quick": args.quick,
-        "tag": args.tag,
+        **results_head("standalone", "standalone_bench.py", argv, started, args),
         "parameters": {
             "command": shlex.join(
                 [
@@ -779,12 +760,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="name the results standalone-<date>-<TAG>.*, so that a variant run does not replace"
         " the full run's files",
     )
-    add("--out", type=Path, default=REPO / "bench" / "results", help="directory for the results")
-    add(
-        "--data-root",
-        type=Path,
-        default=REPO / "bench",
-        help="a temporary directory is made here for the data directories and removed at the end",
+    add_output_options(
+        add,
+        data_root_help=(
+            "a temporary directory is made here for the data directories and removed at the end"
+        ),
     )
     args = parser.parse_args(argv)
     if args.quick:
@@ -804,7 +784,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     # the client library logs its connections; the benchmark's own output is enough
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    quiet_logs()
     results = run_and_write("standalone", args, argv, bench, render_markdown)
     if results is None:
         return 130

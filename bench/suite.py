@@ -22,59 +22,75 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime as dt
-import json
-import logging
 import math
 import os
-import re
 import shlex
 import shutil
 import signal
 import sys
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import structlog
-
-# The other benchmarks sit next to this script, so they are importable when it is run as
-# ``python bench/suite.py``. Machine details, raw limits, the results harness, the report
-# preamble, the cluster's settings and the CPU accounting are reused as they are, so that every
-# benchmark measures the machine and the cluster the same way.
-from bookie_bench import (
+# harness.py and broker_bench.py sit next to this script, so they are importable when it is run
+# as ``python bench/suite.py``. The cluster's settings and its CPU accounting are broker_bench's,
+# so that both benchmarks measure the cluster the same way.
+from broker_bench import BOOKIES, BROKER_ARGS, QUORUM, Usage, limits, usage, usage_delta
+from harness import (
     KIB,
     MIB,
-    REPO,
-    _print_raw,
-    _python,
-    _size_name,
-    machine_info,
-    measure_raw_limits,
-    proc_cpu_seconds,
-    report_preamble,
-    run_and_write,
-)
-from broker_bench import (
-    BOOKIES,
-    BROKER_ARGS,
-    QUORUM,
-    Usage,
-    limits,
+    RAW_4K_OPS,
+    RAW_4K_P50,
+    RAW_4K_P99,
+    RAW_4M,
+    RAW_RTT_P50,
+    RAW_RTT_P99,
+    PerfOutput,
+    add_output_options,
+    add_raw_s_option,
     log_tail,
+    machine_info,
+    opt,
+    peak_rss_bytes,
+    proc_cpu_seconds,
+    python_path,
+    quiet_logs,
+    raw_limits_at,
+    raw_limits_table,
+    raw_pair,
+    report_preamble,
+    reset_peak_rss,
+    results_head,
+    rss_bytes,
+    run_and_write,
     settle_disk,
-    usage,
-    usage_delta,
+    size_name,
+    spawn_piped,
+    stop_process,
+    summary_errors,
+    thread_cpu_seconds,
 )
-from ledger_bench import thread_cpu_seconds
 
 from magnetar.testing import LocalCluster
 
 GB = 1_000_000_000
+SUITE_RAW_ROWS = (
+    RAW_4K_OPS,
+    RAW_4K_P50,
+    RAW_4K_P99,
+    (
+        "1 MiB append + fdatasync (group-commit bandwidth)",
+        "append_fdatasync_1m",
+        "mb_per_s",
+        "MB/s",
+    ),
+    RAW_4M,
+    RAW_RTT_P50,
+    RAW_RTT_P99,
+)
 
 # --- targets (reported with PASS / MISS, never asserted) ------------------------------------------
 
@@ -146,7 +162,7 @@ class Workload:
     @property
     def key(self) -> str:
         head = {MAX_RATE: "max", BACKLOG: "backlog"}.get(self.kind, f"rate{self.rate}")
-        size = _size_name(self.message_bytes).replace(" ", "")
+        size = size_name(self.message_bytes).replace(" ", "")
         return f"{head}-{self.partitions}p-{size}{'-batch' if self.batch_api else ''}"
 
     @property
@@ -173,7 +189,7 @@ class Workload:
         )
         partitions = f"{self.partitions} partition{'s' * (self.partitions > 1)}"
         calls = ", batch API" if self.batch_api else ""
-        return f"{what}, {partitions}, {_size_name(self.message_bytes)}{calls}"
+        return f"{what}, {partitions}, {size_name(self.message_bytes)}{calls}"
 
 
 PARTITIONS = (1, 16)
@@ -262,59 +278,6 @@ def perf_phases(
 
 # --- what perf prints -----------------------------------------------------------------------------
 
-# The progress line perf prints to stderr every second (magnetar/perf.py, _Run._report):
-# "produce    3.0 s     201,234 msg/s     20.12 MB/s  p50    7.123 ms  p99   40.000 ms  pending 9"
-_PROGRESS = re.compile(
-    r"^(?P<mode>produce|consume|end-to-end)\s+(?P<t>\d+(?:\.\d+)?) s\s+(?P<rate>[\d,]+) msg/s"
-    r"\s+(?P<mb>\d+(?:\.\d+)?) MB/s\s+p50\s+(?P<p50>\d+(?:\.\d+)?|-) ms"
-    r"\s+p99\s+(?P<p99>\d+(?:\.\d+)?|-) ms\s+pending (?P<pending>-?[\d,]+)"
-    r"(?:\s+errors (?P<errors>[\d,]+))?\s*$"
-)
-
-
-def parse_progress(line: str) -> dict[str, Any] | None:
-    """One of perf's per-second progress lines as numbers (its ``--json-progress`` objects, or
-    the human lines), or None for any other line."""
-    text = line.strip()
-    if text.startswith("{"):
-        try:
-            value = json.loads(text)
-        except ValueError:
-            return None
-        if not isinstance(value, dict) or "progress" not in value:
-            return None
-        keys = ("t_s", "msg_per_s", "mb_per_s", "p50_ms", "p99_ms", "pending", "errors")
-        return {key: value.get(key) for key in keys} | {"warmup": bool(value.get("warmup"))}
-    match = _PROGRESS.match(text)
-    if match is None:
-        return None
-
-    def ms(text: str) -> float | None:
-        return None if text == "-" else float(text)
-
-    return {
-        "t_s": float(match["t"]),
-        "msg_per_s": int(match["rate"].replace(",", "")),
-        "mb_per_s": float(match["mb"]),
-        "p50_ms": ms(match["p50"]),
-        "p99_ms": ms(match["p99"]),
-        "pending": int(match["pending"].replace(",", "")),
-        "errors": int(match["errors"].replace(",", "")) if match["errors"] else 0,
-    }
-
-
-def parse_summary(line: str) -> dict[str, Any] | None:
-    """perf's ``--json`` summary line (one JSON object with a "mode"), or None."""
-    text = line.strip()
-    if not text.startswith("{"):
-        return None
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) and "mode" in value else None
-
-
 # --- figures from the per-second series -----------------------------------------------------------
 
 
@@ -384,112 +347,144 @@ def checks(
     sizes, both partition counts), and only count where the rate was delivered; the RSS bound
     must hold in every max-rate and backlog workload.
     """
-    out: list[dict[str, Any]] = []
+    return [
+        _produce_check(workloads),
+        _backlog_check(workloads),
+        *(
+            _latency_check(workloads, rate, limits_ms)
+            for rate, limits_ms in LATENCY_TARGETS_MS.items()
+        ),
+        _rss_check(workloads, rss_bound_mib),
+        _grow_check(grow),
+    ]
 
-    def best(kind: str, size: int) -> tuple[dict[str, Any] | None, bool]:
-        selected = [w for w in workloads if w["kind"] == kind and w["message_bytes"] == size]
-        good = [w for w in selected if w["ok"]]
-        return max(good, key=lambda w: w["msg_per_s"], default=None), bool(selected)
 
-    def per_api(kind: str, size: int) -> dict[str, dict[str, Any]]:
-        """The best workload of each set of client calls: per message and batch side by side."""
-        found: dict[str, dict[str, Any]] = {}
-        for w in workloads:
-            if w["kind"] != kind or w["message_bytes"] != size or not w["ok"]:
-                continue
-            api = w.get("api") or "?"
-            if api not in found or w["msg_per_s"] > found[api]["msg_per_s"]:
-                found[api] = {"workload": w["key"], "msg_per_s": w["msg_per_s"]}
-        return found
+def _best(
+    workloads: Sequence[dict[str, Any]], kind: str, size: int
+) -> tuple[dict[str, Any] | None, bool]:
+    """The fastest workload of a kind and size that completed, and whether any was selected."""
+    selected = [w for w in workloads if w["kind"] == kind and w["message_bytes"] == size]
+    good = [w for w in selected if w["ok"]]
+    return max(good, key=lambda w: w["msg_per_s"], default=None), bool(selected)
 
-    producer, selected = best(MAX_RATE, 100)
-    check: dict[str, Any] = {
-        "name": f"one producer, 100 B messages: >= {TARGET_PRODUCE_MSG_PER_S:,} msg/s",
-        "target_msg_per_s": TARGET_PRODUCE_MSG_PER_S,
-    }
+
+def _per_api(workloads: Sequence[dict[str, Any]], kind: str, size: int) -> dict[str, Any]:
+    """The best workload of each set of client calls: per message and batch side by side."""
+    found: dict[str, dict[str, Any]] = {}
+    for w in workloads:
+        if w["kind"] != kind or w["message_bytes"] != size or not w["ok"]:
+            continue
+        api = w.get("api") or "?"
+        if api not in found or w["msg_per_s"] > found[api]["msg_per_s"]:
+            found[api] = {"workload": w["key"], "msg_per_s": w["msg_per_s"]}
+    return found
+
+
+def _throughput_check(
+    workloads: Sequence[dict[str, Any]],
+    kind: str,
+    *,
+    name: str,
+    target: int,
+    what: str,
+    extra: tuple[str, ...] = (),
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """A msg/s target on the best 100 B workload of a kind (``what`` names them), and that
+    workload; ``extra`` are more of its figures to note next to the measured one."""
+    best, selected = _best(workloads, kind, 100)
+    check: dict[str, Any] = {"name": name, "target_msg_per_s": target}
     if not selected:
-        check.update({"verdict": "NOT RUN", "why": "no max-rate 100 B workload was selected"})
-    elif producer is None:
-        check.update({"verdict": "MISS", "why": "no max-rate 100 B workload completed"})
+        check.update({"verdict": "NOT RUN", "why": f"no {what} workload was selected"})
+    elif best is None:
+        check.update({"verdict": "MISS", "why": f"no {what} workload completed"})
     else:
         check.update(
             {
-                "workload": producer["key"],
-                "api": producer.get("api"),
-                "measured_msg_per_s": producer["msg_per_s"],
-                "ratio": producer["msg_per_s"] / TARGET_PRODUCE_MSG_PER_S,
-                "verdict": _verdict(producer["msg_per_s"] >= TARGET_PRODUCE_MSG_PER_S),
-                "per_api": per_api(MAX_RATE, 100),
+                "workload": best["key"],
+                "api": best.get("api"),
+                "measured_msg_per_s": best["msg_per_s"],
+                **{key: best[key] for key in extra},
+                "ratio": best["msg_per_s"] / target,
+                "verdict": _verdict(best["msg_per_s"] >= target),
+                "per_api": _per_api(workloads, kind, 100),
             }
         )
-    out.append(check)
+    return check, best
 
-    consumer, selected = best(BACKLOG, 100)
-    check = {
-        "name": (
+
+def _produce_check(workloads: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    check, _ = _throughput_check(
+        workloads,
+        MAX_RATE,
+        name=f"one producer, 100 B messages: >= {TARGET_PRODUCE_MSG_PER_S:,} msg/s",
+        target=TARGET_PRODUCE_MSG_PER_S,
+        what="max-rate 100 B",
+    )
+    return check
+
+
+def _backlog_check(workloads: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    check, consumer = _throughput_check(
+        workloads,
+        BACKLOG,
+        name=(
             f"one consumer draining a {TARGET_BACKLOG_MESSAGES:,}-message backlog (100 B):"
             f" >= {TARGET_BACKLOG_MSG_PER_S:,} msg/s"
         ),
-        "target_msg_per_s": TARGET_BACKLOG_MSG_PER_S,
-    }
-    if not selected:
-        check.update({"verdict": "NOT RUN", "why": "no backlog workload was selected"})
-    elif consumer is None:
-        check.update({"verdict": "MISS", "why": "no backlog workload completed"})
-    else:
-        check.update(
-            {
-                "workload": consumer["key"],
-                "api": consumer.get("api"),
-                "measured_msg_per_s": consumer["msg_per_s"],
-                "backlog_messages": consumer["backlog_messages"],
-                "ratio": consumer["msg_per_s"] / TARGET_BACKLOG_MSG_PER_S,
-                "verdict": _verdict(consumer["msg_per_s"] >= TARGET_BACKLOG_MSG_PER_S),
-                "per_api": per_api(BACKLOG, 100),
-            }
+        target=TARGET_BACKLOG_MSG_PER_S,
+        what="backlog",
+        extra=("backlog_messages",),
+    )
+    if consumer is not None and consumer["backlog_messages"] < TARGET_BACKLOG_MESSAGES:
+        check["note"] = (
+            f"backlog of {consumer['backlog_messages']:,} messages, not the"
+            f" {TARGET_BACKLOG_MESSAGES:,} the target names"
         )
-        if consumer["backlog_messages"] < TARGET_BACKLOG_MESSAGES:
-            check["note"] = (
-                f"backlog of {consumer['backlog_messages']:,} messages, not the"
-                f" {TARGET_BACKLOG_MESSAGES:,} the target names"
-            )
-    out.append(check)
+    return check
 
-    for rate, limits_ms in LATENCY_TARGETS_MS.items():
-        wanted = " and ".join(f"{p} <= {v:g} ms" for p, v in limits_ms.items())
-        check = {"name": f"end-to-end latency at {rate:,} msg/s: {wanted}", "limits_ms": limits_ms}
-        selected_w = [w for w in workloads if w["kind"] == FIXED_RATE and w["rate"] == rate]
-        if not selected_w:
-            check.update({"verdict": "NOT RUN", "why": f"no {rate:,} msg/s workload was selected"})
-            out.append(check)
-            continue
-        per: list[dict[str, Any]] = []
-        for w in selected_w:
-            entry: dict[str, Any] = {"workload": w["key"]}
-            if not w["ok"]:
-                entry.update({"verdict": "MISS", "why": "failed"})
-            else:
-                latency = w["latency_ms"]
-                reached = w["msg_per_s"] >= RATE_REACHED_FRACTION * rate
-                within = all(
-                    latency.get(p) is not None and latency[p] <= v for p, v in limits_ms.items()
-                )
-                entry.update(
-                    {
-                        "measured_ms": {p: latency.get(p) for p in limits_ms},
-                        "msg_per_s": w["msg_per_s"],
-                        "rate_reached": reached,
-                        "verdict": _verdict(within and reached),
-                    }
-                )
-                if not reached:
-                    entry["why"] = f"delivered {w['msg_per_s']:,.0f} of {rate:,} msg/s"
-            per.append(entry)
-        check["workloads"] = per
-        check["verdict"] = _verdict(all(e["verdict"] == "PASS" for e in per))
-        out.append(check)
 
-    check = {
+def _latency_check(
+    workloads: Sequence[dict[str, Any]], rate: int, limits_ms: dict[str, float]
+) -> dict[str, Any]:
+    wanted = " and ".join(f"{p} <= {v:g} ms" for p, v in limits_ms.items())
+    check: dict[str, Any] = {
+        "name": f"end-to-end latency at {rate:,} msg/s: {wanted}",
+        "limits_ms": limits_ms,
+    }
+    selected = [w for w in workloads if w["kind"] == FIXED_RATE and w["rate"] == rate]
+    if not selected:
+        check.update({"verdict": "NOT RUN", "why": f"no {rate:,} msg/s workload was selected"})
+        return check
+    per = [_latency_entry(w, rate, limits_ms) for w in selected]
+    check["workloads"] = per
+    check["verdict"] = _verdict(all(e["verdict"] == "PASS" for e in per))
+    return check
+
+
+def _latency_entry(w: dict[str, Any], rate: int, limits_ms: dict[str, float]) -> dict[str, Any]:
+    """One fixed-rate workload against the latency limits of its rate."""
+    entry: dict[str, Any] = {"workload": w["key"]}
+    if not w["ok"]:
+        entry.update({"verdict": "MISS", "why": "failed"})
+        return entry
+    latency = w["latency_ms"]
+    reached = w["msg_per_s"] >= RATE_REACHED_FRACTION * rate
+    within = all(latency.get(p) is not None and latency[p] <= v for p, v in limits_ms.items())
+    entry.update(
+        {
+            "measured_ms": {p: latency.get(p) for p in limits_ms},
+            "msg_per_s": w["msg_per_s"],
+            "rate_reached": reached,
+            "verdict": _verdict(within and reached),
+        }
+    )
+    if not reached:
+        entry["why"] = f"delivered {w['msg_per_s']:,.0f} of {rate:,} msg/s"
+    return entry
+
+
+def _rss_check(workloads: Sequence[dict[str, Any]], rss_bound_mib: float) -> dict[str, Any]:
+    check: dict[str, Any] = {
         "name": f"broker RSS under max-rate load stays under {rss_bound_mib:g} MiB",
         "bound_mib": rss_bound_mib,
     }
@@ -511,9 +506,11 @@ def checks(
                 ),
             }
         )
-    out.append(check)
+    return check
 
-    check = {
+
+def _grow_check(grow: dict[str, Any] | None) -> dict[str, Any]:
+    check: dict[str, Any] = {
         "name": (
             "throughput does not fall as stored data grows: last 10% / first 10% of the data"
             f" >= {GROW_MIN_RATIO:.2f}"
@@ -535,44 +532,10 @@ def checks(
                 "verdict": _verdict(ratio["ratio"] >= GROW_MIN_RATIO),
             }
         )
-    out.append(check)
-    return out
+    return check
 
 
 # --- measuring the processes ----------------------------------------------------------------------
-
-
-def rss_bytes(pid: int | None) -> int | None:
-    """VmRSS of a process (bytes), or None if it is gone."""
-    if pid is None:
-        return None
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * KIB
-    return None
-
-
-def peak_rss_bytes(pid: int | None) -> int | None:
-    """VmHWM (peak RSS since start, or since :func:`reset_peak_rss`) of a process, in bytes."""
-    if pid is None:
-        return None
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * KIB
-    return None
-
-
-def reset_peak_rss(pid: int | None) -> bool:
-    """Reset a process's VmHWM to its current RSS (``5`` to /proc/<pid>/clear_refs, Linux 4.0+)."""
-    if pid is None:
-        return False
-    try:
-        Path(f"/proc/{pid}/clear_refs").write_text("5")
-    except OSError:
-        return False
-    return True
 
 
 @dataclass(slots=True)
@@ -627,24 +590,6 @@ def what_limits(cpu: dict[str, Any]) -> list[str]:
 # --- one perf process -----------------------------------------------------------------------------
 
 
-def perf_environment() -> dict[str, str]:
-    return {**os.environ, "GRPC_VERBOSITY": "ERROR"}
-
-
-async def stop_process(process: asyncio.subprocess.Process, grace_s: float = 15.0) -> None:
-    """SIGINT (perf prints its partial figures), then SIGKILL after ``grace_s``."""
-    if process.returncode is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        process.send_signal(signal.SIGINT)
-    try:
-        await asyncio.wait_for(process.wait(), grace_s)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            process.kill()
-        await process.wait()
-
-
 async def run_phase(
     cluster: LocalCluster,
     phase: str,
@@ -661,89 +606,109 @@ async def run_phase(
     ``stop_early`` is asked every sample; a reason from it interrupts perf (SIGINT: it prints
     its figures so far). ``on_progress`` sees each progress line as it comes.
     """
-    command = [sys.executable, *perf_args]
     broker = cluster.brokers[0]
     result: dict[str, Any] = {
         "phase": phase,
-        "command": shlex.join([_python(), *perf_args]),
+        "command": shlex.join([python_path(), *perf_args]),
         "timeout_s": timeout_s,
     }
-    cores = os.cpu_count() or 1
-    progress: list[dict[str, Any]] = []
-    stderr_tail: deque[str] = deque(maxlen=30)
-    stdout_other: deque[str] = deque(maxlen=10)
-    summary: dict[str, Any] | None = None
-    first: Snapshot | None = None
-    last: Snapshot | None = None
-    rss_samples: list[int] = []
-    stopped_for = ""
     hwm_reset = reset_peak_rss(broker.pid)
     started = time.perf_counter()
-    process = await asyncio.create_subprocess_exec(
-        *command,
-        cwd=REPO,
-        env=perf_environment(),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    process = await spawn_piped(sys.executable, *perf_args)
 
     async def safe_snapshot() -> Snapshot | None:
         # a server that died shows in the result's errors; the readers must go on reading
         try:
             return await snapshot(cluster, loop_tid, process.pid)
         except Exception as e:  # noqa: BLE001
-            stderr_tail.append(f"(suite: measuring CPU failed: {e!r})")
+            out.stderr_tail.append(f"(suite: measuring CPU failed: {e!r})")
             return None
 
-    async def read_stderr() -> None:
-        nonlocal first
-        assert process.stderr is not None
-        async for raw in process.stderr:
-            line = raw.decode(errors="replace").rstrip()
-            parsed = parse_progress(line)
-            if parsed is None:
-                stderr_tail.append(line)
-                continue
-            parsed["at_s"] = round(time.perf_counter() - started, 3)
-            progress.append(parsed)
-            if on_progress is not None:
-                on_progress(parsed)
-            if first is None and not parsed.get("warmup"):
-                first = await safe_snapshot()  # CPU is counted from the end of the warm-up
+    out = PerfOutput[Snapshot](safe_snapshot, started=started, on_progress=on_progress)
+    sampler = _RssSampler(process, broker.pid, stop_early)
+    spawned, timed_out, reader_error = await _drive_phase(process, out, sampler, timeout_s)
+    peak = peak_rss_bytes(broker.pid) if hwm_reset else None
+    result["elapsed_s"] = round(time.perf_counter() - started, 3)
+    result["exit_code"] = process.returncode
+    result["summary"] = out.summary
+    result["progress"] = out.progress
+    result["stderr_tail"] = "\n".join(out.stderr_tail)
+    if out.stdout_other:
+        result["stdout_other"] = "\n".join(out.stdout_other)
+    result["broker_rss"] = sampler.figures(peak)
+    result.update(_phase_cpu(out.first, spawned, out.last))
+    if sampler.stopped_for:
+        result["stopped_early"] = sampler.stopped_for
+    errors: list[str] = []
+    if reader_error:
+        errors.append(f"reading perf's output failed: {reader_error}")
+    if timed_out:
+        errors.append(f"perf did not finish within {timeout_s:g} s (interrupted)")
+    errors += summary_errors(out.summary, "perf")
+    errors += _exit_errors(cluster, process.returncode, stopped=bool(sampler.stopped_for))
+    result["ok"] = not errors
+    if errors:
+        result["error"] = "; ".join(errors)
+    return result
 
-    async def read_stdout() -> None:
-        nonlocal summary, last
-        assert process.stdout is not None
-        async for raw in process.stdout:
-            line = raw.decode(errors="replace")
-            parsed = parse_summary(line)
-            if parsed is None:
-                stdout_other.append(line.rstrip())
-                continue
-            last = await safe_snapshot()
-            summary = parsed
 
-    async def sample() -> None:
-        nonlocal stopped_for
-        while process.returncode is None:
-            value = rss_bytes(broker.pid)
+class _RssSampler:
+    """The broker's RSS every ``RSS_SAMPLE_INTERVAL_S`` while perf runs; asks ``stop_early``
+    at every sample, and interrupts perf (SIGINT) the first time it gives a reason."""
+
+    def __init__(
+        self,
+        process: asyncio.subprocess.Process,
+        pid: int | None,
+        stop_early: Callable[[], str | None] | None,
+    ) -> None:
+        self.process = process
+        self.pid = pid
+        self.stop_early = stop_early
+        self.samples: list[int] = []
+        self.stopped_for = ""
+
+    async def run(self) -> None:
+        while self.process.returncode is None:
+            value = rss_bytes(self.pid)
             if value is not None:
-                rss_samples.append(value)
-            if stop_early is not None and not stopped_for and (reason := stop_early()):
-                stopped_for = reason
-                with contextlib.suppress(ProcessLookupError):
-                    process.send_signal(signal.SIGINT)
+                self.samples.append(value)
+            if self.stop_early is not None and not self.stopped_for:
+                reason = self.stop_early()
+                if reason:
+                    self.stopped_for = reason
+                    with contextlib.suppress(ProcessLookupError):
+                        self.process.send_signal(signal.SIGINT)
             await asyncio.sleep(RSS_SAMPLE_INTERVAL_S)
 
+    def figures(self, peak: int | None) -> dict[str, Any]:
+        samples = self.samples
+        return {
+            "samples": len(samples),
+            "interval_s": RSS_SAMPLE_INTERVAL_S,
+            "max_mib": max(samples) / MIB if samples else None,
+            "last_mib": samples[-1] / MIB if samples else None,
+            # VmHWM, reset when the phase started: catches a peak between two samples
+            "peak_mib": peak / MIB if peak is not None else None,
+        }
+
+
+async def _drive_phase(
+    process: asyncio.subprocess.Process,
+    out: PerfOutput[Snapshot],
+    sampler: _RssSampler,
+    timeout_s: float,
+) -> tuple[Snapshot | None, bool, str]:
+    """Read perf's output to its end (SIGINT after ``timeout_s``) while sampling, and reap it:
+    the snapshot taken as it started, whether it timed out, and what failed the readers."""
     timed_out = False
     reader_error = ""
-    sampler: asyncio.Task[None] | None = None
+    sampling: asyncio.Task[None] | None = None
     readers: asyncio.Future[Any] | None = None
     try:
-        spawned = await safe_snapshot()
-        sampler = asyncio.create_task(sample(), name="rss-sampler")
-        readers = asyncio.ensure_future(asyncio.gather(read_stderr(), read_stdout()))
+        spawned = await out.snap()
+        sampling = asyncio.create_task(sampler.run(), name="rss-sampler")
+        readers = asyncio.ensure_future(out.read(process))
         done, _ = await asyncio.wait({readers}, timeout=timeout_s)
         if not done:
             # SIGINT first: perf prints its figures so far, which the readers still collect
@@ -761,58 +726,42 @@ async def run_phase(
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
             await process.wait()
-        for task in (readers, sampler):
+        for task in (readers, sampling):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-    peak = peak_rss_bytes(broker.pid) if hwm_reset else None
-    result["elapsed_s"] = round(time.perf_counter() - started, 3)
-    result["exit_code"] = process.returncode
-    result["summary"] = summary
-    result["progress"] = progress
-    result["stderr_tail"] = "\n".join(stderr_tail)
-    if stdout_other:
-        result["stdout_other"] = "\n".join(stdout_other)
-    result["broker_rss"] = {
-        "samples": len(rss_samples),
-        "interval_s": RSS_SAMPLE_INTERVAL_S,
-        "max_mib": max(rss_samples) / MIB if rss_samples else None,
-        "last_mib": rss_samples[-1] / MIB if rss_samples else None,
-        # VmHWM, reset when the phase started: catches a peak between two samples
-        "peak_mib": peak / MIB if peak is not None else None,
-    }
+    return spawned, timed_out, reader_error
+
+
+def _phase_cpu(
+    first: Snapshot | None, spawned: Snapshot | None, last: Snapshot | None
+) -> dict[str, Any]:
+    """The CPU of every process from perf's first progress line after the warm-up (or from its
+    start, if none came before its summary) to its summary line, and what limited the run."""
     window_start = first if first is not None else spawned
-    if last is not None and window_start is not None and last.cluster.at > window_start.cluster.at:
-        cpu = cpu_between(window_start, last, cores)
-        cpu["window"] = (
-            "first progress line to summary line"
-            if window_start is first
-            else "process start to summary line (no progress line before it)"
-        )
-        result["cpu"] = cpu
-        result["limits"] = what_limits(cpu)
-    if stopped_for:
-        result["stopped_early"] = stopped_for
+    if last is None or window_start is None or last.cluster.at <= window_start.cluster.at:
+        return {}
+    cpu = cpu_between(window_start, last, os.cpu_count() or 1)
+    cpu["window"] = (
+        "first progress line to summary line"
+        if window_start is first
+        else "process start to summary line (no progress line before it)"
+    )
+    return {"cpu": cpu, "limits": what_limits(cpu)}
+
+
+def _exit_errors(cluster: LocalCluster, exit_code: int | None, *, stopped: bool) -> list[str]:
+    """perf's exit status (130 is fine when the suite stopped it) and any server that exited."""
     errors: list[str] = []
-    if reader_error:
-        errors.append(f"reading perf's output failed: {reader_error}")
-    if timed_out:
-        errors.append(f"perf did not finish within {timeout_s:g} s (interrupted)")
-    if summary is None:
-        errors.append("perf printed no summary")
-    elif summary.get("errors"):
-        errors.append(f"{summary['errors']:,} messages failed")
-    if process.returncode != 0 and not (stopped_for and process.returncode == 130):
-        errors.append(f"perf exited with {process.returncode}")
+    if exit_code != 0 and not (stopped and exit_code == 130):
+        errors.append(f"perf exited with {exit_code}")
+    broker = cluster.brokers[0]
     if not broker.is_running:
         errors.append(f"the broker exited with {broker.exit_code}")
     dead = [n.bookie_id for n in cluster.bookies if not n.is_running]
     if dead:
         errors.append(f"bookie(s) {dead} exited")
-    result["ok"] = not errors
-    if errors:
-        result["error"] = "; ".join(errors)
-    return result
+    return errors
 
 
 def _print_phase(name: str, r: dict[str, Any]) -> None:
@@ -833,16 +782,12 @@ def _print_phase(name: str, r: dict[str, Any]) -> None:
     rss = r["broker_rss"]["max_mib"]
     print(
         f"{name} {r['phase']}: {summary['msg_per_s']:,.0f} msg/s, {summary['mb_per_s']:,.1f} MB/s,"
-        f" {summary['messages']:,} messages; latency p50 {_opt(latency['p50'])} p99"
-        f" {_opt(latency['p99'])} ms; broker RSS max"
+        f" {summary['messages']:,} messages; latency p50 {opt(latency['p50'])} p99"
+        f" {opt(latency['p99'])} ms; broker RSS max"
         f" {'-' if rss is None else format(rss, ',.0f')} MiB{cpu_text}"
         + (f"; FAILED {r['error']}" if not r["ok"] else ""),
         flush=True,
     )
-
-
-def _opt(value: float | None, fmt: str = ",.2f") -> str:
-    return "-" if value is None else format(value, fmt)
 
 
 # --- workloads, the grow part, the run -----------------------------------------------------------
@@ -1024,7 +969,7 @@ async def run_grow(args: argparse.Namespace, root: Path, loop_tid: int) -> dict[
         ratio = result["ratio"]["ratio"]
         print(
             f"grow: {result['payload_gb']:,.1f} GB of payload in {phase['elapsed_s']:,.0f} s;"
-            f" last 10% / first 10% of the data: {_opt(ratio)}",
+            f" last 10% / first 10% of the data: {opt(ratio)}",
             flush=True,
         )
     except Exception as e:  # noqa: BLE001 - reported with the rest of the results
@@ -1050,12 +995,7 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
     print(f"cluster data and raw disk tests in {root}", flush=True)
     workloads = chosen_workloads(args)
     results: dict[str, Any] = {
-        "benchmark": "suite",
-        "date": dt.date.today().isoformat(),
-        "started_at": dt.datetime.fromtimestamp(started, dt.UTC).isoformat(timespec="seconds"),
-        "command": shlex.join([_python(), "bench/suite.py", *argv]),
-        "quick": args.quick,
-        "tag": args.tag,
+        **results_head("suite", "suite.py", argv, started, args),
         "parameters": {
             "bookies": BOOKIES,
             "brokers": 1,
@@ -1089,8 +1029,7 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
         "workloads": [],
         "grow": None,
     }
-    results["raw_limits"]["start"] = await measure_raw_limits(root / "raw", args.raw_s)
-    _print_raw("start", results["raw_limits"]["start"])
+    await raw_limits_at(results, "start", root / "raw", args.raw_s)
     loop_tid = threading.get_native_id()
     if workloads:
         cluster = LocalCluster(
@@ -1127,8 +1066,7 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
         results["grow"] = await run_grow(args, root, loop_tid)
     # the cluster's writes still in the page cache would be flushed into the raw measurement
     results["sync_before_raw_end_s"] = await settle_disk()
-    results["raw_limits"]["end"] = await measure_raw_limits(root / "raw", args.raw_s)
-    _print_raw("end", results["raw_limits"]["end"])
+    await raw_limits_at(results, "end", root / "raw", args.raw_s)
     results["elapsed_s"] = time.time() - started
     results["checks"] = checks(
         results["workloads"], rss_bound_mib=args.rss_bound_mib, grow=results["grow"]
@@ -1144,6 +1082,28 @@ def _stem(results: dict[str, Any]) -> str:
     return f"suite-{results['date']}{'-' + tag if tag else ''}"
 
 
+def _loaded_phases(results: dict[str, Any]) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """Every phase of the max-rate and backlog workloads, with its workload (the fixed-rate
+    ones deliver their rate or not: see the latency plot's labels)."""
+    for w in results["workloads"]:
+        if w["kind"] != FIXED_RATE:
+            for phase in w["phases"]:
+                yield w, phase
+
+
+def _throughput_bars(results: dict[str, Any]) -> list[tuple[str, float, str]]:
+    """A bar per phase with a summary: label, msg/s and colour (green: a backlog drain)."""
+    bars: list[tuple[str, float, str]] = []
+    for w, phase in _loaded_phases(results):
+        summary = phase.get("summary")
+        if summary is None:
+            continue
+        label = w["key"] + (f" ({phase['phase']})" if w["kind"] == BACKLOG else "")
+        color = "#2ca02c" if phase["phase"] == "consume" else "#1f77b4"
+        bars.append((label, summary["msg_per_s"], color))
+    return bars
+
+
 def plot_throughput(path: Path, results: dict[str, Any]) -> None:
     """Bars: msg/s per workload (targets as lines); below, every second of the max-rate and
     backlog phases."""
@@ -1153,17 +1113,7 @@ def plot_throughput(path: Path, results: dict[str, Any]) -> None:
     import matplotlib.pyplot as plt  # noqa: PLC0415
     from matplotlib.ticker import FuncFormatter  # noqa: PLC0415
 
-    bars: list[tuple[str, float, str]] = []
-    for w in results["workloads"]:
-        if w["kind"] == FIXED_RATE:
-            continue  # they deliver their rate or not: see the latency plot's labels
-        for phase in w["phases"]:
-            summary = phase.get("summary")
-            if summary is None:
-                continue
-            label = w["key"] + (f" ({phase['phase']})" if w["kind"] == BACKLOG else "")
-            color = "#2ca02c" if phase["phase"] == "consume" else "#1f77b4"
-            bars.append((label, summary["msg_per_s"], color))
+    bars = _throughput_bars(results)
     figure, (top, bottom) = plt.subplots(
         2, 1, figsize=(12, 10), dpi=100, gridspec_kw={"height_ratios": [3, 2]}
     )
@@ -1189,16 +1139,13 @@ def plot_throughput(path: Path, results: dict[str, Any]) -> None:
         "Max rate: blue = produce (send -> receipt), green = one consumer draining the backlog",
         fontsize=10,
     )
-    for w in results["workloads"]:
-        if w["kind"] == FIXED_RATE:
-            continue
-        for phase in w["phases"]:
-            series = phase.get("progress") or []
-            if series:
-                label = w["key"] + (f" {phase['phase']}" if w["kind"] == BACKLOG else "")
-                bottom.plot(
-                    [p["t_s"] for p in series], [p["msg_per_s"] for p in series], lw=1, label=label
-                )
+    for w, phase in _loaded_phases(results):
+        series = phase.get("progress") or []
+        if series:
+            label = w["key"] + (f" {phase['phase']}" if w["kind"] == BACKLOG else "")
+            bottom.plot(
+                [p["t_s"] for p in series], [p["msg_per_s"] for p in series], lw=1, label=label
+            )
     bottom.set_xlabel("seconds since the phase started measuring")
     bottom.set_ylabel("messages per second")
     bottom.set_ylim(bottom=0)
@@ -1289,7 +1236,7 @@ def plot_grow(path: Path, grow: dict[str, Any]) -> None:
         axis.axvspan(0, seconds[ratio["first_seconds"] - 1], color="#1f77b4", alpha=0.15)
         axis.axvspan(seconds[-ratio["last_seconds"]] - 1, seconds[-1], color="#ff7f0e", alpha=0.15)
     axis.set_xlabel("seconds since producing started")
-    axis.set_ylabel(f"payload MB/s ({_size_name(grow['message_bytes'])} messages)")
+    axis.set_ylabel(f"payload MB/s ({size_name(grow['message_bytes'])} messages)")
     axis.set_ylim(bottom=0)
     value = ratio.get("ratio")
     axis.set_title(
@@ -1315,17 +1262,6 @@ def write_plots(results: dict[str, Any], out: Path) -> list[Path]:
 
 
 # --- report ---------------------------------------------------------------------------------------
-
-
-def _raw_pair(results: dict[str, Any], key: str, metric: str, fmt: str = ",.0f") -> str:
-    raw = results["raw_limits"]
-    values = []
-    for when in ("start", "end"):
-        value: Any = raw.get(when, {}).get(key)
-        for part in metric.split("."):
-            value = None if value is None else value.get(part)
-        values.append("-" if value is None else format(value, fmt))
-    return " / ".join(values)
 
 
 def _pct(value: float | None) -> str:
@@ -1355,7 +1291,7 @@ def _check_lines(results: dict[str, Any]) -> list[str]:
                 if "measured_ms" not in e:
                     parts.append(f"{e['workload']} {e['verdict']} ({e['why']})")
                     continue
-                figures = ", ".join(f"{p} {_opt(v)} ms" for p, v in e["measured_ms"].items())
+                figures = ", ".join(f"{p} {opt(v)} ms" for p, v in e["measured_ms"].items())
                 why = f"; {e['why']}" if "why" in e else ""
                 parts.append(f"{e['workload']} {e['verdict']} ({figures}{why})")
             lines.append(f"{head}: " + "; ".join(parts) + ".")
@@ -1406,13 +1342,13 @@ def _summary_table(results: dict[str, Any]) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
         (
             "| *raw limit, this machine (start / end)* | | | gRPC round trips/s, one at a"
-            f" time: {_raw_pair(results, 'grpc_unary_round_trip', 'calls_per_s')} | append +"
-            f" fdatasync 1 MiB: {_raw_pair(results, 'append_fdatasync_1m', 'mb_per_s')};"
-            f" 4 MiB: {_raw_pair(results, 'append_fdatasync_4m', 'mb_per_s')} | 4 KiB append +"
-            f" fdatasync: {_raw_pair(results, 'append_fdatasync_4k', 'ops_per_s')} |"
+            f" time: {raw_pair(results, 'grpc_unary_round_trip', 'calls_per_s')} | append +"
+            f" fdatasync 1 MiB: {raw_pair(results, 'append_fdatasync_1m', 'mb_per_s')};"
+            f" 4 MiB: {raw_pair(results, 'append_fdatasync_4m', 'mb_per_s')} | 4 KiB append +"
+            f" fdatasync: {raw_pair(results, 'append_fdatasync_4k', 'ops_per_s')} |"
             + " |".join(
-                f" gRPC round trip {_raw_pair(results, 'grpc_unary_round_trip', f'latency.{q}')}"
-                f" us; 4 KiB fdatasync {_raw_pair(results, 'append_fdatasync_4k', f'latency.{q}')}"
+                f" gRPC round trip {raw_pair(results, 'grpc_unary_round_trip', f'latency.{q}')}"
+                f" us; 4 KiB fdatasync {raw_pair(results, 'append_fdatasync_4k', f'latency.{q}')}"
                 " us"
                 for q in ("p50_us", "p99_us", "p999_us")
             )
@@ -1446,11 +1382,11 @@ def _summary_table(results: dict[str, Any]) -> list[str]:
                 rss_cell = _rss_verdict(results, w)
             lines.append(
                 f"| {label} | **{summary['msg_per_s']:,.0f}** | {summary['mb_per_s']:,.1f}"
-                f" | {_opt(cpu.get('stored_entries_per_s'), ',.0f')}"
-                f" | {_opt(cpu.get('journal_mb_per_s'), ',.1f')}"
-                f" | {_opt(cpu.get('fdatasyncs_per_s'), ',.0f')}"
-                f" | {_opt(latency['p50'])} ms | {_opt(latency['p99'])} ms"
-                f" | {_opt(latency['p99_9'])} ms | {rss_cell} | {cpu_cell}"
+                f" | {opt(cpu.get('stored_entries_per_s'), ',.0f')}"
+                f" | {opt(cpu.get('journal_mb_per_s'), ',.1f')}"
+                f" | {opt(cpu.get('fdatasyncs_per_s'), ',.0f')}"
+                f" | {opt(latency['p50'])} ms | {opt(latency['p99'])} ms"
+                f" | {opt(latency['p99_9'])} ms | {rss_cell} | {cpu_cell}"
                 f" | {_verdict_cell(results, w) if is_key else '-'} |"
             )
     return lines
@@ -1477,8 +1413,8 @@ def _workload_detail(results: dict[str, Any], w: dict[str, Any]) -> list[str]:
         latency = summary["latency_ms"]
         cpu = phase.get("cpu") or {}
         rss = phase["broker_rss"]
-        entries_per_s = _opt(cpu.get("stored_entries_per_s"), ",.0f")
-        journal_mb_per_s = _opt(cpu.get("journal_mb_per_s"), ",.1f")
+        entries_per_s = opt(cpu.get("stored_entries_per_s"), ",.0f")
+        journal_mb_per_s = opt(cpu.get("journal_mb_per_s"), ",.1f")
         lines += [
             "| figure | measured | raw limit, same run (start / end) |",
             "|---|---|---|",
@@ -1487,49 +1423,49 @@ def _workload_detail(results: dict[str, Any], w: dict[str, Any]) -> list[str]:
                 f"| {phase['phase']}: messages/s | **{summary['msg_per_s']:,.0f}**"
                 f" ({summary['messages']:,} in {summary['duration_s']:,.1f} s)"
                 f" | one gRPC round trip at a time:"
-                f" {_raw_pair(results, 'grpc_unary_round_trip', 'calls_per_s')}/s |"
+                f" {raw_pair(results, 'grpc_unary_round_trip', 'calls_per_s')}/s |"
             ),
             (
                 f"| entries/s stored (bookie adds / Qw) | {entries_per_s} | 4 KiB append +"
                 " fdatasync:"
-                f" {_raw_pair(results, 'append_fdatasync_4k', 'ops_per_s')}/s |"
+                f" {raw_pair(results, 'append_fdatasync_4k', 'ops_per_s')}/s |"
             ),
             (
                 f"| journal MB/s, all bookies (Qw copies) | {journal_mb_per_s} | append +"
                 " fdatasync 1 MiB:"
-                f" {_raw_pair(results, 'append_fdatasync_1m', 'mb_per_s')} MB/s; 4 MiB:"
-                f" {_raw_pair(results, 'append_fdatasync_4m', 'mb_per_s')} MB/s |"
+                f" {raw_pair(results, 'append_fdatasync_1m', 'mb_per_s')} MB/s; 4 MiB:"
+                f" {raw_pair(results, 'append_fdatasync_4m', 'mb_per_s')} MB/s |"
             ),
             (
                 f"| fdatasyncs/s, all bookies; busiest journal in fdatasync |"
-                f" {_opt(cpu.get('fdatasyncs_per_s'), ',.0f')};"
+                f" {opt(cpu.get('fdatasyncs_per_s'), ',.0f')};"
                 f" {_pct(cpu.get('busiest_journal_fdatasync_pct'))} of the time | 4 KiB append +"
-                f" fdatasync: {_raw_pair(results, 'append_fdatasync_4k', 'ops_per_s')}/s |"
+                f" fdatasync: {raw_pair(results, 'append_fdatasync_4k', 'ops_per_s')}/s |"
             ),
             (
-                f"| latency p50 / p95 | {_opt(latency['p50'])} / {_opt(latency['p95'])} ms |"
+                f"| latency p50 / p95 | {opt(latency['p50'])} / {opt(latency['p95'])} ms |"
                 f" gRPC round trip p50"
-                f" {_raw_pair(results, 'grpc_unary_round_trip', 'latency.p50_us')} us; 4 KiB"
-                f" fdatasync p50 {_raw_pair(results, 'append_fdatasync_4k', 'latency.p50_us')}"
+                f" {raw_pair(results, 'grpc_unary_round_trip', 'latency.p50_us')} us; 4 KiB"
+                f" fdatasync p50 {raw_pair(results, 'append_fdatasync_4k', 'latency.p50_us')}"
                 " us |"
             ),
             (
-                f"| latency p99 / p99.9 / max | {_opt(latency['p99'])} /"
-                f" {_opt(latency['p99_9'])} / {_opt(latency['max'])} ms | gRPC round trip p99"
-                f" {_raw_pair(results, 'grpc_unary_round_trip', 'latency.p99_us')} us; 4 KiB"
-                f" fdatasync p99 {_raw_pair(results, 'append_fdatasync_4k', 'latency.p99_us')}"
+                f"| latency p99 / p99.9 / max | {opt(latency['p99'])} /"
+                f" {opt(latency['p99_9'])} / {opt(latency['max'])} ms | gRPC round trip p99"
+                f" {raw_pair(results, 'grpc_unary_round_trip', 'latency.p99_us')} us; 4 KiB"
+                f" fdatasync p99 {raw_pair(results, 'append_fdatasync_4k', 'latency.p99_us')}"
                 " us |"
             ),
         ]
         if summary.get("publish_latency_ms"):
             pub = summary["publish_latency_ms"]
             lines.append(
-                f"| publish latency (send -> receipt) p50 / p99 / max | {_opt(pub['p50'])} /"
-                f" {_opt(pub['p99'])} / {_opt(pub['max'])} ms | |"
+                f"| publish latency (send -> receipt) p50 / p99 / max | {opt(pub['p50'])} /"
+                f" {opt(pub['p99'])} / {opt(pub['max'])} ms | |"
             )
         lines.append(
             f"| broker RSS: max of {rss['samples']} samples / peak (VmHWM) |"
-            f" {_opt(rss['max_mib'], ',.0f')} / {_opt(rss['peak_mib'], ',.0f')} MiB |"
+            f" {opt(rss['max_mib'], ',.0f')} / {opt(rss['peak_mib'], ',.0f')} MiB |"
             f" bound {results['parameters']['rss_bound_mib']:g} MiB |"
         )
         if cpu:
@@ -1568,7 +1504,7 @@ def _grow_lines(results: dict[str, Any]) -> list[str]:
         "",
         (
             f"A fresh cluster (same settings); one `magnetar perf produce --rate 0` of"
-            f" {grow['messages']:,} messages of {_size_name(grow['message_bytes'])} to a topic of"
+            f" {grow['messages']:,} messages of {size_name(grow['message_bytes'])} to a topic of"
             f" {grow['partitions']} partition(s), i.e. {grow['grow_gb']:g} GB of payload, stored"
             f" {QUORUM[1]} times; every second's throughput is perf's progress line. Its data is"
             " deleted afterwards."
@@ -1581,13 +1517,13 @@ def _grow_lines(results: dict[str, Any]) -> list[str]:
     if phase is not None:
         ratio = grow["ratio"]
         summary = phase.get("summary") or {}
-        first_mb_per_s = _opt(ratio.get("first_mb_per_s"), ",.1f")
-        last_mb_per_s = _opt(ratio.get("last_mb_per_s"), ",.1f")
+        first_mb_per_s = opt(ratio.get("first_mb_per_s"), ",.1f")
+        last_mb_per_s = opt(ratio.get("last_mb_per_s"), ",.1f")
         first_s, last_s = ratio.get("first_seconds", 0), ratio.get("last_seconds", 0)
         payload_gb = grow.get("payload_gb", 0)
-        disk_gb = _opt(grow.get("disk_used_gb"), ",.1f")
-        mean_msg = _opt(summary.get("msg_per_s"), ",.0f")
-        mean_mb = _opt(summary.get("mb_per_s"), ",.1f")
+        disk_gb = opt(grow.get("disk_used_gb"), ",.1f")
+        mean_msg = opt(summary.get("msg_per_s"), ",.0f")
+        mean_mb = opt(summary.get("mb_per_s"), ",.1f")
         lines += [
             f"`{phase['command']}`",
             "",
@@ -1600,8 +1536,8 @@ def _grow_lines(results: dict[str, Any]) -> list[str]:
             f"| mean | {mean_msg} msg/s, {mean_mb} MB/s |",
             f"| while the first 10% was written | {first_mb_per_s} MB/s ({first_s} s) |",
             f"| while the last 10% was written | {last_mb_per_s} MB/s ({last_s} s) |",
-            f"| last / first | **{_opt(ratio.get('ratio'))}** |",
-            f"| broker RSS max | {_opt(phase['broker_rss']['max_mib'], ',.0f')} MiB |",
+            f"| last / first | **{opt(ratio.get('ratio'))}** |",
+            f"| broker RSS max | {opt(phase['broker_rss']['max_mib'], ',.0f')} MiB |",
         ]  # fmt: skip
     return lines
 
@@ -1661,22 +1597,8 @@ def render_markdown(results: dict[str, Any]) -> str:
         "",
         f"![latency]({stem}-latency.png)",
         "",
-        "## Raw limits of this machine (same run)",
-        "",
-        "| measure | start / end |",
-        "|---|---|",
+        *raw_limits_table(results, SUITE_RAW_ROWS, one_column=True),
     ]
-    for label, key, metric, unit in (
-        ("4 KiB append + fdatasync", "append_fdatasync_4k", "ops_per_s", "ops/s"),
-        ("4 KiB append + fdatasync, p50", "append_fdatasync_4k", "latency.p50_us", "us"),
-        ("4 KiB append + fdatasync, p99", "append_fdatasync_4k", "latency.p99_us", "us"),
-        ("1 MiB append + fdatasync (group-commit bandwidth)", "append_fdatasync_1m", "mb_per_s",
-         "MB/s"),
-        ("4 MiB append + fdatasync", "append_fdatasync_4m", "mb_per_s", "MB/s"),
-        ("loopback gRPC unary round trip, p50", "grpc_unary_round_trip", "latency.p50_us", "us"),
-        ("loopback gRPC unary round trip, p99", "grpc_unary_round_trip", "latency.p99_us", "us"),
-    ):  # fmt: skip
-        lines.append(f"| {label} | {_raw_pair(results, key, metric)} {unit} |")
     lines += _grow_lines(results)
     lines += ["", "## Every workload"]
     for w in results["workloads"]:
@@ -1736,12 +1658,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=DEFAULT_RSS_BOUND_MIB,
         help="the broker's RSS must stay under this in max-rate and backlog workloads",
     )
-    add(
-        "--raw-s",
-        type=float,
-        default=1.5,
-        help="seconds per raw-limit measurement (each of 4, at start and at end)",
-    )
+    add_raw_s_option(add)
     add(
         "--grow-gb",
         type=float,
@@ -1771,13 +1688,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         + ", ".join(w.key for w in WORKLOADS)
         + f"; '{GROW_KEY}' alone runs only the --grow-gb part",
     )
-    add("--out", type=Path, default=REPO / "bench" / "results", help="directory for the results")
-    add(
-        "--data-root",
-        type=Path,
-        default=REPO / "bench",
-        help="a temporary directory is made here for the cluster's data and the raw disk tests"
-        " (so both are on the same file system) and removed at the end",
+    add_output_options(
+        add,
+        data_root_help=(
+            "a temporary directory is made here for the cluster's data and the raw disk tests (so"
+            " both are on the same file system) and removed at the end"
+        ),
     )
     add(
         "--keep-data",
@@ -1831,7 +1747,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench/suite.py: {reason}", file=sys.stderr)
         return 2
     # the test kit and the metadata client log at info; the suite's own output is enough
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    quiet_logs()
     results = run_and_write("suite", args, argv, bench, render_markdown, keep_data=args.keep_data)
     if results is None:
         return 130

@@ -17,6 +17,8 @@ _BENCH = Path(__file__).resolve().parents[3] / "bench"
 if str(_BENCH) not in sys.path:
     sys.path.insert(0, str(_BENCH))
 suite: Any = importlib.import_module("suite")
+# what perf prints is read by the benchmarks' harness, which the suite runs perf with
+harness: Any = importlib.import_module("harness")
 
 URL = "magnetar://127.0.0.1:6650"
 
@@ -134,7 +136,7 @@ def test_progress_lines_are_read_as_numbers():
         "produce    3.0 s     201,234 msg/s     20.12 MB/s  p50    7.123 ms"
         "  p99   40.000 ms  pending 9,999"
     )
-    assert suite.parse_progress(line) == {
+    assert harness.parse_progress(line) == {
         "t_s": 3.0,
         "msg_per_s": 201234,
         "mb_per_s": 20.12,
@@ -146,14 +148,14 @@ def test_progress_lines_are_read_as_numbers():
 
 
 def test_progress_lines_without_latency_with_errors_or_negative_pending():
-    quiet = suite.parse_progress(
+    quiet = harness.parse_progress(
         "consume   12.0 s           0 msg/s      0.00 MB/s  p50        - ms  p99        - ms"
         "  pending 0"
     )
     assert quiet is not None
     assert quiet["p50_ms"] is None
     assert quiet["p99_ms"] is None
-    noisy = suite.parse_progress(
+    noisy = harness.parse_progress(
         "end-to-end    1.0 s       1,998 msg/s      0.20 MB/s  p50    3.100 ms  p99   12.000 ms"
         "  pending -3  errors 1,200"
     )
@@ -167,7 +169,7 @@ def test_json_progress_lines_are_read_with_their_warmup_flag():
         '{"progress": "produce", "t_s": 2.0, "warmup": true, "msg_per_s": 5.5, "mb_per_s": 0.1,'
         ' "p50_ms": null, "p99_ms": 3.0, "pending": 4, "errors": 0}'
     )
-    assert suite.parse_progress(line) == {
+    assert harness.parse_progress(line) == {
         "t_s": 2.0,
         "msg_per_s": 5.5,
         "mb_per_s": 0.1,
@@ -177,8 +179,8 @@ def test_json_progress_lines_are_read_with_their_warmup_flag():
         "errors": 0,
         "warmup": True,
     }
-    assert suite.parse_progress('{"mode": "produce", "messages": 3}') is None  # the summary
-    assert suite.parse_progress("{not json") is None
+    assert harness.parse_progress('{"mode": "produce", "messages": 3}') is None  # the summary
+    assert harness.parse_progress("{not json") is None
 
 
 def test_timed_phases_warm_up_and_the_drain_prefetches_deeply():
@@ -208,16 +210,16 @@ def test_timed_phases_warm_up_and_the_drain_prefetches_deeply():
     ],
 )
 def test_other_stderr_lines_are_not_progress(line):
-    assert suite.parse_progress(line) is None
+    assert harness.parse_progress(line) is None
 
 
 def test_the_json_summary_line_is_found_and_nothing_else():
     summary = {"mode": "produce", "messages": 5, "msg_per_s": 2.5, "latency_ms": {"p50": 1.0}}
-    assert suite.parse_summary(json.dumps(summary) + "\n") == summary
-    assert suite.parse_summary("magnetar perf produce t1") is None
-    assert suite.parse_summary("{not json") is None
-    assert suite.parse_summary('{"no": "mode"}') is None
-    assert suite.parse_summary("[1, 2]") is None
+    assert harness.parse_summary(json.dumps(summary) + "\n") == summary
+    assert harness.parse_summary("magnetar perf produce t1") is None
+    assert harness.parse_summary("{not json") is None
+    assert harness.parse_summary('{"no": "mode"}') is None
+    assert harness.parse_summary("[1, 2]") is None
 
 
 # --- growth -----------------------------------------------------------------------------------
