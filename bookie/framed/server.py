@@ -160,11 +160,13 @@ class FramedBookieServer:
         connections = list(self._connections)
         for connection in connections:
             connection.stop_reading()
-        if connections:
-            await asyncio.wait(
-                [asyncio.ensure_future(c.drained()) for c in connections], timeout=grace_s
-            )
+        if connections and grace_s > 0:
+            draining = [asyncio.ensure_future(c.drained()) for c in connections]
+            await asyncio.wait(draining, timeout=grace_s)
+            for waiter in draining:
+                waiter.cancel()
         for connection in connections:
+            connection.cancel_handlers()
             connection.abort()
 
 
@@ -217,8 +219,7 @@ class _Connection:
             pass  # the client went away, or never finished its handshake: nothing to answer
         finally:
             if self._reading is not None:
-                for task in list(self.handlers):
-                    task.cancel()
+                self.cancel_handlers()
                 self.abort()
 
     def stop_reading(self) -> None:
@@ -230,6 +231,10 @@ class _Connection:
         """Once every request read has been answered (or has failed)."""
         while self.handlers:
             await asyncio.gather(*list(self.handlers), return_exceptions=True)
+
+    def cancel_handlers(self) -> None:
+        for task in list(self.handlers):
+            task.cancel()
 
     def abort(self) -> None:
         # abort, not close: a TLS close would wait for the client's close_notify

@@ -139,7 +139,7 @@ class Env:
         """Every ledger id any running bookie stores (asked with ListLedgers)."""
         found: set[int] = set()
         for process in self.bookies.values():
-            client = BookieClient(process.address)
+            client = BookieClient(process.data_address)
             try:
                 ids, more = await client.list_ledgers(limit=10_000)
             finally:
