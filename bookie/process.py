@@ -251,6 +251,7 @@ class BookieProcess:
             max_connections=config.max_connections,
             handshake_timeout_s=config.connection_handshake_timeout_ms / 1000,
         )
+        self.bookie.metrics.bind_data_port(self._data)
         try:
             self.data_port = await self._data.start(config.bind_host, config.data_port)
         except OSError as e:

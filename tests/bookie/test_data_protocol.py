@@ -195,6 +195,10 @@ async def test_each_broken_connection_is_closed_alone(bookie: BookieProcess) -> 
         await still_serves(good, 7, 4)
         await settled(bookie)
         assert server.protocol_errors == 7
+        metrics = bookie.bookie.metrics.render().decode()
+        labels = f'{{bookie="{bookie.bookie_id}"}}'
+        assert f"magnetar_bookie_data_connections_protocol_errors_total{labels} 7.0" in metrics
+        assert f"magnetar_bookie_data_connections{labels} 1.0" in metrics
     finally:
         await good.close()
 
