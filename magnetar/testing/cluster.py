@@ -161,8 +161,9 @@ class ServerNode(abc.ABC):
     The process listens on ``bind_host`` (127.0.0.1 unless told otherwise) and advertises
     ``advertised_host``; its gRPC port is ``port`` (0: a free one), its HTTP port a free one.
     It prints one ready line (``<kind> <id> serving on <host:port> (metrics:
-    http://<host>:<port>/metrics)``) once it serves and is registered; :meth:`start` waits for
-    that line. Each :meth:`start` is a new incarnation, on new ports unless ``port`` is fixed.
+    http://<host>:<port>/metrics)``; a bookie adds ``, data on <host:port>``, its data protocol)
+    once it serves and is registered; :meth:`start` waits for that line. Each :meth:`start` is a
+    new incarnation, on new ports unless ``port`` is fixed.
     ``command_prefix`` goes before the command, say ``["ip", "netns", "exec", NAME]`` to run it
     in another network namespace; the prefix must exec the server (as ``ip netns exec`` does),
     so that signals reach the server itself.
