@@ -33,6 +33,6 @@ ENV PYTHONUNBUFFERED=1 \
 USER 10000:10000
 WORKDIR /var/lib/magnetar
 # broker gRPC and HTTP, bookie gRPC and HTTP
-EXPOSE 6650 8080 3181 8000
+EXPOSE 6650 8080 3181 3182 8000
 ENTRYPOINT ["magnetar"]
 CMD ["standalone", "--bind-host", "0.0.0.0", "--data-dir", "/var/lib/magnetar/standalone"]

@@ -132,6 +132,8 @@ class BookieRunner:
             "0",
             "--http-port",
             "0",
+            "--data-port",
+            "0",
             "--bind-host",
             "127.0.0.1",
             "--advertised-host",
@@ -143,6 +145,9 @@ class BookieRunner:
         self.log_path = data_dir.parent / f"{data_dir.name}.stderr.log"
         self.process: asyncio.subprocess.Process | None = None
         self.address = ""
+        """host:port of its gRPC service."""
+        self.data_address = ""
+        """host:port of its data protocol (where the ledger client connects)."""
         self.metrics_url = ""
 
     async def start(self, timeout_s: float = 60.0) -> None:
@@ -161,14 +166,16 @@ class BookieRunner:
         except TimeoutError:
             raise RuntimeError(f"the bookie did not start within {timeout_s} s") from None
         text = line.decode().strip()
-        # "bookie <id> serving on 127.0.0.1:PORT (metrics: http://127.0.0.1:HTTP/metrics)"
+        # "bookie <id> serving on 127.0.0.1:PORT, data on 127.0.0.1:DATA
+        #  (metrics: http://127.0.0.1:HTTP/metrics)"
         if " serving on " not in text:
             await self.process.wait()
             raise RuntimeError(
                 f"the bookie exited with {self.process.returncode} before it was ready"
                 " (its log is below)"
             )
-        self.address = text.split(" serving on ", 1)[1].split()[0]
+        self.address = text.split(" serving on ", 1)[1].split()[0].rstrip(",")
+        self.data_address = text.split(" data on ", 1)[1].split()[0]
         self.metrics_url = text.rsplit("metrics: ", 1)[1].rstrip(")")
 
     @property
@@ -320,7 +327,7 @@ async def run_workload(
     tasks: list[asyncio.Task[None]] = []
     try:
         await bookie.start()
-        client = BookieClient(bookie.address)
+        client = BookieClient(bookie.data_address)
         tally = Tally()
         writers = [LedgerWriter(client, 1000 + i, workload, tally) for i in range(workload.ledgers)]
         tasks = [asyncio.create_task(w.run(), name=f"writer-{w.ledger_id}") for w in writers]

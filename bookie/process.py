@@ -27,6 +27,7 @@ import structlog
 
 from bookie.autorecovery import Autorecovery, AutorecoveryConfig
 from bookie.client.config import LedgerClientConfig
+from bookie.framed.server import FramedBookieServer
 from bookie.grpc.servicer import BookieServicer
 from bookie.service.access import BookieAccess
 from bookie.service.bookie import Bookie, DiskProbe
@@ -40,7 +41,7 @@ from magnetar.common.health import READINESS_SERVICE as _READINESS
 from magnetar.common.health import ProcessHealth
 from magnetar.common.peer_limits import ConnectionsPerIp
 from magnetar.common.security.config import is_loopback
-from magnetar.common.security.tls import ReloadingServerCredentials
+from magnetar.common.security.tls import ReloadingServerCredentials, ReloadingSslContext
 from magnetar.common.serving import (
     grpc_server_options,
     listen,
@@ -78,8 +79,12 @@ class BookieProcess:
         self._autorecovery: Autorecovery | None = None
         self.port = 0
         self.http_port = 0
+        self.data_port = 0
         self.address = ""
+        self.data_address = ""
+        """host:port of the framed data protocol, which ledger clients use."""
         self.tls: ReloadingServerCredentials | None = None
+        self._data: FramedBookieServer | None = None
         self.access: BookieAccess
         self._stopped = asyncio.Event()
 
@@ -159,11 +164,13 @@ class BookieProcess:
                 config.port,
                 credentials=self.tls.credentials if self.tls is not None else None,
             )
+            await self._start_data_port(config)
         except InvalidConfigError:
             await self.storage.close()
             raise
         host = config.advertised_host or socket.gethostname()
         self.address = f"{host}:{self.port}"
+        self.data_address = f"{host}:{self.data_port}"
         self.bookie.address = self.address
         if not config.authentication_enabled and not is_loopback(config.bind_host):
             log.warning(
@@ -192,6 +199,7 @@ class BookieProcess:
             identity,
             self.bookie.status,
             http_address=f"{host}:{self.http_port}",
+            data_address=self.data_address,
             ttl_s=config.session_ttl_s,
             refresh_s=config.registration_refresh_s,
         )
@@ -218,10 +226,47 @@ class BookieProcess:
             "bookie_started",
             bookie=identity.bookie_id,
             address=self.address,
+            data_address=self.data_address,
             http_port=self.http_port,
             ledgers=len(self.storage.index.ledgers),
             read_only=self.bookie.read_only,
         )
+
+    async def _start_data_port(self, config: BookieConfig) -> None:
+        """Listen for the framed data protocol, with the gRPC port's TLS files and roles."""
+        tls = None
+        if config.tls_cert_file is not None and config.tls_key_file is not None:
+            tls = ReloadingSslContext(
+                config.tls_cert_file,
+                config.tls_key_file,
+                config.tls_trust_certs_file,
+                component="bookie-data",
+            )
+        self._data = FramedBookieServer(
+            self.bookie,
+            access=self.access,
+            tls=tls,
+            max_frame_bytes=config.max_data_frame_bytes,
+            max_inflight_bytes=config.max_inflight_bytes_per_stream,
+            max_connections=config.max_connections,
+            handshake_timeout_s=config.connection_handshake_timeout_ms / 1000,
+        )
+        self.bookie.metrics.bind_data_port(self._data)
+        try:
+            self.data_port = await self._data.start(config.bind_host, config.data_port)
+        except OSError as e:
+            self._data = None
+            raise InvalidConfigError(
+                f"cannot listen on {config.bind_host}:{config.data_port} for the data protocol:"
+                f" {e.strerror or e} (another Magnetar process?); stop the other process or"
+                " choose another --data-port",
+                context={"address": f"{config.bind_host}:{config.data_port}"},
+            ) from None
+
+    @property
+    def data_server(self) -> FramedBookieServer | None:
+        """The framed data port's server (its connection counters, for tests and metrics)."""
+        return self._data
 
     @property
     def bookie_id(self) -> str:
@@ -257,6 +302,8 @@ class BookieProcess:
         if self._registration is not None:
             with contextlib.suppress(Exception):
                 await self._registration.close()
+        if self._data is not None:
+            await self._data.stop(grace_s)
         await self._server.stop(grace_s)
         await self._http.stop()
         await self.bookie.stop()
@@ -277,7 +324,7 @@ async def run_bookie(config: BookieConfig) -> int:
     return await run_until_signalled(
         lambda: BookieProcess.start(config),
         lambda p: (
-            f"bookie {p.bookie_id} serving on {p.address}"
+            f"bookie {p.bookie_id} serving on {p.address}, data on {p.data_address}"
             f" (metrics: {p._http.scheme}://{p.address.rsplit(':', 1)[0]}:{p.http_port}/metrics)"
         ),
         lambda p: p.stop(),

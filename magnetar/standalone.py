@@ -134,6 +134,7 @@ class Standalone:
                     metadata="memory://",  # unused: the shared store is passed in
                     port=0,
                     http_port=0,
+                    data_port=0,
                     # only the broker in this process talks to these bookies: they stay on
                     # loopback whatever bind_host says, so nothing outside can reach them
                     bind_host=LOOPBACK,

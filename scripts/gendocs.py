@@ -144,6 +144,7 @@ CHART_MANAGED: dict[str, frozenset[str]] = {
             "metadata",
             "port",
             "http_port",
+            "data_port",
             "bind_host",
             "advertised_host",
             "bookie_id",

@@ -1,19 +1,29 @@
-"""A client for one bookie: the RPCs of the v1 bookie protocol as domain calls.
+"""A client for one bookie: the requests of the bookie data protocol as domain calls.
 
-Adds go over one long-lived AddEntries stream per bookie. Callers call :meth:`add_entries`
-concurrently; a sender task packs everything waiting into as few stream messages as possible,
-since every streamed message costs about 0.2 ms of Python time on each side. Messages stop at
-``max_message_bytes`` (1 MiB) so that the bookie works on one while the next is in transit:
-packing a whole window into one message would make client and bookie take turns. The bookie's
-per-entry refusals are mapped back to the callers that sent them. If the stream breaks (the
-bookie died or restarted), every add waiting on it fails with :class:`BookieUnavailableError`,
-and the next add opens a new stream.
+One connection per bookie carries everything: the framed data protocol
+(:mod:`bookie.data_protocol`, ``docs/protocol.md``) over TCP, or TLS when credentials say so.
+Requests are tagged with ids, many in flight at once, and answered in any order; a request that
+fails as a whole comes back as an ERROR frame, which is rebuilt into the typed error its code
+names (never from its text), as gRPC's trailers were.
 
-With :class:`BookieCredentials` the channel is TLS (the bookie's certificate checked against the
-trusted CAs and its host name; the client's certificate presented for mutual TLS) and a token,
-when given, goes on every call and on the add stream. A bookie that refuses the credentials
-answers PERMISSION_DENIED or UNAUTHENTICATED: the call fails with that typed error, not a
-retriable "unavailable".
+Adds: callers call :meth:`add_entries` concurrently; a sender task packs everything waiting
+into as few frames as possible. Frames stop at ``max_message_bytes`` (1 MiB) so that the bookie
+works on one while the next is in transit: packing a whole window into one frame would make
+client and bookie take turns. The bookie's per-entry refusals are mapped back to the callers
+that sent them. Writes wait for the socket (``drain``): a bookie that reads slowly slows its
+writers down instead of filling memory here.
+
+If the connection breaks (the bookie died or restarted, or stopped answering pings), every
+request waiting on it fails with :class:`BookieUnavailableError`, and the next request opens a
+new connection. A silent connection with requests outstanding is pinged after
+:data:`KEEPALIVE_S` and dropped when nothing comes back within :data:`KEEPALIVE_TIMEOUT_S` (a
+SIGSTOPped bookie, a cut network), as gRPC's keepalive did.
+
+With :class:`BookieCredentials` the connection is TLS (the bookie's certificate checked against
+the trusted CAs and its host name; the client's certificate presented for mutual TLS) and a
+token, when given, goes in the greeting. A bookie that refuses the credentials answers the
+greeting with an ERROR: every request fails with that typed error, not a retriable
+"unavailable"; a role the bookie does not allow gets AuthorizationError per request.
 """
 
 from __future__ import annotations
@@ -21,18 +31,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import ssl
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
-import grpc
-import grpc.aio
 import structlog
+from google.protobuf.message import DecodeError, Message
 
+from bookie import data_protocol as dp
 from bookie.client.config import LedgerClientConfig
 from bookie.client.wire import encode_add_request
+from bookie.data_protocol import Kind
 from bookie.entries import (
     AddEntry,
     AddFailure,
@@ -41,30 +53,40 @@ from bookie.entries import (
     ReadEntry,
     ReadResult,
 )
-from magnetar.common.errors import BookieUnavailableError, MagnetarError, ServiceUnavailableError
-from magnetar.common.grpc_errors import error_from_detail, error_from_rpc_error
-from magnetar.common.security.grpc_credentials import bearer_metadata
+from magnetar.common.errors import (
+    BookieUnavailableError,
+    MagnetarError,
+    OperationTimeoutError,
+    ServiceUnavailableError,
+)
+from magnetar.common.framing import FrameError, FrameReader
+from magnetar.common.grpc_errors import error_from_detail
 from magnetar.common.security.tokens import TokenFile
 from proto.bookie.v1 import bookie_pb2 as pb
-from proto.bookie.v1 import bookie_pb2_grpc
-from proto.common.v1 import types_pb2
+from proto.bookie.v1 import framed_pb2
+from proto.common.v1 import errors_pb2, types_pb2
 
 log = structlog.get_logger("magnetar.bookie.client")
 
-CHANNEL_OPTIONS = [
-    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
-    ("grpc.max_send_message_length", 256 * 1024 * 1024),
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 2000),
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-]
+MAX_RESPONSE_FRAME_BYTES = 256 * 1024 * 1024
+"""The largest answer a client takes (a read of many large entries)."""
+KEEPALIVE_S = 10.0
+"""Silence, with requests outstanding, after which the client pings the bookie."""
+KEEPALIVE_TIMEOUT_S = 5.0
+"""How long a ping may go unanswered (with nothing else heard) before the connection is
+dropped."""
+READ_SIZE = 256 * 1024
+
+_M = TypeVar("_M", bound=Message)
 
 
 def _read(path: Path | None) -> bytes | None:
     return path.read_bytes() if path is not None else None
+
+
+def _split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
 
 
 @dataclass(frozen=True)
@@ -92,20 +114,21 @@ class BookieCredentials:
     def tls(self) -> bool:
         return self.trust_certs_file is not None or self.cert_file is not None
 
-    def channel(self, address: str) -> grpc.aio.Channel:
-        """A channel to the bookie at ``address``, over TLS when the files are set (read now:
-        a certificate rotated on disk is used by the next channel)."""
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context of a new connection, or None for plain TCP (the files are read now:
+        a certificate rotated on disk is used by the next connection)."""
         if not self.tls:
-            return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
-        credentials = grpc.ssl_channel_credentials(
-            root_certificates=_read(self.trust_certs_file),
-            private_key=_read(self.key_file),
-            certificate_chain=_read(self.cert_file),
+            return None
+        context = ssl.create_default_context(
+            cafile=str(self.trust_certs_file) if self.trust_certs_file is not None else None
         )
-        return grpc.aio.secure_channel(address, credentials, options=CHANNEL_OPTIONS)
+        if self.cert_file is not None and self.key_file is not None:
+            context.load_cert_chain(str(self.cert_file), str(self.key_file))
+        return context
 
-    def metadata(self) -> tuple[tuple[str, str], ...] | None:
-        return bearer_metadata(self.token.read() if self.token is not None else None)
+    def token_value(self) -> str:
+        """The token to present ("" for none)."""
+        return (self.token.read() or "") if self.token is not None else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,30 +165,202 @@ class _InFlight:
     parts: list[tuple[_Pending, Sequence[AddEntry]]] = field(default_factory=list)
 
 
-class _AddStream:
-    """One AddEntries stream and the adds waiting on it."""
+class _Connection:
+    """One connection to a bookie and the requests waiting on it."""
 
     def __init__(self, client: BookieClient) -> None:
         self._client = client
-        self._call: Any = client._add_stream()
+        self._writer: asyncio.StreamWriter | None = None
         self._outbox: deque[_Pending] = deque()
         self._outbox_ready = asyncio.Event()
-        self._in_flight: dict[int, _InFlight] = {}
+        self._adds: dict[int, _InFlight] = {}
+        self._calls: dict[int, asyncio.Future[tuple[int, memoryview]]] = {}
         self._request_ids = itertools.count(1)
         self._broken: MagnetarError | None = None
-        self._sender = asyncio.create_task(self._send(), name=f"bookie-add-send:{client.address}")
-        self._receiver = asyncio.create_task(
-            self._receive(), name=f"bookie-add-recv:{client.address}"
-        )
+        self._last_heard = 0.0
+        loop = asyncio.get_running_loop()
+        self._ready: asyncio.Future[None] = loop.create_future()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._main = asyncio.create_task(self._run(), name=f"bookie-conn:{client.address}")
 
     @property
     def broken(self) -> bool:
         return self._broken is not None
 
+    # --- the connection ------------------------------------------------------------------------
+
+    async def _connect(self) -> tuple[FrameReader, asyncio.StreamWriter]:
+        client = self._client
+        credentials = client.credentials
+        host, port = _split_address(client.address)
+        try:
+            async with asyncio.timeout(client.timeout_s):
+                context = credentials.ssl_context()
+                reader, writer = await asyncio.open_connection(
+                    host,
+                    port,
+                    ssl=context,
+                    server_hostname=host if context is not None else None,
+                    limit=READ_SIZE,
+                )
+                self._writer = writer
+                frames = FrameReader(
+                    reader, max_frame_size=MAX_RESPONSE_FRAME_BYTES, read_size=READ_SIZE
+                )
+                hello = framed_pb2.DataHello(
+                    protocol_version=dp.PROTOCOL_VERSION,
+                    token=credentials.token_value(),
+                    client_name=client.name,
+                )
+                writer.write(dp.frame(Kind.HELLO, 0, hello.SerializeToString()))
+                await writer.drain()
+                body = await frames.read_frame()
+        except TimeoutError:
+            raise BookieUnavailableError(
+                f"bookie {client.address} did not answer the data protocol's greeting within"
+                f" {client.timeout_s:g} s",
+                context={"bookie": client.address},
+            ) from None
+        except ssl.SSLError as e:
+            raise BookieUnavailableError(
+                f"the TLS connection to bookie {client.address} failed: {e.reason or e}",
+                context={"bookie": client.address},
+            ) from None
+        except (OSError, FrameError) as e:
+            raise BookieUnavailableError(
+                f"cannot reach bookie {client.address}: {getattr(e, 'strerror', None) or e}",
+                context={"bookie": client.address},
+            ) from None
+        if body is None:
+            raise BookieUnavailableError(
+                f"bookie {client.address} closed the connection before its greeting (a refused"
+                " client certificate, or not a data port)",
+                context={"bookie": client.address},
+            )
+        kind, _, message = dp.parse(body)
+        if kind == dp.ERROR_KIND:
+            raise self._error(message)
+        if kind != Kind.HELLO | dp.RESPONSE:
+            raise BookieUnavailableError(
+                f"bookie {client.address} answered the greeting with {dp.kind_name(kind)}",
+                context={"bookie": client.address},
+            )
+        return frames, writer
+
+    async def _run(self) -> None:
+        try:
+            try:
+                frames, writer = await self._connect()
+            except MagnetarError as e:
+                self._break(e.message, e)
+                return
+            self._last_heard = asyncio.get_running_loop().time()
+            self._ready.set_result(None)
+            self._tasks = [
+                asyncio.create_task(self._send(writer)),
+                asyncio.create_task(self._keepalive(writer)),
+            ]
+            await self._receive(frames)
+        except asyncio.CancelledError:
+            self._break(f"the connection to bookie {self._client.address} was closed")
+            raise
+        except Exception as e:  # noqa: BLE001 - whatever ends the reading ends the connection
+            self._break(f"the connection to bookie {self._client.address} broke: {e!r}")
+
+    async def _receive(self, frames: FrameReader) -> None:
+        loop = asyncio.get_running_loop()
+        while (body := await frames.read_frame()) is not None:
+            self._last_heard = loop.time()
+            kind, request_id, message = dp.parse(body)
+            if kind == Kind.ADD_ENTRIES | dp.RESPONSE:
+                self._answered_add(request_id, pb.AddEntriesResponse.FromString(message))  # type: ignore[arg-type]  # any buffer does
+            elif kind == dp.ERROR_KIND and request_id == 0:
+                error = self._error(message)
+                self._break(error.message, error if not error.retriable else None)
+                return
+            elif kind == dp.ERROR_KIND and request_id in self._adds:
+                self._failed_add(request_id, self._error(message))
+            else:
+                future = self._calls.pop(request_id, None)
+                if future is not None and not future.done():
+                    future.set_result((kind, message))
+        self._break(f"bookie {self._client.address} closed the connection")
+
+    def _error(self, message: memoryview) -> MagnetarError:
+        try:
+            detail = errors_pb2.ErrorDetail.FromString(message)  # type: ignore[arg-type]  # any buffer does
+        except DecodeError:
+            return BookieUnavailableError(
+                f"bookie {self._client.address} sent an error that does not decode",
+                context={"bookie": self._client.address},
+            )
+        error = error_from_detail(detail)
+        if isinstance(error, ServiceUnavailableError):
+            return BookieUnavailableError(error.message, context={"bookie": self._client.address})
+        return error
+
+    async def _keepalive(self, writer: asyncio.StreamWriter) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(KEEPALIVE_S / 2)
+            if not (self._adds or self._calls or self._outbox):
+                continue
+            if loop.time() - self._last_heard < KEEPALIVE_S:
+                continue
+            pinged_at = loop.time()
+            writer.write(dp.frame(Kind.PING, 0))
+            await asyncio.sleep(KEEPALIVE_TIMEOUT_S)
+            if self._last_heard < pinged_at:
+                self._break(
+                    f"bookie {self._client.address} answered nothing for"
+                    f" {KEEPALIVE_S + KEEPALIVE_TIMEOUT_S:g} s, a ping included"
+                )
+                return
+
+    def _break(self, reason: str, error: MagnetarError | None = None) -> None:
+        if self._broken is None:
+            self._broken = error or BookieUnavailableError(
+                reason, context={"bookie": self._client.address}
+            )
+            log.info("bookie_connection_broken", bookie=self._client.address, reason=reason)
+            current = asyncio.current_task()
+            for task in (self._main, *self._tasks):
+                if task is not current and not task.done():
+                    task.cancel()
+            if self._writer is not None:
+                self._writer.transport.abort()
+            if not self._ready.done():
+                self._ready.set_exception(self._broken)
+                self._ready.exception()  # retrieved: a connection no one waited on is no error
+        waiting = [p for f in self._adds.values() for p, _ in f.parts] + list(self._outbox)
+        self._adds.clear()
+        self._outbox.clear()
+        for pending in waiting:
+            if not pending.future.done():
+                pending.future.set_exception(self._broken)
+        calls = list(self._calls.values())
+        self._calls.clear()
+        for future in calls:
+            if not future.done():
+                future.set_exception(self._broken)
+
+    async def close(self) -> None:
+        for task in (self._main, *self._tasks):
+            task.cancel()
+        for task in (self._main, *self._tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._break(f"the connection to bookie {self._client.address} was closed")
+
+    # --- adds -----------------------------------------------------------------------------------
+
     def add(self, entries: Sequence[AddEntry]) -> asyncio.Future[list[AddFailure]]:
         future: asyncio.Future[list[AddFailure]] = asyncio.get_running_loop().create_future()
         if not entries:
             future.set_result([])
+            return future
+        if self._broken is not None:
+            future.set_exception(self._broken)
             return future
         self._outbox.append(_Pending(entries, future))
         self._outbox_ready.set()
@@ -196,82 +391,104 @@ class _AddStream:
             self._outbox.popleft()
         return next(self._request_ids), taken, entries
 
-    async def _send(self) -> None:
+    async def _send(self, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
                 await self._outbox_ready.wait()
                 self._outbox_ready.clear()
                 while self._outbox:
                     request_id, taken, entries = self._next_message()
-                    self._in_flight[request_id] = taken
-                    await self._call.write(encode_add_request(request_id, entries))
+                    self._adds[request_id] = taken
+                    writer.write(
+                        dp.frame(Kind.ADD_ENTRIES, request_id, encode_add_request(0, entries))
+                    )
                     self._client.messages_sent += 1
+                    await writer.drain()
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # noqa: BLE001 - any write failure ends this stream; the next add opens one
-            self._break(f"the add stream to {self._client.address} broke: {e!r}")
+        except Exception as e:  # noqa: BLE001 - any write failure ends this connection
+            self._break(f"the connection to bookie {self._client.address} broke: {e!r}")
 
-    async def _receive(self) -> None:
-        try:
-            async for response in self._call:
-                taken = self._in_flight.pop(response.request_id, None)
-                if taken is None:
-                    continue
-                by_entry: dict[tuple[int, int], MagnetarError] = {
-                    (f.ledger_id, f.entry_id): error_from_detail(f.error) for f in response.failures
-                }
-                for pending, part in taken.parts:
-                    if by_entry:
-                        pending.failures.extend(
-                            AddFailure(e.ledger_id, e.entry_id, by_entry[(e.ledger_id, e.entry_id)])
-                            for e in part
-                            if (e.ledger_id, e.entry_id) in by_entry
-                        )
-                    pending.parts_out -= 1
-                    if pending.parts_out == 0 and pending.fully_sent and not pending.future.done():
-                        pending.future.set_result(pending.failures)
-            self._break(f"bookie {self._client.address} ended the add stream")
-        except asyncio.CancelledError:
-            self._break(f"the add stream to {self._client.address} was closed")
-            raise
-        except grpc.aio.AioRpcError as e:
-            error = self._client._error(e)
-            if error.retriable:
-                self._break(f"the add stream to {self._client.address} broke: {e.code().name}")
-            else:  # refused credentials: say so, do not make it look like a flaky bookie
-                self._break(error.message, error)
+    def _answered_add(self, request_id: int, response: pb.AddEntriesResponse) -> None:
+        taken = self._adds.pop(request_id, None)
+        if taken is None:
+            return
+        by_entry: dict[tuple[int, int], MagnetarError] = {
+            (f.ledger_id, f.entry_id): error_from_detail(f.error) for f in response.failures
+        }
+        for pending, part in taken.parts:
+            if by_entry:
+                pending.failures.extend(
+                    AddFailure(e.ledger_id, e.entry_id, by_entry[(e.ledger_id, e.entry_id)])
+                    for e in part
+                    if (e.ledger_id, e.entry_id) in by_entry
+                )
+            self._part_done(pending)
 
-    def _break(self, reason: str, error: MagnetarError | None = None) -> None:
-        if self._broken is None:
-            self._broken = error or BookieUnavailableError(
-                reason, context={"bookie": self._client.address}
-            )
-            log.info("bookie_add_stream_broken", bookie=self._client.address, reason=reason)
-            # end both tasks (whichever is not the one reporting) and the call itself
-            current = asyncio.current_task()
-            for task in (self._sender, self._receiver):
-                if task is not current and not task.done():
-                    task.cancel()
-            self._call.cancel()
-        waiting = [p for f in self._in_flight.values() for p, _ in f.parts] + list(self._outbox)
-        self._in_flight.clear()
-        self._outbox.clear()
-        for pending in waiting:
+    def _failed_add(self, request_id: int, error: MagnetarError) -> None:
+        """The bookie refused a whole add request (the role may not add, the message did not
+        decode): the calls it carried fail with ``error``, as a refused gRPC stream did."""
+        taken = self._adds.pop(request_id, None)
+        if taken is None:
+            return
+        for pending, _ in taken.parts:
+            pending.parts_out -= 1
             if not pending.future.done():
-                pending.future.set_exception(self._broken)
+                pending.future.set_exception(error)
 
-    async def close(self) -> None:
-        self._call.cancel()
-        for task in (self._sender, self._receiver):
-            task.cancel()
-        for task in (self._sender, self._receiver):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._break(f"the add stream to {self._client.address} was closed")
+    @staticmethod
+    def _part_done(pending: _Pending) -> None:
+        pending.parts_out -= 1
+        if pending.parts_out == 0 and pending.fully_sent and not pending.future.done():
+            pending.future.set_result(pending.failures)
+
+    # --- other requests ---------------------------------------------------------------------
+
+    async def call(self, kind: Kind, request: Message, answer: type[_M], timeout_s: float) -> _M:
+        """Send one request and wait (up to ``timeout_s``, connecting included) for its answer."""
+        client = self._client
+        request_id = next(self._request_ids)
+        future: asyncio.Future[tuple[int, memoryview]] | None = None
+        try:
+            async with asyncio.timeout(timeout_s):
+                await asyncio.shield(self._ready)
+                if self._broken is not None:
+                    raise self._broken
+                assert self._writer is not None
+                future = asyncio.get_running_loop().create_future()
+                self._calls[request_id] = future
+                self._writer.write(dp.frame(kind, request_id, request.SerializeToString()))
+                await self._writer.drain()
+                got, message = await future
+        except TimeoutError:
+            raise OperationTimeoutError(
+                f"no answer from bookie {client.address} in {timeout_s:g} s",
+                context={"peer": client.address, "request": kind.name},
+            ) from None
+        except (ConnectionError, OSError) as e:
+            self._break(f"the connection to bookie {client.address} broke: {e!r}")
+            raise self._broken or BookieUnavailableError(str(e)) from None
+        finally:
+            if future is not None:
+                self._calls.pop(request_id, None)
+        if got == dp.ERROR_KIND:
+            raise self._error(message)
+        if got != kind | dp.RESPONSE:
+            raise BookieUnavailableError(
+                f"bookie {client.address} answered a {kind.name} request with {dp.kind_name(got)}",
+                context={"bookie": client.address},
+            )
+        try:
+            return answer.FromString(message)  # type: ignore[arg-type]  # any buffer does
+        except DecodeError:
+            raise BookieUnavailableError(
+                f"bookie {client.address} sent a {kind.name} answer that does not decode",
+                context={"bookie": client.address},
+            ) from None
 
 
 class BookieClient:
-    """Talks to the bookie at ``address`` (host:port)."""
+    """Talks to the bookie whose data port is at ``address`` (host:port)."""
 
     def __init__(
         self,
@@ -279,51 +496,42 @@ class BookieClient:
         *,
         timeout_s: float = 10.0,
         max_message_bytes: int = 1024 * 1024,
-        channel: grpc.aio.Channel | None = None,
         credentials: BookieCredentials | None = None,
+        name: str = "ledger-client",
     ) -> None:
         self.address = address
         self.timeout_s = timeout_s
         self.max_message_bytes = max_message_bytes
         self.credentials = credentials or BookieCredentials()
-        self._channel = channel or self.credentials.channel(address)
-        self._stub = bookie_pb2_grpc.BookieServiceStub(self._channel)
-        self._adds: _AddStream | None = None
+        self.name = name
+        self._connection: _Connection | None = None
         self.messages_sent = 0
-        """AddEntries stream messages sent (for tests and metrics)."""
+        """Add frames sent (for tests and metrics)."""
+        self.connections_opened = 0
+        """Connections opened to the bookie so far (for tests and metrics)."""
 
-    def _add_stream(self) -> Any:
-        # requests go out pre-encoded (bookie.client.wire), so the stream's serializer is identity
-        return self._channel.stream_stream(
-            "/magnetar.bookie.v1.BookieService/AddEntries",
-            request_serializer=None,
-            response_deserializer=pb.AddEntriesResponse.FromString,
-        )(metadata=self.credentials.metadata())
-
-    def _error(self, error: grpc.aio.AioRpcError) -> MagnetarError:
-        found = error_from_rpc_error(error, self.address)
-        if isinstance(found, ServiceUnavailableError):
-            return BookieUnavailableError(found.message, context={"bookie": self.address})
-        return found
+    def _conn(self) -> _Connection:
+        if self._connection is None or self._connection.broken:
+            self._connection = _Connection(self)
+            self.connections_opened += 1
+        return self._connection
 
     # --- adds ------------------------------------------------------------------------------
 
     async def add_entries(self, entries: Sequence[AddEntry]) -> list[AddFailure]:
         """Add entries; returns the ones the bookie refused (empty: all durable).
 
-        Raises BookieUnavailableError if the bookie could not be reached or the stream broke
-        before it answered (the entries may or may not be stored).
+        Raises BookieUnavailableError if the bookie could not be reached or the connection
+        broke before it answered (the entries may or may not be stored).
         """
         return await self.add_entries_nowait(entries)
 
     def add_entries_nowait(self, entries: Sequence[AddEntry]) -> asyncio.Future[list[AddFailure]]:
         """:meth:`add_entries` as a future, for callers that would rather not spend a task on
         each call. Cancelling the future gives up waiting for the answer."""
-        if self._adds is None or self._adds.broken:
-            self._adds = _AddStream(self)
-        return self._adds.add(entries)
+        return self._conn().add(entries)
 
-    # --- unary calls --------------------------------------------------------------------------
+    # --- other requests ------------------------------------------------------------------------
 
     async def read_entries(
         self,
@@ -343,12 +551,9 @@ class BookieClient:
             max_bytes=max_bytes,
             entry_ids=entry_ids,
         )
-        try:
-            response = await self._stub.ReadEntries(
-                request, timeout=timeout_s or self.timeout_s, metadata=self.credentials.metadata()
-            )
-        except grpc.aio.AioRpcError as e:
-            raise self._error(e) from None
+        response = await self._conn().call(
+            Kind.READ_ENTRIES, request, pb.ReadEntriesResponse, timeout_s or self.timeout_s
+        )
         entries = [
             ReadEntry(s.entry_id, s.last_add_confirmed, s.payload, s.crc32c)
             for s in response.entries
@@ -369,14 +574,9 @@ class BookieClient:
             timeout_ms=timeout_ms,
             include_entry=include_entry,
         )
-        try:
-            response = await self._stub.ReadLac(
-                request,
-                timeout=self.timeout_s + timeout_ms / 1000,
-                metadata=self.credentials.metadata(),
-            )
-        except grpc.aio.AioRpcError as e:
-            raise self._error(e) from None
+        response = await self._conn().call(
+            Kind.READ_LAC, request, pb.ReadLacResponse, self.timeout_s + timeout_ms / 1000
+        )
         entry = None
         if response.HasField("entry"):
             stored = response.entry
@@ -386,35 +586,26 @@ class BookieClient:
         return LacResult(ledger_id, response.last_add_confirmed, response.fenced, entry)
 
     async def fence(self, ledger_id: int) -> FenceResult:
-        try:
-            response = await self._stub.Fence(
-                pb.FenceRequest(ledger_id=ledger_id),
-                timeout=self.timeout_s,
-                metadata=self.credentials.metadata(),
-            )
-        except grpc.aio.AioRpcError as e:
-            raise self._error(e) from None
+        response = await self._conn().call(
+            Kind.FENCE, pb.FenceRequest(ledger_id=ledger_id), pb.FenceResponse, self.timeout_s
+        )
         return FenceResult(ledger_id, response.last_add_confirmed, response.last_entry_id)
 
     async def delete_ledger(self, ledger_id: int) -> None:
-        try:
-            await self._stub.DeleteLedger(
-                pb.DeleteLedgerRequest(ledger_id=ledger_id),
-                timeout=self.timeout_s,
-                metadata=self.credentials.metadata(),
-            )
-        except grpc.aio.AioRpcError as e:
-            raise self._error(e) from None
+        await self._conn().call(
+            Kind.DELETE_LEDGER,
+            pb.DeleteLedgerRequest(ledger_id=ledger_id),
+            pb.DeleteLedgerResponse,
+            self.timeout_s,
+        )
 
     async def info(self) -> BookieInfo:
-        try:
-            r = await self._stub.GetBookieInfo(
-                pb.GetBookieInfoRequest(),
-                timeout=self.timeout_s,
-                metadata=self.credentials.metadata(),
-            )
-        except grpc.aio.AioRpcError as e:
-            raise self._error(e) from None
+        r = await self._conn().call(
+            Kind.GET_BOOKIE_INFO,
+            pb.GetBookieInfoRequest(),
+            pb.GetBookieInfoResponse,
+            self.timeout_s,
+        )
         return BookieInfo(
             r.bookie_id,
             r.address,
@@ -429,17 +620,14 @@ class BookieClient:
     async def list_ledgers(
         self, *, after_ledger_id: int = -1, limit: int = 0
     ) -> tuple[list[int], bool]:
-        try:
-            r = await self._stub.ListLedgers(
-                pb.ListLedgersRequest(after_ledger_id=after_ledger_id, limit=limit),
-                timeout=self.timeout_s,
-                metadata=self.credentials.metadata(),
-            )
-        except grpc.aio.AioRpcError as e:
-            raise self._error(e) from None
+        r = await self._conn().call(
+            Kind.LIST_LEDGERS,
+            pb.ListLedgersRequest(after_ledger_id=after_ledger_id, limit=limit),
+            pb.ListLedgersResponse,
+            self.timeout_s,
+        )
         return list(r.ledger_ids), r.more
 
     async def close(self) -> None:
-        if self._adds is not None:
-            await self._adds.close()
-        await self._channel.close()
+        if self._connection is not None:
+            await self._connection.close()

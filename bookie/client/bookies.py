@@ -3,8 +3,8 @@
 Bookies publish themselves under ``/magnetar/bookies/available/<id>`` (lease-bound). The view
 lists that prefix once and then watches it, so it always knows each live bookie's current
 address (a bookie keeps its id across restarts and address changes), its state, zone and disk
-figures. The pool hands out one :class:`BookieClient` per bookie, re-created when its address
-changes.
+figures. The pool hands out one :class:`BookieClient` per bookie, connected to the data address
+the bookie registered (its framed data protocol) and re-created when that address changes.
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ class BookieRecord:
     total_bytes: int
     ledger_count: int
     start_time_ms: int = 0
+    data_address: str = ""
+    """host:port of its data protocol, where the ledger client connects."""
 
     @classmethod
     def from_bytes(cls, data: bytes) -> BookieRecord:
@@ -49,6 +51,7 @@ class BookieRecord:
             total_bytes=message.total_disk_bytes,
             ledger_count=message.ledger_count,
             start_time_ms=message.start_time_ms,
+            data_address=message.data_address,
         )
 
 
@@ -127,12 +130,18 @@ class BookiePool:
                 f"bookie {bookie_id} is not registered (down, or never started)",
                 context={"bookie": bookie_id},
             )
-        if existing is not None and existing.address == record.address:
+        if existing is not None and existing.address == record.data_address:
             return existing
+        if not record.data_address:
+            raise BookieUnavailableError(
+                f"bookie {bookie_id} registered no data address: it runs a version older than"
+                " the bookie data protocol (docs/protocol.md); upgrade it",
+                context={"bookie": bookie_id},
+            )
         if existing is not None:
             self._closing.add(asyncio.ensure_future(existing.close()))
         client = BookieClient(
-            record.address, timeout_s=self.timeout_s, credentials=self.credentials
+            record.data_address, timeout_s=self.timeout_s, credentials=self.credentials
         )
         self._clients[bookie_id] = client
         return client

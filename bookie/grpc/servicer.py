@@ -25,6 +25,7 @@ import structlog
 from bookie.entries import AddEntry, AddFailure
 from bookie.service.access import BookieAccess
 from bookie.service.bookie import Bookie
+from bookie.service.budget import InflightBytes
 from magnetar import __version__
 from magnetar.common.errors import MagnetarError
 from magnetar.common.grpc_errors import abort_with, error_to_detail
@@ -37,26 +38,6 @@ log = structlog.get_logger("magnetar.bookie.grpc")
 
 DEFAULT_LIST_LIMIT = 1000
 Context = grpc.aio.ServicerContext[Any, Any]
-
-
-class _InflightBytes:
-    """A byte budget: acquire waits while the bytes in flight would pass the limit."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-        self._released = asyncio.Event()
-
-    async def acquire(self, size: int) -> None:
-        # a request larger than the whole budget still goes through, alone
-        while self.used and self.used + size > self.limit:
-            self._released.clear()
-            await self._released.wait()
-        self.used += size
-
-    def release(self, size: int) -> None:
-        self.used -= size
-        self._released.set()
 
 
 class BookieServicer(bookie_pb2_grpc.BookieServiceServicer):
@@ -86,7 +67,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServiceServicer):
     ) -> AsyncIterator[pb.AddEntriesResponse]:
         await self._allow(context, "add entries")
         responses: asyncio.Queue[pb.AddEntriesResponse | None] = asyncio.Queue()
-        budget = _InflightBytes(self.max_inflight_bytes)
+        budget = InflightBytes(self.max_inflight_bytes)
         handlers: set[asyncio.Task[None]] = set()
 
         async def handle(request_id: int, adds: list[AddEntry], size: int) -> None:

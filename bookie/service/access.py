@@ -44,14 +44,20 @@ class BookieAccess:
         """The principal of a call allowed to ``operation`` (``"add entries"``); raises
         :class:`AuthenticationError` or :class:`AuthorizationError`."""
         principal = self.authentication.authenticate(credentials)
+        self.authorize(principal, credentials.peer, operation)
+        return principal
+
+    def authorize(self, principal: Principal, peer: str, operation: str) -> None:
+        """Raise :class:`AuthorizationError` unless ``principal`` may ``operation`` (a data
+        connection authenticates once, then asks this of every request)."""
         if principal.anonymous or principal.role in self.allowed:
-            return principal
+            return
         self.denials[operation] += 1
         self._log.warn(
             "bookie_access_denied",
             role=principal.role,
             operation=operation,
-            peer=credentials.peer,
+            peer=peer,
         )
         raise AuthorizationError(
             f"role {principal.role!r} may not {operation} on bookie {self.bookie_id}: only"

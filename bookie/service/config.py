@@ -41,6 +41,14 @@ class BookieConfig(
     http_port: int = 8000
     """HTTP port for /metrics and /health (0: any free port)."""
 
+    data_port: int = 3182
+    """Port of the framed data protocol that ledger clients add, read and fence through (0: any
+    free port); same TLS and roles as the gRPC port."""
+
+    max_data_frame_bytes: int = 16 * 1024 * 1024
+    """Largest frame the data port accepts; a longer one closes that connection. At least
+    storage.max_entry_bytes plus 64 KiB, so any entry the bookie stores fits in a frame."""
+
     bind_host: str = "0.0.0.0"  # noqa: S104 - a server listens on every interface by default
     """Address the servers listen on."""
 
@@ -72,7 +80,8 @@ class BookieConfig(
     """Also run an autorecovery instance in this bookie (one in the cluster is active at a time)."""
 
     max_inflight_bytes_per_stream: int = 64 * 1024 * 1024
-    """Entry bytes one add stream may have in flight; the client waits beyond it."""
+    """Entry bytes one add stream (or data connection) may have in flight; the client waits
+    beyond it."""
 
     storage: StorageConfig = field(default_factory=StorageConfig)
     """How entries are written, indexed and compacted."""
@@ -91,7 +100,7 @@ class BookieConfig(
         self._check_etcd_security()
         self._check_http()
         self._check_connections()
-        for name in ("port", "http_port"):
+        for name in ("port", "http_port", "data_port"):
             value = getattr(self, name)
             if not 0 <= value <= 65535:
                 raise config_error(name, value, "must be a port number from 0 to 65535")
@@ -135,6 +144,19 @@ class BookieConfig(
             raise config_error("registration_refresh_s", self.registration_refresh_s, "must be > 0")
         if self.session_ttl_s < 2:
             raise config_error("session_ttl_s", self.session_ttl_s, "must be at least 2")
+        if self.data_port and self.data_port in (self.port, self.http_port):
+            raise config_error("data_port", self.data_port, "must differ from port and http_port")
+        if self.max_data_frame_bytes < self.storage.max_entry_bytes + 64 * 1024:
+            raise config_error(
+                "max_data_frame_bytes",
+                self.max_data_frame_bytes,
+                f"must be at least storage.max_entry_bytes ({self.storage.max_entry_bytes})"
+                " plus 64 KiB, or the largest entries could not be sent",
+            )
+        if self.max_data_frame_bytes > 2**32 - 1:
+            raise config_error(
+                "max_data_frame_bytes", self.max_data_frame_bytes, "must fit in 32 bits"
+            )
         if self.max_inflight_bytes_per_stream < self.storage.max_entry_bytes:
             raise config_error(
                 "max_inflight_bytes_per_stream",

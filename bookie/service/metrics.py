@@ -8,10 +8,10 @@ metrics are scraped, so the write path never takes a metrics lock per entry.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -35,6 +35,54 @@ _LATENCY_BUCKETS = (
     2.5,
 )
 _SIZE_BUCKETS = tuple(float(1 << n) for n in range(8, 26, 2))  # 256 B .. 16 MiB
+
+
+class DataPortStats(Protocol):
+    """What the data port's server counts (``bookie.framed.server.FramedBookieServer``)."""
+
+    @property
+    def connections(self) -> int: ...
+
+    accepted: int
+    refused: int
+    protocol_errors: int
+
+
+class _DataPortCollector(Collector):
+    """The data port's connections, read from its server when scraped."""
+
+    def __init__(self, bookie_id: str, metrics: BookieMetrics) -> None:
+        self.bookie_id = bookie_id
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        server = self.metrics.data_port
+        if server is None:
+            return
+        labels = ["bookie"]
+        open_now = GaugeMetricFamily(
+            "magnetar_bookie_data_connections", "Data protocol connections held now", labels=labels
+        )
+        open_now.add_metric([self.bookie_id], server.connections)
+        yield open_now
+        for name, text, value in (
+            ("accepted", "Data protocol connections taken", server.accepted),
+            (
+                "refused",
+                "Data protocol connections closed unread (max_connections held)",
+                server.refused,
+            ),
+            (
+                "protocol_errors",
+                "Data protocol connections closed for breaking the framing or the protocol",
+                server.protocol_errors,
+            ),
+        ):
+            family = CounterMetricFamily(
+                f"magnetar_bookie_data_connections_{name}", text, labels=labels
+            )
+            family.add_metric([self.bookie_id], value)
+            yield family
 
 
 class _RefusalCollector(Collector):
@@ -163,12 +211,17 @@ class BookieMetrics:
         self._storage: StorageEngine | None = None
         self.access: BookieAccess | None = None
         self.registry.register(_RefusalCollector(bookie_id, self))
+        self.data_port: DataPortStats | None = None
+        self.registry.register(_DataPortCollector(bookie_id, self))
 
     def bind_storage(self, storage: StorageEngine) -> None:
         self._storage = storage
 
     def bind_access(self, access: BookieAccess) -> None:
         self.access = access
+
+    def bind_data_port(self, server: DataPortStats) -> None:
+        self.data_port = server
 
     # --- updates from the service ---------------------------------------------------------
 

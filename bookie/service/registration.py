@@ -185,7 +185,9 @@ async def establish_identity(
     return identity
 
 
-def registration_record(status: BookieStatus, identity: Identity, http_address: str) -> bytes:
+def registration_record(
+    status: BookieStatus, identity: Identity, http_address: str, data_address: str = ""
+) -> bytes:
     state = (
         types_pb2.BOOKIE_STATE_READ_ONLY if status.read_only else types_pb2.BOOKIE_STATE_WRITABLE
     )
@@ -194,6 +196,7 @@ def registration_record(status: BookieStatus, identity: Identity, http_address: 
         bookie_id=identity.bookie_id,
         address=status.address,
         http_address=http_address,
+        data_address=data_address,
         state=state,
         labels=status.labels,
         total_disk_bytes=status.total_disk_bytes,
@@ -215,6 +218,7 @@ class Registration:
         status: Callable[[], BookieStatus],
         *,
         http_address: str,
+        data_address: str = "",
         ttl_s: int,
         refresh_s: float,
     ) -> None:
@@ -222,6 +226,7 @@ class Registration:
         self.identity = identity
         self._status = status
         self._http_address = http_address
+        self._data_address = data_address
         self._ttl_s = ttl_s
         self._refresh_s = refresh_s
         self._session: Session | None = None
@@ -264,7 +269,9 @@ class Registration:
             )
             self._session.on_lost(lambda _: self._registered_changed())
         session = self._session
-        record = registration_record(self._status(), self.identity, self._http_address)
+        record = registration_record(
+            self._status(), self.identity, self._http_address, self._data_address
+        )
         await self.store.put(
             layout.bookie_available(self.identity.bookie_id), record, lease_id=session.lease_id
         )

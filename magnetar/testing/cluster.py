@@ -95,7 +95,7 @@ def _ready_line_pattern(kind: str) -> re.Pattern[str]:
     """What ``magnetar <kind>`` prints to stdout, once, when it serves and is registered."""
     return re.compile(
         rf"^{kind} (?P<node_id>\S+) serving on (?P<address>\S+?)"
-        r"(?:, TLS on (?P<tls_address>\S+))? \(metrics: https?://(?P<http_host>\S+):(?P<http_port>\d+)/metrics\)$"
+        r"(?:, TLS on (?P<tls_address>\S+))?(?:, data on (?P<data_address>\S+))? \(metrics: https?://(?P<http_host>\S+):(?P<http_port>\d+)/metrics\)$"
     )
 
 
@@ -160,8 +160,9 @@ class ServerNode(ManagedProcess):
     The process listens on ``bind_host`` (127.0.0.1 unless told otherwise) and advertises
     ``advertised_host``; its gRPC port is ``port`` (0: a free one), its HTTP port a free one.
     It prints one ready line (``<kind> <id> serving on <host:port> (metrics:
-    http://<host>:<port>/metrics)``) once it serves and is registered; :meth:`start` waits for
-    that line. Each :meth:`start` is a new incarnation, on new ports unless ``port`` is fixed.
+    http://<host>:<port>/metrics)``; a bookie adds ``, data on <host:port>``, its data protocol)
+    once it serves and is registered; :meth:`start` waits for that line. Each :meth:`start` is a
+    new incarnation, on new ports unless ``port`` is fixed.
     ``command_prefix`` goes before the command, say ``["ip", "netns", "exec", NAME]`` to run it
     in another network namespace; the prefix must exec the server (as ``ip netns exec`` does),
     so that signals reach the server itself.
@@ -202,6 +203,7 @@ class ServerNode(ManagedProcess):
         self._address: str | None = None
         self.tls_address: str | None = None
         """host:port of the TLS listener, when the server has one besides its plaintext one."""
+        self._data_address: str | None = None
         self._http_host: str | None = None
         self._http_port: int | None = None
 
@@ -266,6 +268,7 @@ class ServerNode(ManagedProcess):
         self._node_id = ready["node_id"]
         self._address = ready["address"]
         self.tls_address = ready.groupdict().get("tls_address")
+        self._data_address = ready.groupdict().get("data_address")
         self._http_host = ready["http_host"]
         self._http_port = int(ready["http_port"])
 
@@ -560,6 +563,14 @@ class BookieNode(ServerNode):
         return self._node_id
 
     @property
+    def data_address(self) -> str:
+        """``"HOST:PORT"`` of the framed data protocol of the current (or last) incarnation:
+        where a :class:`~bookie.client.bookie_client.BookieClient` connects."""
+        if self._data_address is None:
+            raise RuntimeError(f"{self!r} has not been started, so it has no data address yet")
+        return self._data_address
+
+    @property
     def data_dir(self) -> Path:
         return self._data_dir
 
@@ -607,7 +618,7 @@ class BookieNode(ServerNode):
         return self._tmpfs
 
     def _kind_args(self) -> list[str]:
-        args = ["--data-dir", str(self._data_dir)]
+        args = ["--data-dir", str(self._data_dir), "--data-port", "0"]
         if self._configured_id is not None:
             args += ["--bookie-id", self._configured_id]
         if self._zone is not None:

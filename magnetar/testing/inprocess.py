@@ -29,6 +29,7 @@ async def start_bookie_in_process(
         metadata="memory://",
         port=0,
         http_port=0,
+        data_port=0,
         bind_host="127.0.0.1",
         advertised_host="127.0.0.1",
         bookie_id=bookie_id,

@@ -127,7 +127,7 @@ async def test_no_acknowledged_entry_is_lost_over_many_sigkills(
     checked_up_to = dict.fromkeys(ledgers, 0)
     try:
         for round_number in range(KILLS):
-            client = BookieClient(bookie.address)
+            client = BookieClient(bookie.data_address)
             writing = asyncio.create_task(write_until_killed(client, ledgers, rng))
             await asyncio.sleep(rng.uniform(0.05, 0.5))
             await bookie.kill()
@@ -135,7 +135,7 @@ async def test_no_acknowledged_entry_is_lost_over_many_sigkills(
             await client.close()
 
             await bookie.start()
-            client = BookieClient(bookie.address)
+            client = BookieClient(bookie.data_address)
             # what this round wrote, each time; everything from the start every fifth round,
             # so that earlier entries are shown to survive the later crashes too
             everything = round_number % 5 == 4

@@ -52,6 +52,7 @@ async def bookie(tmp_path: Path, faulty: FaultyMetadataStore) -> AsyncIterator[B
         metadata="memory://",
         port=0,
         http_port=0,
+        data_port=0,
         bind_host="127.0.0.1",
         advertised_host="127.0.0.1",
         session_ttl_s=2,
@@ -87,7 +88,7 @@ async def test_readiness_follows_the_registration_session_and_liveness_does_not(
     assert await health_status(bookie, LIVENESS_SERVICE) == SERVING
     assert await http_status(bookie) == 503
     # unready is not dead: it still takes writes and reads
-    client = BookieClient(f"127.0.0.1:{bookie.port}")
+    client = BookieClient(f"127.0.0.1:{bookie.data_port}")
     try:
         assert await client.add_entries([entry(1, 0)]) == []
         read = await client.read_entries(1, 0, 0)

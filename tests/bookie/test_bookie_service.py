@@ -80,6 +80,7 @@ async def start_bookie(tmp_path: Path, metadata_store: MetadataStore) -> AsyncIt
             "metadata": "memory://",
             "port": 0,
             "http_port": 0,
+            "data_port": 0,
             "bind_host": "127.0.0.1",
             "advertised_host": "127.0.0.1",
             "storage": StorageConfig(gc_interval_s=0, max_group_wait_ms=0),
@@ -100,7 +101,7 @@ async def client_for() -> AsyncIterator[Callable[[BookieProcess], BookieClient]]
     clients: list[BookieClient] = []
 
     def make(process: BookieProcess) -> BookieClient:
-        client = BookieClient(f"127.0.0.1:{process.port}")
+        client = BookieClient(f"127.0.0.1:{process.data_port}")
         clients.append(client)
         return client
 

@@ -57,7 +57,7 @@ class Cluster:
         return client
 
     def direct(self, bookie_id: str) -> BookieClient:
-        return BookieClient(self.bookies[bookie_id].address)
+        return BookieClient(self.bookies[bookie_id].data_address)
 
     async def wait_view(self, client: LedgerClient, count: int) -> None:
         async with asyncio.timeout(10):

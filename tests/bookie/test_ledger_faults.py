@@ -67,7 +67,7 @@ async def replicas_agree(cluster: LocalCluster, metadata: LedgerMetadata) -> Non
             ]
             if not owed:
                 continue
-            client = BookieClient(node(cluster, bookie).address)
+            client = BookieClient(node(cluster, bookie).data_address)
             try:
                 held: dict[int, bytes] = {}
                 for start in range(0, len(owed), 1000):

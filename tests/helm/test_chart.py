@@ -276,6 +276,8 @@ def listening_ports(config: dict[str, Any], component: str) -> dict[str, int]:
         ports["grpc"] = config["port"]
     if component == "broker" and "tls_cert_file" in config:
         ports["grpc-tls"] = config["tls_port"]
+    if component == "bookie":
+        ports["data"] = config["data_port"]
     return ports
 
 
@@ -822,7 +824,11 @@ def policies(rendered: Any) -> dict[str, dict[int, list[str]]]:
 def test_network_policies_let_in_only_who_needs_each_port() -> None:
     assert policies(render()) == {
         "broker": {6651: ["anyone"], 8080: ["anyone"]},
-        "bookie": {3181: ["broker", "autorecovery"], 8000: ["anyone"]},
+        "bookie": {
+            3181: ["broker", "autorecovery"],
+            3182: ["broker", "autorecovery"],
+            8000: ["anyone"],
+        },
         "autorecovery": {8001: ["anyone"]},
         "etcd": {
             2379: ["broker", "bookie", "autorecovery", "init"],
@@ -845,7 +851,7 @@ def test_network_policies_let_in_only_who_needs_each_port() -> None:
     client_peers = [str(clients[0]), "broker", "test"]
     scraper_peers = [str(scrapers[0])]
     assert found["broker"] == {6650: client_peers, 6651: client_peers, 8080: scraper_peers}
-    assert found["bookie"][3181] == ["broker", "autorecovery", "bookie"]
+    assert found["bookie"][3181] == found["bookie"][3182] == ["broker", "autorecovery", "bookie"]
     assert found["etcd"][2381] == found["bookie"][8000] == scraper_peers
     assert not render({"networkPolicy": {"enabled": False}}).of_kind("NetworkPolicy")
 
@@ -1376,7 +1382,7 @@ def test_the_default_image_is_the_one_the_dockerfile_builds() -> None:
     assert dockerfile_uid() == values["podSecurityContext"]["runAsUser"] != 0
     # the default ports are exposed
     exposed = {int(p) for p in re.findall(r"^EXPOSE (.+)$", text, re.M)[0].split()}
-    assert exposed == {6650, 8080, 3181, 8000}
+    assert exposed == {6650, 8080, 3181, 3182, 8000}
     # everything the wheel is built from is copied in
     packages = (
         project

@@ -249,7 +249,15 @@ async def run_test_pod(pods: Pods, base_env: dict[str, str], service_url: str) -
 
 
 def free_ports() -> dict[str, int]:
-    names = ("broker", "broker_tls", "broker_http", "bookie", "bookie_http", "autorecovery_http")
+    names = (
+        "broker",
+        "broker_tls",
+        "broker_http",
+        "bookie",
+        "bookie_data",
+        "bookie_http",
+        "autorecovery_http",
+    )
     return {name: free_port() for name in names}
 
 
@@ -266,7 +274,11 @@ def values_for(ports: dict[str, int]) -> dict[str, Any]:
         },
         "bookie": {
             "replicaCount": 1,
-            "ports": {"grpc": ports["bookie"], "http": ports["bookie_http"]},
+            "ports": {
+                "grpc": ports["bookie"],
+                "data": ports["bookie_data"],
+                "http": ports["bookie_http"],
+            },
         },
         "autorecovery": {"ports": {"http": ports["autorecovery_http"]}},
     }
@@ -345,7 +357,7 @@ async def test_the_chart_s_processes_run_secure_with_the_generated_certificates(
 
             # the bookie takes the broker's certificate, and refuses the init Job's: its common
             # name, init, is not a bookie client role
-            bookie_address = f"127.0.0.1:{ports['bookie']}"
+            bookie_address = f"127.0.0.1:{ports['bookie_data']}"
 
             def bookie_client(mounts: Mounts) -> BookieClient:
                 credentials = BookieCredentials(

@@ -117,7 +117,7 @@ async def test_the_broker_writes_and_reads_through_mutual_tls(bookies: Bookies) 
 
 
 async def test_strangers_cannot_add_read_or_fence(bookies: Bookies) -> None:
-    address = bookies.cluster.bookies[0].address
+    address = bookies.cluster.bookies[0].data_address
     elsewhere = TestPki(bookies.pki.directory.parent / "elsewhere").issue("broker")
     no_certificate = await attempts(bookies.client(address, None))
     other_ca = await attempts(bookies.client(address, elsewhere))
@@ -141,7 +141,7 @@ async def test_strangers_cannot_add_read_or_fence(bookies: Bookies) -> None:
 
 async def test_a_token_of_a_bookie_client_role_is_an_alternative(bookies: Bookies) -> None:
     """Over the same mutual-TLS port, a token wins over the certificate's role."""
-    address = bookies.cluster.bookies[1].address
+    address = bookies.cluster.bookies[1].data_address
     token_file = bookies.tokens.write("autorecovery")
     transport = bookies.pki.issue("some-pod")  # not a bookie client by itself
     with_token = bookies.client(address, transport, token=TokenFile(token_file))
@@ -168,7 +168,7 @@ async def test_refusals_break_nothing_for_the_broker(bookies: Bookies) -> None:
             for _ in range(10):
                 for bookie in bookies.cluster.bookies:
                     with contextlib.suppress(MagnetarError):
-                        await attempts(bookies.client(bookie.address, intruder))
+                        await attempts(bookies.client(bookie.data_address, intruder))
 
         attacker = asyncio.create_task(attack())
         for index in range(300):

@@ -381,16 +381,21 @@ async def open_secure_channel(
 
 
 class ReloadingSslContext:
-    """A server ``ssl.SSLContext`` for plain-Python servers (the HTTP status port), rebuilt
-    when the certificate or key file changes (looked at once a second at most), like
-    :class:`ReloadingServerCredentials` does for gRPC. A pair that does not fit is not used."""
+    """A server ``ssl.SSLContext`` for plain-Python servers (the HTTP status port, the bookie
+    data port), rebuilt when the certificate, key or trust file changes (looked at once a
+    second at most), like :class:`ReloadingServerCredentials` does for gRPC. A pair that does
+    not fit is not used. With ``trust_file``, clients must present a certificate one of its CAs
+    signed (mutual TLS), as on the gRPC ports."""
 
-    def __init__(self, cert_file: Path, key_file: Path, *, component: str) -> None:
+    def __init__(
+        self, cert_file: Path, key_file: Path, trust_file: Path | None = None, *, component: str
+    ) -> None:
         self.cert_file = cert_file
         self.key_file = key_file
+        self.trust_file = trust_file
         self.component = component
         self.reloads = 0
-        self._paths = [cert_file, key_file]
+        self._paths = [p for p in (cert_file, key_file, trust_file) if p is not None]
         self._checked_at = time.monotonic()
         try:
             self._stamps = _stamp(self._paths)
@@ -399,13 +404,21 @@ class ReloadingSslContext:
                 f"TLS file {e.filename} cannot be read: {e.strerror}",
                 context={"file": str(e.filename)},
             ) from None
-        _load_material(cert_file, key_file, None)
+        _load_material(cert_file, key_file, trust_file)
         self._context = self._build()
+
+    @property
+    def mutual(self) -> bool:
+        """Whether clients must present a certificate (a trust file is set)."""
+        return self.trust_file is not None
 
     def _build(self) -> ssl.SSLContext:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.load_cert_chain(str(self.cert_file), str(self.key_file))
+        if self.trust_file is not None:
+            context.load_verify_locations(cafile=str(self.trust_file))
+            context.verify_mode = ssl.CERT_REQUIRED
         return context
 
     def current(self) -> ssl.SSLContext:
@@ -417,7 +430,7 @@ class ReloadingSslContext:
             stamps = _stamp(self._paths)
             if stamps != self._stamps:
                 self._stamps = stamps
-                _load_material(self.cert_file, self.key_file, None)
+                _load_material(self.cert_file, self.key_file, self.trust_file)
                 self._context = self._build()
                 self.reloads += 1
                 log.info(

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from proto.common.v1 import types_pb2 as proto_dot_common_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n magnetar/format/v1/cluster.proto\x12\x12magnetar.format.v1\x1a\x1emagnetar/common/v1/types.proto\"O\n\x0b\x43lusterInfo\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x14\n\x0c\x63luster_name\x18\x02 \x01(\t\x12\x12\n\ncreated_ms\x18\x03 \x01(\x03\"\x8f\x03\n\x12\x42ookieRegistration\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x11\n\tbookie_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x14\n\x0chttp_address\x18\x04 \x01(\t\x12.\n\x05state\x18\x05 \x01(\x0e\x32\x1f.magnetar.common.v1.BookieState\x12\x42\n\x06labels\x18\x06 \x03(\x0b\x32\x32.magnetar.format.v1.BookieRegistration.LabelsEntry\x12\x18\n\x10total_disk_bytes\x18\x07 \x01(\x04\x12\x17\n\x0f\x66ree_disk_bytes\x18\x08 \x01(\x04\x12\x0f\n\x07version\x18\t \x01(\t\x12\x15\n\rstart_time_ms\x18\n \x01(\x03\x12\x13\n\x0binstance_id\x18\x0b \x01(\t\x12\x14\n\x0cledger_count\x18\x0c \x01(\x04\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xab\x01\n\x12\x42rokerRegistration\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x11\n\tbroker_id\x18\x02 \x01(\t\x12\x13\n\x0bservice_url\x18\x03 \x01(\t\x12\x14\n\x0chttp_address\x18\x04 \x01(\t\x12\x0f\n\x07version\x18\x05 \x01(\t\x12\x15\n\rstart_time_ms\x18\x06 \x01(\x03\x12\x17\n\x0fservice_url_tls\x18\x07 \x01(\t\"\x91\x02\n\x10\x42rokerLoadReport\x12\x11\n\tbroker_id\x18\x01 \x01(\t\x12\x14\n\x0ctimestamp_ms\x18\x02 \x01(\x03\x12\x18\n\x10owned_partitions\x18\x03 \x01(\x05\x12\x13\n\x0bmsg_rate_in\x18\x04 \x01(\x01\x12\x14\n\x0cmsg_rate_out\x18\x05 \x01(\x01\x12\x15\n\rbytes_rate_in\x18\x06 \x01(\x01\x12\x16\n\x0e\x62ytes_rate_out\x18\x07 \x01(\x01\x12\x13\n\x0b\x63pu_percent\x18\x08 \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\t \x01(\x04\x12\x35\n\npartitions\x18\n \x03(\x0b\x32!.magnetar.format.v1.PartitionLoad\"\x91\x01\n\rPartitionLoad\x12\x11\n\tpartition\x18\x01 \x01(\t\x12\x13\n\x0bmsg_rate_in\x18\x02 \x01(\x01\x12\x14\n\x0cmsg_rate_out\x18\x03 \x01(\x01\x12\x15\n\rbytes_rate_in\x18\x04 \x01(\x01\x12\x16\n\x0e\x62ytes_rate_out\x18\x05 \x01(\x01\x12\x13\n\x0b\x61\x63quired_ms\x18\x06 \x01(\x03\"g\n\x0fOwnershipRecord\x12\x11\n\tbroker_id\x18\x01 \x01(\t\x12\x13\n\x0bservice_url\x18\x02 \x01(\t\x12\x13\n\x0b\x61\x63quired_ms\x18\x03 \x01(\x03\x12\x17\n\x0fservice_url_tls\x18\x04 \x01(\t\"M\n\x0cHandoverHint\x12\x11\n\tbroker_id\x18\x01 \x01(\t\x12\x16\n\x0e\x66rom_broker_id\x18\x02 \x01(\t\x12\x12\n\nexpires_ms\x18\x03 \x01(\x03\x42\xa9\x01\n\x15io.magnetar.format.v1B\x0c\x43lusterProtoP\x01Z?github.com/magnetar/magnetar/gen/go/magnetar/format/v1;formatv1\xaa\x02\x12Magnetar.Format.V1\xca\x02\x12Magnetar\\Format\\V1\xea\x02\x14Magnetar::Format::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n magnetar/format/v1/cluster.proto\x12\x12magnetar.format.v1\x1a\x1emagnetar/common/v1/types.proto\"O\n\x0b\x43lusterInfo\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x14\n\x0c\x63luster_name\x18\x02 \x01(\t\x12\x12\n\ncreated_ms\x18\x03 \x01(\x03\"\xa5\x03\n\x12\x42ookieRegistration\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x11\n\tbookie_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x14\n\x0chttp_address\x18\x04 \x01(\t\x12.\n\x05state\x18\x05 \x01(\x0e\x32\x1f.magnetar.common.v1.BookieState\x12\x42\n\x06labels\x18\x06 \x03(\x0b\x32\x32.magnetar.format.v1.BookieRegistration.LabelsEntry\x12\x18\n\x10total_disk_bytes\x18\x07 \x01(\x04\x12\x17\n\x0f\x66ree_disk_bytes\x18\x08 \x01(\x04\x12\x0f\n\x07version\x18\t \x01(\t\x12\x15\n\rstart_time_ms\x18\n \x01(\x03\x12\x13\n\x0binstance_id\x18\x0b \x01(\t\x12\x14\n\x0cledger_count\x18\x0c \x01(\x04\x12\x14\n\x0c\x64\x61ta_address\x18\r \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xab\x01\n\x12\x42rokerRegistration\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x11\n\tbroker_id\x18\x02 \x01(\t\x12\x13\n\x0bservice_url\x18\x03 \x01(\t\x12\x14\n\x0chttp_address\x18\x04 \x01(\t\x12\x0f\n\x07version\x18\x05 \x01(\t\x12\x15\n\rstart_time_ms\x18\x06 \x01(\x03\x12\x17\n\x0fservice_url_tls\x18\x07 \x01(\t\"\x91\x02\n\x10\x42rokerLoadReport\x12\x11\n\tbroker_id\x18\x01 \x01(\t\x12\x14\n\x0ctimestamp_ms\x18\x02 \x01(\x03\x12\x18\n\x10owned_partitions\x18\x03 \x01(\x05\x12\x13\n\x0bmsg_rate_in\x18\x04 \x01(\x01\x12\x14\n\x0cmsg_rate_out\x18\x05 \x01(\x01\x12\x15\n\rbytes_rate_in\x18\x06 \x01(\x01\x12\x16\n\x0e\x62ytes_rate_out\x18\x07 \x01(\x01\x12\x13\n\x0b\x63pu_percent\x18\x08 \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\t \x01(\x04\x12\x35\n\npartitions\x18\n \x03(\x0b\x32!.magnetar.format.v1.PartitionLoad\"\x91\x01\n\rPartitionLoad\x12\x11\n\tpartition\x18\x01 \x01(\t\x12\x13\n\x0bmsg_rate_in\x18\x02 \x01(\x01\x12\x14\n\x0cmsg_rate_out\x18\x03 \x01(\x01\x12\x15\n\rbytes_rate_in\x18\x04 \x01(\x01\x12\x16\n\x0e\x62ytes_rate_out\x18\x05 \x01(\x01\x12\x13\n\x0b\x61\x63quired_ms\x18\x06 \x01(\x03\"g\n\x0fOwnershipRecord\x12\x11\n\tbroker_id\x18\x01 \x01(\t\x12\x13\n\x0bservice_url\x18\x02 \x01(\t\x12\x13\n\x0b\x61\x63quired_ms\x18\x03 \x01(\x03\x12\x17\n\x0fservice_url_tls\x18\x04 \x01(\t\"M\n\x0cHandoverHint\x12\x11\n\tbroker_id\x18\x01 \x01(\t\x12\x16\n\x0e\x66rom_broker_id\x18\x02 \x01(\t\x12\x12\n\nexpires_ms\x18\x03 \x01(\x03\x42\xa9\x01\n\x15io.magnetar.format.v1B\x0c\x43lusterProtoP\x01Z?github.com/magnetar/magnetar/gen/go/magnetar/format/v1;formatv1\xaa\x02\x12Magnetar.Format.V1\xca\x02\x12Magnetar\\Format\\V1\xea\x02\x14Magnetar::Format::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,17 +38,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CLUSTERINFO']._serialized_start=88
   _globals['_CLUSTERINFO']._serialized_end=167
   _globals['_BOOKIEREGISTRATION']._serialized_start=170
-  _globals['_BOOKIEREGISTRATION']._serialized_end=569
-  _globals['_BOOKIEREGISTRATION_LABELSENTRY']._serialized_start=524
-  _globals['_BOOKIEREGISTRATION_LABELSENTRY']._serialized_end=569
-  _globals['_BROKERREGISTRATION']._serialized_start=572
-  _globals['_BROKERREGISTRATION']._serialized_end=743
-  _globals['_BROKERLOADREPORT']._serialized_start=746
-  _globals['_BROKERLOADREPORT']._serialized_end=1019
-  _globals['_PARTITIONLOAD']._serialized_start=1022
-  _globals['_PARTITIONLOAD']._serialized_end=1167
-  _globals['_OWNERSHIPRECORD']._serialized_start=1169
-  _globals['_OWNERSHIPRECORD']._serialized_end=1272
-  _globals['_HANDOVERHINT']._serialized_start=1274
-  _globals['_HANDOVERHINT']._serialized_end=1351
+  _globals['_BOOKIEREGISTRATION']._serialized_end=591
+  _globals['_BOOKIEREGISTRATION_LABELSENTRY']._serialized_start=546
+  _globals['_BOOKIEREGISTRATION_LABELSENTRY']._serialized_end=591
+  _globals['_BROKERREGISTRATION']._serialized_start=594
+  _globals['_BROKERREGISTRATION']._serialized_end=765
+  _globals['_BROKERLOADREPORT']._serialized_start=768
+  _globals['_BROKERLOADREPORT']._serialized_end=1041
+  _globals['_PARTITIONLOAD']._serialized_start=1044
+  _globals['_PARTITIONLOAD']._serialized_end=1189
+  _globals['_OWNERSHIPRECORD']._serialized_start=1191
+  _globals['_OWNERSHIPRECORD']._serialized_end=1294
+  _globals['_HANDOVERHINT']._serialized_start=1296
+  _globals['_HANDOVERHINT']._serialized_end=1373
 # @@protoc_insertion_point(module_scope)

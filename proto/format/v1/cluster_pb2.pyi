@@ -88,6 +88,7 @@ class BookieRegistration(_message.Message):
     START_TIME_MS_FIELD_NUMBER: _builtins.int
     INSTANCE_ID_FIELD_NUMBER: _builtins.int
     LEDGER_COUNT_FIELD_NUMBER: _builtins.int
+    DATA_ADDRESS_FIELD_NUMBER: _builtins.int
     format_version: _builtins.int
     bookie_id: _builtins.str
     address: _builtins.str
@@ -103,6 +104,10 @@ class BookieRegistration(_message.Message):
     """Identity of the data directory this bookie serves; refuses to start on another's data."""
     ledger_count: _builtins.int
     """Ledgers stored (placement prefers the least loaded bookies)."""
+    data_address: _builtins.str
+    """host:port of the bookie's framed data protocol (docs/protocol.md), which ledger clients
+    use for every add, read, fence and delete. Empty from bookies that predate it.
+    """
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Placement labels; "zone" keeps replicas apart."""
@@ -122,10 +127,11 @@ class BookieRegistration(_message.Message):
         start_time_ms: _builtins.int = ...,
         instance_id: _builtins.str = ...,
         ledger_count: _builtins.int = ...,
+        data_address: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "bookie_id", b"bookie_id", "format_version", b"format_version", "free_disk_bytes", b"free_disk_bytes", "http_address", b"http_address", "instance_id", b"instance_id", "labels", b"labels", "ledger_count", b"ledger_count", "start_time_ms", b"start_time_ms", "state", b"state", "total_disk_bytes", b"total_disk_bytes", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "bookie_id", b"bookie_id", "data_address", b"data_address", "format_version", b"format_version", "free_disk_bytes", b"free_disk_bytes", "http_address", b"http_address", "instance_id", b"instance_id", "labels", b"labels", "ledger_count", b"ledger_count", "start_time_ms", b"start_time_ms", "state", b"state", "total_disk_bytes", b"total_disk_bytes", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -144,7 +144,7 @@ class Env:
             return self.fake.ledger_ids()
         found: set[int] = set()
         for process in self.bookies.values():
-            client = BookieClient(process.address)
+            client = BookieClient(process.data_address)
             try:
                 ids, more = await client.list_ledgers(limit=10_000)
             finally:

@@ -34,14 +34,14 @@ async def test_a_stray_lac_neither_is_stored_nor_makes_the_topic_unopenable(ml_e
     ledger_id = old.ledgers[-1].ledger_id
     metadata = await ml_env.client.ledgers.read(ledger_id)
     replica = ml_env.bookies[metadata.write_set(5)[0]]
-    direct = BookieClient(replica.address)
+    direct = BookieClient(replica.data_address)
     try:
         # the add of finding 8, as a buggy client would send it next: refused
         (refused,) = await direct.add_entries([stray(ledger_id, 5, FAR)])
         assert isinstance(refused.error, InvalidArgumentError)
         # one that passes that check, and still claims a LAC that nothing backs
         far_replica = ml_env.bookies[metadata.write_set(FAR + 1)[0]]
-        far_client = BookieClient(far_replica.address)
+        far_client = BookieClient(far_replica.data_address)
         try:
             assert await far_client.add_entries([stray(ledger_id, FAR + 1, FAR)]) == []
         finally:

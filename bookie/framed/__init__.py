@@ -1,0 +1,1 @@
+"""The bookie's framed data port: the data protocol over asyncio streams."""
