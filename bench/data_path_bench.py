@@ -33,6 +33,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import itertools
 import json
 import os
@@ -50,7 +51,8 @@ from typing import Any
 import grpc
 import grpc.aio
 import structlog
-from bookie_bench import BookieRunner, latency_summary, machine_cpu_seconds, proc_cpu_seconds
+from bookie_bench import BookieRunner
+from harness import latency_summary, machine_cpu_seconds, proc_cpu_seconds
 
 from bookie.client.bookie_client import BookieClient
 from bookie.client.wire import encode_add_request
@@ -260,7 +262,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                         adder = Adder(
                             grpc_client.add_entries_nowait,
                             next(ledger_ids),
-                            lambda c=grpc_client: c.messages_sent,
+                            functools.partial(getattr, grpc_client, "messages_sent"),
                         )
                         try:
                             found[f"{transport}/{workload}"] = await run_case(
@@ -273,7 +275,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                         adder = Adder(
                             framed.add_entries_nowait,
                             next(ledger_ids),
-                            lambda c=framed: c.messages_sent,
+                            functools.partial(getattr, framed, "messages_sent"),
                         )
                         try:
                             found[f"{transport}/{workload}"] = await run_case(
