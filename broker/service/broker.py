@@ -105,6 +105,7 @@ class Broker:
         service_url: str,
         service_url_tls: str = "",
         http_address: str = "",
+        pulsar_url: str = "",
         version: str = "",
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
@@ -118,6 +119,8 @@ class Broker:
             config, store, authorization_enabled=config.authorization_enabled, clock=clock
         )
         self.http_address = http_address
+        self.pulsar_url = pulsar_url
+        """``pulsar://host:port`` of this broker's Pulsar-protocol listener ("" without one)."""
         self.version = version
         self.clock = clock
         self.start_time_ms = clock.time_ms()
@@ -208,6 +211,7 @@ class Broker:
             service_url=self.service_url,
             service_url_tls=self.service_url_tls,
             http_address=self.http_address,
+            pulsar_url=self.pulsar_url,
             version=self.version,
             start_time_ms=self.start_time_ms,
         )
@@ -552,6 +556,23 @@ class Broker:
             service_url=registration.service_url,
             service_url_tls=registration.service_url_tls,
         )
+
+    async def pulsar_url_of(self, broker_id: str) -> str:
+        """The ``pulsar://`` URL of a live broker's Pulsar listener; :class:`ServiceNotReadyError`
+        (retriable: it may be starting, or its partitions about to move) when it has none."""
+        if broker_id == self.broker_id and self.pulsar_url:
+            return self.pulsar_url
+        registration = self.live_brokers.get(broker_id)
+        if registration is None:
+            await self._refresh_live()
+            registration = self.live_brokers.get(broker_id)
+        if registration is None or not registration.pulsar_url:
+            raise ServiceNotReadyError(
+                f"broker {broker_id} has no Pulsar-protocol listener"
+                + (" registered now" if registration is None else " (its pulsar_port is empty)"),
+                context={"broker": broker_id},
+            )
+        return registration.pulsar_url
 
     async def open_topic(self, name: TopicName) -> Topic:
         """The partition a producer or consumer opens: served here, taken here if nobody owns
