@@ -207,6 +207,8 @@ class PulsarConnection:
         self._pending_producers: set[int] = set()
         self._abandoned_producers: set[int] = set()
         """Producers the client closed while they were being opened: dropped once open."""
+        self._closed_producers: set[int] = set()
+        """Ids of producers that were open on this connection: a late SEND is not an error."""
         self._pending_consumers: set[int] = set()
         self._tasks: set[asyncio.Task[object]] = set()
         self._closing = False
@@ -530,6 +532,10 @@ class PulsarConnection:
     async def _send(self, frame: Frame) -> None:
         send = frame.command.send
         producer = self.producers.get(send.producer_id)
+        if producer is None and send.producer_id in self._closed_producers:
+            # closed by the broker (its partition moved) while the client was still sending:
+            # the client resends whatever was not receipted once it has its producer back
+            return
         if producer is None:
             raise ProtocolError(
                 f"SEND for producer {send.producer_id}, which this connection lacks"
@@ -636,6 +642,7 @@ class PulsarConnection:
     def _drop_producer(self, producer: _Producer) -> None:
         if self.producers.get(producer.producer_id) is producer:
             del self.producers[producer.producer_id]
+            self._closed_producers.add(producer.producer_id)
         producer.topic.remove_producer(producer.session)
         producer.room.set()
 
