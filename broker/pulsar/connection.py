@@ -180,7 +180,7 @@ class _Consumer:
     consumer_id: int
     session: ConsumerSession
     topic: Topic
-    writer: asyncio.Task[None] | None = None
+    writer: asyncio.Future[object] | None = None
 
 
 class PulsarConnection:
@@ -212,6 +212,7 @@ class PulsarConnection:
         self._pending_consumers: set[int] = set()
         self._tasks: set[asyncio.Task[object]] = set()
         self._closing = False
+        self._closer: asyncio.Future[None] | None = None
         config = broker.config
         self._limits = BatchLimits(
             max_message_bytes=config.max_message_bytes, max_messages=config.max_messages_per_batch
@@ -300,10 +301,26 @@ class PulsarConnection:
         if not self._closing and not self._writer.is_closing():
             self._writer.write(encode_command(command))
 
-    def _spawn(self, coro: Awaitable[object]) -> None:
+    def _spawn(self, coro: Awaitable[object]) -> asyncio.Future[object]:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Future[object]) -> None:
+        """A request's task or a consumer's writer ended: one that failed unexpectedly leaves
+        a request unanswered or a consumer without deliveries, so the connection is closed
+        (the client reconnects and asks again)."""
+        self._tasks.discard(task)
+        if task.cancelled() or task.exception() is None:
+            return
+        error = task.exception()
+        if isinstance(error, (ConnectionError, OSError)):
+            log.info("pulsar_connection_lost", peer=self.peer, error=repr(error))
+        else:
+            log.error("pulsar_request_failed", peer=self.peer, error=repr(error), exc_info=error)
+        if not self._closing:
+            self._closer = asyncio.ensure_future(self.close())
 
     def _spawned(self, handler: Handler) -> Handler:
         async def spawn(frame: Frame) -> None:
@@ -735,7 +752,7 @@ class PulsarConnection:
         self._write(
             _command(Base.SUCCESS, success=api.CommandSuccess(request_id=request.request_id))
         )
-        consumer.writer = asyncio.get_running_loop().create_task(self._deliver(consumer))
+        consumer.writer = self._spawn(self._deliver(consumer))
 
     async def _deliver(self, consumer: _Consumer) -> None:
         """Write a consumer's events: deliveries as MESSAGE, ack receipts, the broker closing it."""

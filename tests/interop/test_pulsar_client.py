@@ -9,6 +9,8 @@ module's event loop, which owns the standalone, stays free.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import random
 import re
 import struct
 import time
@@ -21,7 +23,8 @@ import pytest
 import pytest_asyncio
 
 import magnetar
-from broker.pulsar.codec import encode_batch, encode_message
+from broker.pulsar.codec import encode_batch, encode_command, encode_message
+from magnetar.common.framing import FrameError
 from magnetar.testing import StandaloneNode
 from proto.pulsar import PulsarApi_pb2 as api
 from tests.interop.pulsar_raw import RawConnection, command
@@ -700,3 +703,87 @@ async def test_producers_and_consumers_follow_a_partition_that_moves(
     ]
     await run(producer.close)
     await run(consumer.close)
+
+
+async def test_random_and_mangled_frames_never_take_the_broker_down(
+    client: pulsar.Client, standalone: StandaloneNode
+) -> None:
+    """A bounded fuzz of the listener: random frames and valid ones with bytes flipped. Each
+    connection is refused or answered; no request handler fails unexpectedly (the broker logs
+    such a failure as an error), and the real client goes on."""
+    address = standalone.pulsar_address
+    assert address is not None
+    topic = topic_name("fuzz")
+    valid = [
+        encode_command(
+            command(
+                "PRODUCER",
+                producer=api.CommandProducer(topic=topic, producer_id=1, request_id=1),
+            )
+        ),
+        encode_message(
+            command("SEND", send=api.CommandSend(producer_id=1, sequence_id=0)),
+            api.MessageMetadata(producer_name="fuzz", sequence_id=0, publish_time=1),
+            b"payload",
+        ),
+        encode_command(
+            command(
+                "SUBSCRIBE",
+                subscribe=api.CommandSubscribe(
+                    topic=topic,
+                    subscription="fuzz",
+                    subType=api.CommandSubscribe.Shared,
+                    consumer_id=1,
+                    request_id=2,
+                ),
+            )
+        ),
+        encode_command(command("FLOW", flow=api.CommandFlow(consumer_id=1, messagePermits=5))),
+        encode_command(
+            command(
+                "ACK",
+                ack=api.CommandAck(
+                    consumer_id=1,
+                    ack_type=api.CommandAck.Individual,
+                    message_id=[api.MessageIdData(ledgerId=1, entryId=2, ack_set=[5])],
+                    request_id=3,
+                ),
+            )
+        ),
+        encode_command(
+            command("LOOKUP", lookupTopic=api.CommandLookupTopic(topic=topic, request_id=4))
+        ),
+    ]
+    rng = random.Random(26)
+    for case in range(60):
+        if case < 20:
+            body = rng.randbytes(rng.randrange(0, 200))
+            if case % 2:
+                body = struct.pack(">I", len(body)) + body  # a command size in front
+            frames = [struct.pack(">I", len(body)) + body]
+        else:
+            frames = list(valid)
+            target = rng.randrange(len(frames))
+            mangled = bytearray(frames[target])
+            for _ in range(rng.randrange(1, 4)):
+                mangled[rng.randrange(4, len(mangled))] ^= 1 << rng.randrange(8)
+            frames[target] = bytes(mangled)
+        async with RawConnection.open(address) as raw:
+            for frame in frames:
+                raw.write(frame)
+            raw.send("PING", ping=api.CommandPing())
+            # refused (closed, perhaps reset with bytes unread) or answered: a PONG comes
+            with contextlib.suppress(ConnectionError, FrameError):
+                while (frame := await raw.read(10)) is not None and frame.type_name != "PONG":
+                    pass
+    producer = await run(lambda: client.create_producer(topic))
+    consumer = await run(
+        lambda: client.subscribe(topic, "after", initial_position=pulsar.InitialPosition.Latest)
+    )
+    await run(lambda: producer.send(b"still serving"))
+    assert (await run(lambda: consumer.receive(10_000))).data() == b"still serving"
+    await run(producer.close)
+    await run(consumer.close)
+    log = standalone.log_path.read_text(errors="replace")
+    assert "pulsar_connection_failed" not in log
+    assert "pulsar_request_failed" not in log
