@@ -769,12 +769,12 @@ async def test_random_and_mangled_frames_never_take_the_broker_down(
                 mangled[rng.randrange(4, len(mangled))] ^= 1 << rng.randrange(8)
             frames[target] = bytes(mangled)
         async with RawConnection.open(address) as raw:
-            for frame in frames:
-                raw.write(frame)
+            for data in frames:
+                raw.write(data)
             raw.send("PING", ping=api.CommandPing())
             # refused (closed, perhaps reset with bytes unread) or answered: a PONG comes
             with contextlib.suppress(ConnectionError, FrameError):
-                while (frame := await raw.read(10)) is not None and frame.type_name != "PONG":
+                while (answer := await raw.read(10)) is not None and answer.type_name != "PONG":
                     pass
     producer = await run(lambda: client.create_producer(topic))
     consumer = await run(
