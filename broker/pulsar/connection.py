@@ -42,6 +42,7 @@ from broker.pulsar.codec import (
 )
 from broker.pulsar.entries import (
     UnsupportedFeatureError,
+    broker_entry_metadata,
     incoming_batch,
     last_batch_index,
     pulsar_metadata_and_payload,
@@ -63,6 +64,7 @@ from broker.service.streams import (
     StreamClosed,
     SubscribeRequest,
     SubscriptionType,
+    TimeStart,
 )
 from broker.service.subscription import ConsumerSession
 from broker.service.topic import ProducerSession, Topic
@@ -93,6 +95,12 @@ answers the lower of this and the client's."""
 FRAME_PADDING = 10 * 1024
 """Room for a SEND's command and metadata beyond the message (Pulsar's
 ``Commands.MESSAGE_SIZE_FRAME_PADDING``)."""
+MIN_PROTOCOL_VERSION = 6
+"""The oldest client this broker serves: v6 added the checksum that every MESSAGE carries (and
+v5 the CLOSE_PRODUCER and CLOSE_CONSUMER a broker sends)."""
+ACTIVE_CONSUMER_CHANGE_VERSION = 12
+ACK_RESPONSE_VERSION = 17
+BROKER_ENTRY_METADATA_VERSION = 18
 LATEST_ID = 2**63 - 1
 """A reader's start id of ``MessageId.latest``: (Long.MAX_VALUE, Long.MAX_VALUE)."""
 EARLIEST_ID = 2**64 - 1
@@ -144,6 +152,17 @@ def _position(message_id: api.MessageIdData) -> Position:
     return Position(message_id.ledgerId, message_id.entryId)
 
 
+def _start_at(message_id: api.MessageIdData) -> Start:
+    """Where a reader's start id or a seek's message id points: ``MessageId.earliest`` and
+    ``latest`` by their markers, else the id's entry, delivered whole and inclusively (the
+    client filters what it does not want of it)."""
+    if message_id.ledgerId == EARLIEST_ID:
+        return "earliest"
+    if message_id.ledgerId >= LATEST_ID:
+        return "latest"
+    return MessageIdStart(message_id.ledgerId, message_id.entryId)
+
+
 def ack_set_words(indexes: tuple[int, ...]) -> list[int]:
     """Java's ``BitSet.toLongArray()`` of ``indexes``, as signed 64-bit words: Pulsar's
     ``ack_set``, whose set bits are the messages of a batch still to be acknowledged."""
@@ -181,6 +200,7 @@ class _Consumer:
     session: ConsumerSession
     topic: Topic
     writer: asyncio.Future[object] | None = None
+    seek_target: Start | None = None
 
 
 class PulsarConnection:
@@ -201,6 +221,7 @@ class PulsarConnection:
         host, port = (writer.get_extra_info("peername") or ("?", 0))[:2]
         self.peer = f"ipv4:{host}:{port}"
         self.protocol_version = 0
+        self._entry_metadata = False
         self.principal: Principal | None = None
         self.producers: dict[int, _Producer] = {}
         self.consumers: dict[int, _Consumer] = {}
@@ -210,6 +231,9 @@ class PulsarConnection:
         self._closed_producers: set[int] = set()
         """Ids of producers that were open on this connection: a late SEND is not an error."""
         self._pending_consumers: set[int] = set()
+        self._seek_targets: dict[int, Start] = {}
+        """Where a reader seeked to, for the SUBSCRIBE that follows the seek's CLOSE_CONSUMER
+        (the reader's non-durable subscription ends with that close)."""
         self._tasks: set[asyncio.Task[object]] = set()
         self._closing = False
         self._closer: asyncio.Future[None] | None = None
@@ -235,6 +259,7 @@ class PulsarConnection:
             Base.CLOSE_CONSUMER: self._close_consumer,
             Base.UNSUBSCRIBE: self._spawned(self._unsubscribe),
             Base.GET_LAST_MESSAGE_ID: self._spawned(self._last_message_id),
+            Base.SEEK: self._spawned(self._seek),
         }
 
     # --- the connection ---------------------------------------------------------------------------
@@ -355,7 +380,26 @@ class PulsarConnection:
             )
             await self._writer.drain()
             raise
+        if connect.protocol_version < MIN_PROTOCOL_VERSION:
+            self._write(
+                _command(
+                    Base.ERROR,
+                    error=api.CommandError(
+                        request_id=0,
+                        error=api.UnsupportedVersionError,
+                        message=f"protocol version {connect.protocol_version} is older than the"
+                        f" {MIN_PROTOCOL_VERSION} this broker speaks (checksummed payloads)",
+                    ),
+                )
+            )
+            await self._writer.drain()
+            raise ProtocolError(f"a client of protocol version {connect.protocol_version}")
         self.protocol_version = min(connect.protocol_version, PROTOCOL_VERSION)
+        # PIP-70's broker entry metadata (the offset) on MESSAGE, for clients that ask for it
+        self._entry_metadata = (
+            self.protocol_version >= BROKER_ENTRY_METADATA_VERSION
+            and connect.feature_flags.supports_broker_entry_metadata
+        )
         self._write(
             _command(
                 Base.CONNECTED,
@@ -678,14 +722,12 @@ class PulsarConnection:
     # --- consumers --------------------------------------------------------------------------------
 
     def _start(self, request: api.CommandSubscribe) -> Start:
+        if not request.durable:
+            target = self._seek_targets.pop(request.consumer_id, None)
+            if target is not None:
+                return target
         if not request.durable and request.HasField("start_message_id"):
-            start = request.start_message_id
-            if start.ledgerId == EARLIEST_ID:
-                return "earliest"
-            if start.ledgerId >= LATEST_ID:
-                return "latest"
-            # delivered from the start id inclusively, whole entry: the client filters
-            return MessageIdStart(start.ledgerId, start.entryId)
+            return _start_at(request.start_message_id)
         if request.initialPosition == api.CommandSubscribe.Earliest:
             return "earliest"
         return "latest"
@@ -784,14 +826,27 @@ class PulsarConnection:
                     )
                     if not self._closing:
                         self._writer.write(
-                            encode_payload_command(_command(Base.MESSAGE, message=message), body)
+                            encode_payload_command(
+                                _command(Base.MESSAGE, message=message),
+                                body,
+                                broker_entry_metadata=(
+                                    broker_entry_metadata(item.payload)
+                                    if self._entry_metadata
+                                    else None
+                                ),
+                            )
                         )
                 await self._writer.drain()
                 session.taken(size)
             elif isinstance(event, AckDone):
                 self._ack_response(consumer, event.request_id, None)
+            elif isinstance(event, SeekDone):
+                self._seek_done(consumer, -event.request_id - 1)
+                return
             elif isinstance(event, RequestFailed):
-                if event.request_id:
+                if event.request_id < 0:
+                    self._error(-event.request_id - 1, event.error)
+                elif event.request_id:
                     self._ack_response(consumer, event.request_id, event.error)
                 else:
                     log.info(
@@ -800,6 +855,8 @@ class PulsarConnection:
                         error=event.error.message,
                     )
             elif isinstance(event, ActiveChange):
+                if self.protocol_version < ACTIVE_CONSUMER_CHANGE_VERSION:
+                    continue
                 self._write(
                     _command(
                         Base.ACTIVE_CONSUMER_CHANGE,
@@ -824,8 +881,27 @@ class PulsarConnection:
                 return
             elif isinstance(event, ClientDone):
                 return
-            elif isinstance(event, (SeekDone, AuthChallenge)):
-                pass  # no SEEK nor auth refresh on this listener yet
+            elif isinstance(event, AuthChallenge):
+                pass  # no auth refresh on this listener yet
+
+    def _seek_done(self, consumer: _Consumer, request_id: int) -> None:
+        """As Pulsar answers a seek: CLOSE_CONSUMER first, then SUCCESS. The client drops the
+        messages it has queued from before the seek and subscribes again; a durable
+        subscription's cursor is where the seek put it, and a reader's target waits for its
+        SUBSCRIBE here."""
+        if not consumer.session.subscription.durable and consumer.seek_target is not None:
+            self._seek_targets[consumer.consumer_id] = consumer.seek_target
+        if self.consumers.get(consumer.consumer_id) is consumer:
+            self._drop_consumer(consumer, cancel_writer=False)
+        self._write(
+            _command(
+                Base.CLOSE_CONSUMER,
+                close_consumer=api.CommandCloseConsumer(
+                    consumer_id=consumer.consumer_id, request_id=next(_ids)
+                ),
+            )
+        )
+        self._write(_command(Base.SUCCESS, success=api.CommandSuccess(request_id=request_id)))
 
     def _ack_response(
         self, consumer: _Consumer, internal_id: int, error: MagnetarError | None
@@ -836,7 +912,8 @@ class PulsarConnection:
         if error is not None:
             response.error = server_error(error)
             response.message = error.message
-        self._write(_command(Base.ACK_RESPONSE, ackResponse=response))
+        if self.protocol_version >= ACK_RESPONSE_VERSION:  # older clients send no request id
+            self._write(_command(Base.ACK_RESPONSE, ackResponse=response))
 
     def _drop_consumer(self, consumer: _Consumer, *, cancel_writer: bool = True) -> None:
         if self.consumers.get(consumer.consumer_id) is consumer:
@@ -917,6 +994,29 @@ class PulsarConnection:
             log.info("pulsar_redeliver_refused", peer=self.peer, error=e.message)
             return
         consumer.session.redeliver(positions)
+
+    async def _seek(self, frame: Frame) -> None:
+        request = frame.command.seek
+        consumer = self.consumers.get(request.consumer_id)
+        if consumer is None:
+            self._error(
+                request.request_id,
+                InvalidArgumentError(f"consumer {request.consumer_id} is not on this connection"),
+            )
+            return
+        if request.HasField("message_id"):
+            start = _start_at(request.message_id)
+        elif request.HasField("message_publish_time"):
+            start = TimeStart(request.message_publish_time)
+        else:
+            self._error(
+                request.request_id,
+                InvalidArgumentError("a SEEK needs message_id or message_publish_time"),
+            )
+            return
+        consumer.seek_target = start
+        # negative: a seek's id, told apart from an ack's in the consumer's events
+        await consumer.session.seek(start, -(request.request_id + 1))
 
     async def _last_message_id(self, frame: Frame) -> None:
         request = frame.command.getLastMessageId

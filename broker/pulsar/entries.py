@@ -219,6 +219,17 @@ def last_batch_index(entry: bytes) -> int:
     return max(1, metadata.num_messages_in_batch) - 1
 
 
+def broker_entry_metadata(entry: bytes) -> api.BrokerEntryMetadata:
+    """PIP-70's broker entry metadata of a stored entry: the broker's publish time and the
+    offset of the entry's last message as its ``index`` (Pulsar's client numbers the messages
+    of a batch back from it)."""
+    envelope = parse_envelope(entry)
+    return api.BrokerEntryMetadata(
+        broker_timestamp=max(0, envelope.publish_time_ms),
+        index=max(0, envelope.first_offset + max(1, envelope.num_messages) - 1),
+    )
+
+
 def pulsar_metadata_and_payload(entry: bytes, max_bytes: int) -> bytes:
     """``[metadata_size][MessageMetadata][payload]`` of a stored entry, for a MESSAGE.
 

@@ -33,14 +33,19 @@ class RawConnection:
     @classmethod
     @contextlib.asynccontextmanager
     async def open(
-        cls, address: str, *, connect: bool = True, protocol_version: int = 20
+        cls,
+        address: str,
+        *,
+        connect: bool = True,
+        protocol_version: int = 20,
+        entry_metadata: bool = False,
     ) -> AsyncIterator[RawConnection]:
         host, port = address.rsplit(":", 1)
         reader, writer = await asyncio.open_connection(host, int(port))
         raw = cls(reader, writer)
         try:
             if connect:
-                await raw.connect(protocol_version)
+                await raw.connect(protocol_version, entry_metadata=entry_metadata)
             yield raw
         finally:
             writer.close()
@@ -82,11 +87,15 @@ class RawConnection:
             return True
         return True
 
-    async def connect(self, protocol_version: int = 20) -> api.CommandConnected:
+    async def connect(
+        self, protocol_version: int = 20, *, entry_metadata: bool = False
+    ) -> api.CommandConnected:
         self.send(
             "CONNECT",
             connect=api.CommandConnect(
-                client_version="magnetar-raw-test", protocol_version=protocol_version
+                client_version="magnetar-raw-test",
+                protocol_version=protocol_version,
+                feature_flags=api.FeatureFlags(supports_broker_entry_metadata=entry_metadata),
             ),
         )
         frame = await self.expect("CONNECTED")

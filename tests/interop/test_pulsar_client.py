@@ -67,9 +67,10 @@ def receive_all(consumer: pulsar.Consumer, count: int, timeout_ms: int = 10_000)
 
 def nothing_more(consumer: pulsar.Consumer, wait_ms: int = 300) -> bool:
     try:
-        consumer.receive(wait_ms)
+        message = consumer.receive(wait_ms)
     except pulsar.Timeout:
         return True
+    print(f"unexpected: {message.data()!r} {message.message_id()} {message.redelivery_count()}")
     return False
 
 
@@ -245,6 +246,7 @@ async def test_acks_negative_acks_and_redelivery(client: pulsar.Client) -> None:
         assert again.data() == b"3"
         assert again.redelivery_count() == 1
         consumer.acknowledge(again)
+        time.sleep(0.3)  # the client holds acks for up to 100 ms
         consumer.redeliver_unacknowledged_messages()  # 4 and 5 come again
         redelivered = sorted(m.data() for m in receive_all(consumer, 2))
         assert redelivered == [b"4", b"5"]
@@ -419,6 +421,16 @@ async def test_connected_carries_the_lower_protocol_version_and_pings_are_answer
             assert connected.max_message_size > 0
             raw.send("PING", ping=api.CommandPing())
             await raw.expect("PONG")
+    # older than v6 (no checksums): refused, naming the version
+    async with RawConnection.open(standalone.pulsar_address, connect=False) as raw:
+        raw.send(
+            "CONNECT",
+            connect=api.CommandConnect(client_version="ancient", protocol_version=5),
+        )
+        error = (await raw.expect("ERROR")).command.error
+        assert error.error == api.UnsupportedVersionError
+        assert "protocol version 5" in error.message
+        assert await raw.closed_by_broker()
 
 
 async def test_bad_input_closes_that_connection_and_touches_nothing_else(
@@ -523,10 +535,16 @@ async def test_failed_requests_are_answered_in_their_own_response(
         assert (schema.request_id, schema.error_code) == (5, api.TopicNotFound)
         assert not schema.HasField("schema")
 
-        raw.send("SEEK", seek=api.CommandSeek(consumer_id=1, request_id=6, message_publish_time=1))
+        raw.send(
+            "CONSUMER_STATS", consumerStats=api.CommandConsumerStats(request_id=6, consumer_id=1)
+        )
         error = (await raw.expect("ERROR")).command.error
         assert (error.request_id, error.error) == (6, api.NotAllowedError)
-        assert "SEEK is not supported" in error.message
+        assert "CONSUMER_STATS is not supported" in error.message
+        raw.send("SEEK", seek=api.CommandSeek(consumer_id=1, request_id=12, message_publish_time=1))
+        error = (await raw.expect("ERROR")).command.error
+        assert (error.request_id, error.error) == (12, api.NotAllowedError)
+        assert "consumer 1 is not on this connection" in error.message
 
         # a batch that is not what its metadata says: SEND_ERROR, and the producer goes on
         await raw.create_producer(topic, producer_id=2)
@@ -568,6 +586,8 @@ async def test_acks_with_a_request_id_get_an_ack_response(standalone: Standalone
         await raw.flow(5, 10)
         messages = [await raw.expect("MESSAGE") for _ in range(2)]
         assert [bytes(m.payload.payload) for m in messages if m.payload] == [b"m0", b"m1"]
+        # not asked for in CONNECT: no broker entry metadata
+        assert all(m.payload and m.payload.broker_entry_metadata is None for m in messages)
         ids = [m.command.message.message_id for m in messages]
         # request id 0 is a client's first request id: it gets its receipt too
         raw.send(
@@ -787,3 +807,84 @@ async def test_random_and_mangled_frames_never_take_the_broker_down(
     log = standalone.log_path.read_text(errors="replace")
     assert "pulsar_connection_failed" not in log
     assert "pulsar_request_failed" not in log
+
+
+async def test_seek_by_message_id_and_by_time_on_consumers_and_readers(
+    client: pulsar.Client,
+) -> None:
+    topic = topic_name("seek")
+
+    def steps() -> None:
+        producer = client.create_producer(topic)
+        ids, times = [], []
+        for i in range(10):
+            ids.append(producer.send(str(i).encode()))
+            times.append(int(time.time() * 1000))
+            time.sleep(0.01)
+        consumer = client.subscribe(topic, "sub", initial_position=pulsar.InitialPosition.Earliest)
+        for m in receive_all(consumer, 10):
+            consumer.acknowledge(m)
+        # the client holds acks for up to 100 ms, and takes those still held then for
+        # duplicates of what comes after a seek
+        time.sleep(0.3)
+        # back to 3: the broker delivers from its entry on, as Pulsar's does, and the client
+        # leaves out the id it seeked to (its start id is exclusive by default)
+        consumer.seek(ids[3])
+        assert [m.data() for m in receive_all(consumer, 6)] == [
+            str(i).encode() for i in range(4, 10)
+        ]
+        assert nothing_more(consumer)
+        consumer.seek(times[6] + 1)  # by publish time: from the first published after it
+        again = receive_all(consumer, 3)
+        assert [m.data() for m in again] == [b"7", b"8", b"9"]
+        consumer.close()
+
+        reader = client.create_reader(topic, pulsar.MessageId.earliest)
+        assert [reader.read_next(10_000).data() for _ in range(10)] == [
+            str(i).encode() for i in range(10)
+        ]
+        reader.seek(ids[4])  # a reader is exclusive of its start: the next is 5
+        assert reader.read_next(10_000).data() == b"5"
+        reader.seek(times[1] + 1)
+        assert [reader.read_next(10_000).data() for _ in range(8)] == [
+            str(i).encode() for i in range(2, 10)
+        ]
+        assert not reader.has_message_available()
+        reader.close()
+        producer.close()
+
+    await run(steps)
+
+
+async def test_broker_entry_metadata_carries_the_offset_to_clients_that_ask(
+    standalone: StandaloneNode,
+) -> None:
+    address = standalone.pulsar_address
+    assert address is not None
+    topic = topic_name("entry-metadata")
+    async with RawConnection.open(address, entry_metadata=True) as raw:
+        await raw.create_producer(topic, producer_id=1)
+        raw.send_message(producer_id=1, sequence_id=0, payload=b"single")
+        batch = encode_batch(
+            [(api.SingleMessageMetadata(), b"a"), (api.SingleMessageMetadata(), b"b")]
+        )
+        raw.send_message(
+            producer_id=1,
+            sequence_id=1,
+            payload=batch,
+            metadata=api.MessageMetadata(
+                producer_name="raw", sequence_id=1, publish_time=1, num_messages_in_batch=2
+            ),
+        )
+        for _ in range(2):
+            await raw.expect("SEND_RECEIPT")
+        await raw.subscribe(topic, "sub", consumer_id=1, earliest=True)
+        await raw.flow(1, 10)
+        entries = []
+        for _ in range(2):
+            message = await raw.expect("MESSAGE")
+            assert message.payload is not None
+            entries.append(message.payload.broker_entry_metadata)
+        # the index is the offset of the entry's last message: 0, then 2 (offsets 1 and 2)
+        assert [e.index for e in entries if e is not None] == [0, 2]
+        assert all(e is not None and e.broker_timestamp > 0 for e in entries)
