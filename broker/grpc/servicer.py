@@ -190,9 +190,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     ) -> None:
         self.broker = broker
         self._entry_for_client = entry_for_client
-        """Turns a stored entry into what a Magnetar client reads (entries that Pulsar
-        producers wrote are rewritten as a ``MessageBatch``); set by the process, which knows
-        both adapters (this one may not import the other)."""
+        """Turns a stored entry of another format than Magnetar's (``payload_format``: one a
+        Pulsar producer wrote) into what a Magnetar client reads; set by the process, which
+        knows both adapters (this one may not import the other). Entries of Magnetar's own
+        format go out as they are, without being parsed."""
 
     # --- lookup -----------------------------------------------------------------------------------
 
@@ -635,7 +636,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                             message_id=_message_id(item.position, partition, item.num_messages),
                             entry=(
                                 item.payload
-                                if self._entry_for_client is None
+                                if self._entry_for_client is None or not item.payload_format
                                 else self._entry_for_client(item.payload)
                             ),
                             redelivery_count=item.redelivery_count,

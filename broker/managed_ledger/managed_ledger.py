@@ -142,6 +142,7 @@ class _Append:
     future: asyncio.Future[AppendResult]
     key_hashes: tuple[int, ...] = ()
     deliver_at_ms: int = 0
+    payload_format: int = 0
     ledger_id: int = -1  # -1: not sent to a ledger (yet, or again after a failure)
     entry_id: int = -1
     confirmed: bool = False
@@ -452,11 +453,13 @@ class ManagedLedger:
         *,
         key_hashes: tuple[int, ...] = (),
         deliver_at_ms: int = 0,
+        payload_format: int = 0,
     ) -> asyncio.Future[AppendResult]:
         """Append one entry of ``num_messages`` messages; the future completes once it is
         confirmed, in call order.
 
-        ``key_hashes`` and ``deliver_at_ms`` are what the codec would describe of the payload;
+        ``key_hashes``, ``deliver_at_ms`` and ``payload_format`` are what the codec would
+        describe of the payload;
         given here, the cached entry carries them without the payload being parsed again.
 
         ``build(first_offset, publish_time_ms)`` is called right away, with the offset of the
@@ -496,7 +499,14 @@ class ManagedLedger:
         self._last_publish_ms = publish_time_ms
         future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
         append = _Append(
-            first_offset, num_messages, publish_time_ms, payload, future, key_hashes, deliver_at_ms
+            first_offset,
+            num_messages,
+            publish_time_ms,
+            payload,
+            future,
+            key_hashes,
+            deliver_at_ms,
+            payload_format,
         )
         self._pending.append(append)
         self._unsent.append(append)
@@ -601,6 +611,7 @@ class ManagedLedger:
                     append.publish_time_ms,
                     append.key_hashes,
                     append.deliver_at_ms,
+                    append.payload_format,
                 )
             )
             advanced = True
@@ -959,6 +970,7 @@ class ManagedLedger:
             meta.publish_time_ms,
             meta.key_hashes,
             meta.deliver_at_ms,
+            meta.payload_format,
         )
 
     async def _read_one(self, position: Position) -> Entry:

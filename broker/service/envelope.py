@@ -76,6 +76,7 @@ class EnvelopeCodec:
             publish_time_ms=envelope.publish_time_ms,
             key_hashes=tuple(envelope.key_hashes),
             deliver_at_ms=envelope.deliver_at_ms,
+            payload_format=envelope.format,
         )
 
 

@@ -743,6 +743,7 @@ class Subscription:
                     entry.num_messages,
                     assignment.redelivery_count,
                     tuple(sorted(assignment.indexes)) if assignment.indexes is not None else (),
+                    entry.payload_format,
                 )
             )
             # the largest recent batch, forgetting a one-off big batch slowly
