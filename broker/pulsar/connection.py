@@ -448,12 +448,7 @@ class PulsarConnection:
         try:
             name = parse_topic(request.topic)
             await self._authorize(TopicAction.LOOKUP, name)
-            if name.is_partition:
-                partitions = 0
-            else:
-                self.broker._check_session()  # as a lookup does: refuse at once
-                partitions = (await self.broker.topic_record(name, create=True)).partitions
-            response.partitions = partitions
+            response.partitions = await self.broker.partition_count(name)
             response.response = api.CommandPartitionedTopicMetadataResponse.Success
         except MagnetarError as e:
             response.response = api.CommandPartitionedTopicMetadataResponse.Failed
@@ -490,9 +485,9 @@ class PulsarConnection:
         request = frame.command.getTopicsOfNamespace
         try:
             tenant, namespace = parse_namespace(request.namespace)
+            # permissions are the namespace's; a refusal names its topics as "tenant/ns/*"
+            await self._authorize(TopicAction.LOOKUP, TopicName(tenant, namespace, "*"))
             records = await self.broker.catalog.list(f"{tenant}/{namespace}")
-            if self.principal is not None and records:
-                await self._authorize(TopicAction.LOOKUP, records[0].name)
         except MagnetarError as e:
             self._error(request.request_id, e)
             return

@@ -504,6 +504,16 @@ class Broker:
             return LookupResult(name.full, 0, result)
         return LookupResult(name.topic, record.partitions, result)
 
+    async def partition_count(self, name: TopicName) -> int:
+        """How many partitions ``name`` has (0: not partitioned, or a partition itself), as a
+        lookup finds the topic: created first when automatic creation is on."""
+        if name.is_partition:
+            return 0
+        if self._stopping:
+            raise ShuttingDownError(f"broker {self.broker_id} is shutting down")
+        self._check_session()
+        return (await self.topic_record(name, create=True)).partitions
+
     def _check_session(self) -> None:
         """Refuse at once, retriably, while this broker has no live session: it can take no
         partition, and its reads of a store it lost touch with would hang, while the client
