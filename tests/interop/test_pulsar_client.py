@@ -888,3 +888,41 @@ async def test_broker_entry_metadata_carries_the_offset_to_clients_that_ask(
         # the index is the offset of the entry's last message: 0, then 2 (offsets 1 and 2)
         assert [e.index for e in entries if e is not None] == [0, 2]
         assert all(e is not None and e.broker_timestamp > 0 for e in entries)
+
+
+async def test_negative_acks_reach_the_dead_letter_topic(client: pulsar.Client) -> None:
+    # the client's dead-letter policy reads the redelivery counts the broker keeps
+    topic = topic_name("dlq")
+    dead = topic_name("dlq-dead")
+
+    def steps() -> None:
+        dead_consumer = client.subscribe(
+            dead, "dead", initial_position=pulsar.InitialPosition.Earliest
+        )
+        consumer = client.subscribe(
+            topic,
+            "sub",
+            consumer_type=pulsar.ConsumerType.Shared,
+            initial_position=pulsar.InitialPosition.Earliest,
+            negative_ack_redelivery_delay_ms=100,
+            dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(
+                max_redeliver_count=2, dead_letter_topic=dead
+            ),
+        )
+        producer = client.create_producer(topic)
+        producer.send(b"poison", properties={"p": "1"})
+        counts = []
+        for _ in range(3):
+            message = consumer.receive(10_000)
+            counts.append(message.redelivery_count())
+            consumer.negative_acknowledge(message)
+        assert counts == [0, 1, 2]
+        buried = dead_consumer.receive(10_000)
+        assert buried.data() == b"poison"
+        assert buried.properties()["p"] == "1"
+        assert nothing_more(consumer)
+        for c in (consumer, dead_consumer):
+            c.close()
+        producer.close()
+
+    await run(steps)
