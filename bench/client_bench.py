@@ -772,6 +772,8 @@ async def start_standalone(directory: Path) -> Server:
         str(free_port()),
         "--http-port",
         "0",
+        "--pulsar-port",
+        "0",
     ]
     server = await _spawn("standalone", command, directory / "standalone.log")
     deadline = time.monotonic() + READY_TIMEOUT_S

@@ -102,7 +102,7 @@ def run(entries: int, topics: int, settle_s: float, rounds: int) -> dict[str, An
     env = dict(os.environ, MAGNETAR_LOG_LEVEL="warning")
     command = [
         sys.executable, "-m", "magnetar.cli", "standalone", "--data-dir", str(data),
-        "--port", str(port), "--http-port", "0",
+        "--port", str(port), "--http-port", "0", "--pulsar-port", "0",
     ]  # fmt: skip
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
     try:

@@ -132,6 +132,8 @@ def standalone_command(
         str(port),
         "--http-port",
         str(http_port),
+        "--pulsar-port",
+        "0",
         *(extra or []),
     ]
 

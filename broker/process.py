@@ -26,6 +26,8 @@ import structlog
 from bookie.client.ledger_client import LedgerClient
 from broker.grpc.admin import AdminServicer
 from broker.grpc.servicer import BrokerServicer
+from broker.pulsar.entries import magnetar_entry
+from broker.pulsar.listener import PulsarListener
 from broker.service.broker import Broker
 from broker.service.config import BrokerConfig
 from broker.service.metrics import BrokerMetrics
@@ -75,6 +77,9 @@ class BrokerProcess:
         self.port = 0
         self.tls_port = 0
         self.http_port = 0
+        self.pulsar_port = 0
+        """Port of the Pulsar-protocol listener (0: none)."""
+        self._pulsar: PulsarListener | None = None
         self.address = ""
         self.tls_address = ""
         self.tls: ReloadingServerCredentials | None = None
@@ -146,6 +151,10 @@ class BrokerProcess:
             component="broker",
         )
         self.http_port = await self._http.start()
+        # plaintext, like `port`: a broker whose plaintext gRPC port is off (TLS only) opens none
+        if config.pulsar_port is not None and config.port is not None:
+            self._pulsar = PulsarListener()
+            self.pulsar_port = await self._pulsar.bind(config.bind_host, config.pulsar_port)
         self.broker = Broker(
             config,
             self.store,
@@ -154,11 +163,16 @@ class BrokerProcess:
             service_url=f"magnetar://{host}:{self.port}" if self.port else "",
             service_url_tls=f"magnetar+ssl://{self.tls_address}" if self.tls_port else "",
             http_address=f"{host}:{self.http_port}",
+            pulsar_url=f"pulsar://{host}:{self.pulsar_port}" if self.pulsar_port else "",
             version=__version__,
         )
         self.metrics = BrokerMetrics(self.broker)
         broker_pb2_grpc.add_BrokerServiceServicer_to_server(
-            BrokerServicer(self.broker), self._server
+            BrokerServicer(
+                self.broker,
+                entry_for_client=lambda entry: magnetar_entry(entry, config.max_message_bytes),
+            ),
+            self._server,
         )
         self._admin = AdminServicer(self.broker)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(self._admin, self._server)
@@ -166,6 +180,8 @@ class BrokerProcess:
         serve_reflection(self._server, SERVICE_NAMES)
         await self._server.start()
         await self.broker.start()
+        if self._pulsar is not None:
+            await self._pulsar.serve(self.broker)
         self._started = True
         self.broker.on_serving_change(self._health.changed)
         await self._health.started(self._ready)
@@ -175,6 +191,7 @@ class BrokerProcess:
             address=self.address if self.port else None,
             tls_address=self.tls_address or None,
             http_port=self.http_port,
+            pulsar_port=self.pulsar_port or None,
             authentication=config.authentication_enabled,
             authorization=config.authorization_enabled,
         )
@@ -219,6 +236,8 @@ class BrokerProcess:
         else:
             await self.broker.close()
         await self._server.stop(grace_s)
+        if self._pulsar is not None:
+            await self._pulsar.stop()
         await self._admin.close()
         await self._http.stop()
         await self.ledger_client.close()
@@ -247,8 +266,9 @@ def ready_line(process: BrokerProcess) -> str:
     """What ``magnetar broker`` prints once it serves (the test kit and scripts wait for it)."""
     host = process.address.rsplit(":", 1)[0]
     tls = f", TLS on {process.tls_address}" if process.tls_port else ""
+    pulsar = f", Pulsar on {host}:{process.pulsar_port}" if process.pulsar_port else ""
     return (
-        f"broker {process.broker_id} serving on {process.address}{tls}"
+        f"broker {process.broker_id} serving on {process.address}{tls}{pulsar}"
         f" (metrics: {process._http.scheme}://{host}:{process.http_port}/metrics)"
     )
 

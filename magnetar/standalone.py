@@ -19,7 +19,7 @@ import structlog
 
 from bookie.client.config import LedgerClientConfig
 from bookie.service.config import BookieConfig
-from broker.service.config import BrokerConfig
+from broker.service.config import DEFAULT_PULSAR_PORT, BrokerConfig
 from magnetar.common.config import config_error
 from magnetar.common.files import private_dir
 from magnetar.common.security.config import AuthenticationSettings, TlsSettings
@@ -55,6 +55,11 @@ class StandaloneConfig(AuthenticationSettings, TlsSettings):
     http_port: int = 8080
     """HTTP port of the broker's /metrics and /health (0: any free port)."""
 
+    pulsar_port: int | None = DEFAULT_PULSAR_PORT
+    """Port of the broker's listener for Pulsar's binary protocol (pulsar://), for Pulsar's own
+    clients (0: any free port; empty: none). Given the gRPC port (--pulsar-port 6650, for tools
+    that hard-code Pulsar's ports), it takes it, and gRPC moves to 6660."""
+
     bookies: int = 3
     """Bookies to run (1 to 9); ledgers use E3/Qw2/Qa2 with 3 or more, else E=Qw=Qa=bookies."""
 
@@ -72,10 +77,16 @@ class StandaloneConfig(AuthenticationSettings, TlsSettings):
     def __post_init__(self) -> None:
         if not 1 <= self.bookies <= 9:
             raise config_error("bookies", self.bookies, "must be from 1 to 9")
-        for name in ("port", "http_port", "tls_port"):
+        for name in ("port", "http_port", "tls_port", "pulsar_port"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= 65535:
                 raise config_error(name, value, "must be a port number from 0 to 65535")
+        if self.pulsar_port and self.pulsar_port == self.port == DEFAULT_PULSAR_PORT:
+            raise config_error(
+                "pulsar_port",
+                self.pulsar_port,
+                f"is also port's: give gRPC another port than {DEFAULT_PULSAR_PORT}",
+            )
         # the broker's own rules (a listener at least, authorization with authentication...)
         self.broker_config(ledger=LedgerClientConfig())
 
@@ -88,10 +99,19 @@ class StandaloneConfig(AuthenticationSettings, TlsSettings):
         ]
         return {name: getattr(self, name) for name in (*names, "authorization_enabled")}
 
+    @property
+    def grpc_port(self) -> int | None:
+        """The gRPC port: ``port``, unless the Pulsar listener asked for it (Pulsar tools
+        hard-code 6650, Magnetar's default), when gRPC takes the Pulsar listener's default."""
+        if self.pulsar_port and self.pulsar_port == self.port:
+            return DEFAULT_PULSAR_PORT
+        return self.port
+
     def broker_config(self, *, ledger: LedgerClientConfig) -> BrokerConfig:
         return BrokerConfig(
             metadata="memory://",  # unused: the shared store is passed in
-            port=self.port,
+            port=self.grpc_port,
+            pulsar_port=self.pulsar_port,
             tls_port=self.tls_port,
             http_port=self.http_port,
             bind_host=self.bind_host,
@@ -170,15 +190,23 @@ class Standalone:
         assert self.broker is not None
         return f"magnetar+ssl://{self.broker.tls_address}" if self.broker.tls_port else ""
 
+    @property
+    def pulsar_url(self) -> str:
+        """``pulsar://host:port`` of the Pulsar-protocol listener ("" without one)."""
+        assert self.broker is not None
+        return self.broker.broker.pulsar_url
+
     def ready_line(self) -> str:
         assert self.broker is not None
         host = self.broker.address.rsplit(":", 1)[0]
         urls = self.service_url
         if self.broker.port and self.broker.tls_port:
             urls += f", {self.tls_service_url}"
+        pulsar = f"{self.pulsar_url}; " if self.pulsar_url else ""
         return (
             f"magnetar standalone ready in {self.ready_s:.2f} s: service URL {urls}"
-            f" ({len(self.bookies)} bookies; metrics: http://{host}:{self.broker.http_port}"
+            f" ({pulsar}{len(self.bookies)} bookies; metrics:"
+            f" http://{host}:{self.broker.http_port}"
             f"/metrics; data: {self.config.data_dir.resolve()})"
         )
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 import grpc.aio
@@ -185,8 +185,15 @@ def _message_id(position: Position, partition: int, batch_size: int = 0) -> type
 
 
 class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
-    def __init__(self, broker: Broker) -> None:
+    def __init__(
+        self, broker: Broker, *, entry_for_client: Callable[[bytes], bytes] | None = None
+    ) -> None:
         self.broker = broker
+        self._entry_for_client = entry_for_client
+        """Turns a stored entry of another format than Magnetar's (``payload_format``: one a
+        Pulsar producer wrote) into what a Magnetar client reads; set by the process, which
+        knows both adapters (this one may not import the other). Entries of Magnetar's own
+        format go out as they are, without being parsed."""
 
     # --- lookup -----------------------------------------------------------------------------------
 
@@ -627,7 +634,11 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                     for item in consumer.still_unacked(event):
                         deliveries.deliveries.add(
                             message_id=_message_id(item.position, partition, item.num_messages),
-                            entry=item.payload,
+                            entry=(
+                                item.payload
+                                if self._entry_for_client is None or not item.payload_format
+                                else self._entry_for_client(item.payload)
+                            ),
                             redelivery_count=item.redelivery_count,
                             batch_indexes=item.batch_indexes,
                         )

@@ -429,12 +429,14 @@ class ManagedLedger:
         *,
         key_hashes: tuple[int, ...] = (),
         deliver_at_ms: int = 0,
+        payload_format: int = 0,
     ) -> asyncio.Future[AppendResult]:
         """Append one entry of ``num_messages`` messages; the future completes once it is
         confirmed, in call order.
 
-        ``key_hashes`` and ``deliver_at_ms`` are what the codec would describe of the payload;
-        given here, the cached entry carries them without the payload being parsed again.
+        ``key_hashes``, ``deliver_at_ms`` and ``payload_format`` are what the codec would
+        describe of the payload; given here, the cached entry carries them without the payload
+        being parsed again.
 
         ``build(first_offset, publish_time_ms)`` is called right away, with the offset of the
         entry's first message and its publish time, and returns the payload. Raises
@@ -442,7 +444,11 @@ class ManagedLedger:
         :class:`ManagedLedgerTerminatedError` if the entry cannot be taken at all.
         """
         return self._writer.append(
-            num_messages, build, key_hashes=key_hashes, deliver_at_ms=deliver_at_ms
+            num_messages,
+            build,
+            key_hashes=key_hashes,
+            deliver_at_ms=deliver_at_ms,
+            payload_format=payload_format,
         )
 
     # --- metadata writes ----------------------------------------------------------------------

@@ -43,6 +43,8 @@ class EntryMeta:
     """Routing hashes of the messages' keys: none, one for all, or one per message."""
     deliver_at_ms: int = 0
     """Deliver no earlier than this (ms since the epoch; 0: at once)."""
+    payload_format: int = 0
+    """How the payload is encoded, as the codec tags it (opaque here; 0: the codec's usual)."""
 
 
 class EntryCodec(Protocol):
@@ -62,6 +64,7 @@ class Entry:
     publish_time_ms: int
     key_hashes: tuple[int, ...] = ()
     deliver_at_ms: int = 0
+    payload_format: int = 0
 
     @property
     def last_offset(self) -> int:

@@ -105,6 +105,7 @@ class Broker:
         service_url: str,
         service_url_tls: str = "",
         http_address: str = "",
+        pulsar_url: str = "",
         version: str = "",
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
@@ -118,6 +119,8 @@ class Broker:
             config, store, authorization_enabled=config.authorization_enabled, clock=clock
         )
         self.http_address = http_address
+        self.pulsar_url = pulsar_url
+        """``pulsar://host:port`` of this broker's Pulsar-protocol listener ("" without one)."""
         self.version = version
         self.clock = clock
         self.start_time_ms = clock.time_ms()
@@ -208,6 +211,7 @@ class Broker:
             service_url=self.service_url,
             service_url_tls=self.service_url_tls,
             http_address=self.http_address,
+            pulsar_url=self.pulsar_url,
             version=self.version,
             start_time_ms=self.start_time_ms,
         )
@@ -500,6 +504,16 @@ class Broker:
             return LookupResult(name.full, 0, result)
         return LookupResult(name.topic, record.partitions, result)
 
+    async def partition_count(self, name: TopicName) -> int:
+        """How many partitions ``name`` has (0: not partitioned, or a partition itself), as a
+        lookup finds the topic: created first when automatic creation is on."""
+        if name.is_partition:
+            return 0
+        if self._stopping:
+            raise ShuttingDownError(f"broker {self.broker_id} is shutting down")
+        self._check_session()
+        return (await self.topic_record(name, create=True)).partitions
+
     def _check_session(self) -> None:
         """Refuse at once, retriably, while this broker has no live session: it can take no
         partition, and its reads of a store it lost touch with would hang, while the client
@@ -552,6 +566,23 @@ class Broker:
             service_url=registration.service_url,
             service_url_tls=registration.service_url_tls,
         )
+
+    async def pulsar_url_of(self, broker_id: str) -> str:
+        """The ``pulsar://`` URL of a live broker's Pulsar listener; :class:`ServiceNotReadyError`
+        (retriable: it may be starting, or its partitions about to move) when it has none."""
+        if broker_id == self.broker_id and self.pulsar_url:
+            return self.pulsar_url
+        registration = self.live_brokers.get(broker_id)
+        if registration is None:
+            await self._refresh_live()
+            registration = self.live_brokers.get(broker_id)
+        if registration is None or not registration.pulsar_url:
+            raise ServiceNotReadyError(
+                f"broker {broker_id} has no Pulsar-protocol listener"
+                + (" registered now" if registration is None else " (its pulsar_port is empty)"),
+                context={"broker": broker_id},
+            )
+        return registration.pulsar_url
 
     async def open_topic(self, name: TopicName) -> Topic:
         """The partition a producer or consumer opens: served here, taken here if nobody owns

@@ -19,6 +19,9 @@ from magnetar.common.security.config import (
 from metadata.config import EtcdSecuritySettings, MetadataStoreConfig
 
 BROKER_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+DEFAULT_PULSAR_PORT = 6660
+"""Not Pulsar's 6650, which is Magnetar's gRPC port; a Pulsar tool that hard-codes 6650 is
+pointed at a broker started with ``--pulsar-port 6650 --port <another>``."""
 ENVELOPE_ALLOWANCE_BYTES = 16 * 1024
 """Room kept in an entry for the envelope the broker wraps around a producer's batch."""
 
@@ -42,6 +45,11 @@ class BrokerConfig(
 
     http_port: int = 8080
     """HTTP port for /metrics and /health (0: any free port)."""
+
+    pulsar_port: int | None = DEFAULT_PULSAR_PORT
+    """Port of the listener for Pulsar's binary protocol (pulsar://host:port), which Pulsar's
+    own clients use unchanged (0: any free port; empty: no such listener). Plaintext: it stays
+    closed while port is empty (TLS only)."""
 
     bind_host: str = "0.0.0.0"  # noqa: S104 - a server listens on every interface by default
     """Address the servers listen on."""
@@ -195,15 +203,32 @@ class BrokerConfig(
     """Token this broker presents when it forwards admin calls to other brokers (its role must be
     a superuser). Read again at each call, so it can be rotated in place."""
 
+    def _check_port_clash(self) -> None:
+        """Two listeners asking for the same fixed port: refused here, naming both, rather
+        than as "address in use" when the second binds."""
+        ports = {"port": self.port, "http_port": self.http_port, "pulsar_port": self.pulsar_port}
+        if self.tls_enabled:
+            ports["tls_port"] = self.tls_port
+        taken: dict[int, str] = {}
+        for name, value in ports.items():
+            if not value:
+                continue  # empty (no listener) or 0 (any free port)
+            if value in taken:
+                raise config_error(
+                    name, value, f"is also {taken[value]}'s port: give each listener its own"
+                )
+            taken[value] = name
+
     def metadata_config(self) -> MetadataStoreConfig:
         """How this broker opens the metadata store: the URL and etcd's credentials."""
         return self.store_config(self.metadata)
 
     def __post_init__(self) -> None:
-        for name in ("port", "http_port", "tls_port"):
+        for name in ("port", "http_port", "tls_port", "pulsar_port"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= 65535:
                 raise config_error(name, value, "must be a port number from 0 to 65535")
+        self._check_port_clash()
         self._check_tls()
         self._check_authentication()
         self._check_etcd_security()

@@ -264,6 +264,9 @@ class Dispatcher:
             # an inactive consumer leaving leaves the active one as it was: a rewind would
             # deliver again what that one holds
             return changes, rewind or held > 0
+        # the rewind reads again from the first unacknowledged entry, which brings what waits
+        # in replay (requeued by a redelivery request) too: kept, it would come twice
+        self.replay.clear()
         return [], True
 
     def _drop_held(self, slot: Slot) -> None:

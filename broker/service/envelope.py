@@ -1,8 +1,10 @@
 """What a topic's entries hold: the producer's batch, wrapped in an ``EntryEnvelope``.
 
-The broker never unpacks a producer's batch. It wraps the bytes as sent with what the log must
-know about them (producer, sequence ids, message count, publish time, first offset), and the
-managed ledger learns an entry's offsets and publish time through :class:`EnvelopeCodec`.
+The broker never unpacks a producer's batch, in either of the formats an entry can hold
+(``EntryEnvelope.format``: a Magnetar client's ``MessageBatch``, or what a Pulsar producer
+sent). It wraps the bytes as sent with what the log must know about them (producer, sequence
+ids, message count, publish time, first offset), and the managed ledger learns an entry's
+offsets and publish time through :class:`EnvelopeCodec`.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ class IncomingBatch:
     uncompressed_size: int
     key_hashes: tuple[int, ...] = ()
     deliver_at_ms: int = 0
+    format: int = entry_pb2.ENTRY_FORMAT_UNSPECIFIED
+    """What ``batch`` holds: a Magnetar ``MessageBatch`` (unspecified), or
+    ``ENTRY_FORMAT_PULSAR``: a Pulsar producer's ``[metadata_size][MessageMetadata][payload]``."""
 
 
 def build_envelope(
@@ -46,6 +51,7 @@ def build_envelope(
         uncompressed_size=batch.uncompressed_size,
         key_hashes=batch.key_hashes,
         deliver_at_ms=batch.deliver_at_ms,
+        format=batch.format,  # type: ignore[arg-type]
         batch=batch.batch,
     ).SerializeToString()
 
@@ -70,6 +76,7 @@ class EnvelopeCodec:
             publish_time_ms=envelope.publish_time_ms,
             key_hashes=tuple(envelope.key_hashes),
             deliver_at_ms=envelope.deliver_at_ms,
+            payload_format=envelope.format,
         )
 
 

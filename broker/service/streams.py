@@ -74,6 +74,8 @@ class DeliveryItem:
     num_messages: int
     redelivery_count: int = 0
     batch_indexes: tuple[int, ...] = ()
+    payload_format: int = 0
+    """``EntryEnvelope.format`` of ``payload``: what its batch holds."""
 
 
 @dataclass(frozen=True, slots=True)

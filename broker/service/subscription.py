@@ -425,11 +425,9 @@ class Subscription:
         self.topic.cursor_moved()
         self.wake()
 
-    def _check_partial(self, position: Position, indexes: tuple[int, ...], batch_size: int) -> None:
-        """Refuse a partial ack whose batch size or indexes do not fit the entry: the real
-        message count when the subscription knows it (a consumer holds the entry, or the
-        cursor read it), else the claimed one within ``max_messages_per_batch`` (the cursor
-        persists a bit per message)."""
+    def messages_in(self, position: Position) -> int | None:
+        """How many messages the entry at ``position`` holds, when the subscription knows (a
+        consumer holds the entry, or the cursor read it)."""
         known = next(
             (
                 held.num_messages
@@ -440,6 +438,14 @@ class Subscription:
         )
         if known is None:
             known = self.cursor.messages_in(position)
+        return known
+
+    def _check_partial(self, position: Position, indexes: tuple[int, ...], batch_size: int) -> None:
+        """Refuse a partial ack whose batch size or indexes do not fit the entry: the real
+        message count when the subscription knows it (a consumer holds the entry, or the
+        cursor read it), else the claimed one within ``max_messages_per_batch`` (the cursor
+        persists a bit per message)."""
+        known = self.messages_in(position)
         where = f"the entry at {tuple(position)}"
         if known is not None and batch_size != known:
             raise InvalidArgumentError(
@@ -868,6 +874,7 @@ class Subscription:
                     entry.num_messages,
                     assignment.redelivery_count,
                     tuple(sorted(assignment.indexes)) if assignment.indexes is not None else (),
+                    entry.payload_format,
                 )
             )
             # the largest recent batch, forgetting a one-off big batch slowly

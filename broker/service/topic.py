@@ -210,6 +210,7 @@ class Topic:
                 ),
                 key_hashes=batch.key_hashes,
                 deliver_at_ms=batch.deliver_at_ms,
+                payload_format=batch.format,
             )
         except ManagedLedgerFencedError as e:
             self.fenced(e)

@@ -52,6 +52,12 @@ def check_batch(batch: IncomingBatch, limits: BatchLimits) -> None:
     Raises :class:`MessageTooLargeError` for a batch over a size limit and
     :class:`ProtocolError` for any other fault, each naming what was wrong.
     """
+    if batch.format == entry_pb2.ENTRY_FORMAT_PULSAR:
+        # checked by the Pulsar adapter, which parsed its metadata (broker.pulsar.entries)
+        _check_counts(batch, limits)
+        return
+    if batch.format != entry_pb2.ENTRY_FORMAT_UNSPECIFIED:
+        raise ProtocolError(f"unknown entry format {batch.format}")
     size = len(batch.batch)
     if size > limits.max_message_bytes:
         raise MessageTooLargeError(
@@ -59,6 +65,28 @@ def check_batch(batch: IncomingBatch, limits: BatchLimits) -> None:
             f" {limits.max_message_bytes:,} bytes",
             context={"size": size, "limit": limits.max_message_bytes},
         )
+    _check_counts(batch, limits)
+    raw = inflate(batch, limits.max_message_bytes)
+    try:
+        decoded = entry_pb2.MessageBatch.FromString(raw)
+    except DecodeError:
+        raise ProtocolError(
+            f"the batch's {len(raw):,} bytes (after decompression) are not a serialized"
+            " magnetar.format.v1.MessageBatch"
+        ) from None
+    count = batch.num_messages
+    held = len(decoded.messages)
+    if held != count:
+        raise ProtocolError(
+            f"the batch declares num_messages={count:,} but holds {held:,} messages",
+            context={"num_messages": count, "held": held},
+        )
+    if batch.key_hashes:
+        _check_key_hashes(decoded, batch.key_hashes)
+
+
+def _check_counts(batch: IncomingBatch, limits: BatchLimits) -> None:
+    """The rules of a batch that do not need its bytes opened."""
     count = batch.num_messages
     if not 1 <= count <= limits.max_messages:
         raise ProtocolError(
@@ -78,22 +106,6 @@ def check_batch(batch: IncomingBatch, limits: BatchLimits) -> None:
         )
     if batch.deliver_at_ms < 0:
         raise ProtocolError(f"deliver_at_ms is >= 0, got {batch.deliver_at_ms}")
-    raw = inflate(batch, limits.max_message_bytes)
-    try:
-        decoded = entry_pb2.MessageBatch.FromString(raw)
-    except DecodeError:
-        raise ProtocolError(
-            f"the batch's {len(raw):,} bytes (after decompression) are not a serialized"
-            " magnetar.format.v1.MessageBatch"
-        ) from None
-    held = len(decoded.messages)
-    if held != count:
-        raise ProtocolError(
-            f"the batch declares num_messages={count:,} but holds {held:,} messages",
-            context={"num_messages": count, "held": held},
-        )
-    if batch.key_hashes:
-        _check_key_hashes(decoded, batch.key_hashes)
 
 
 def inflate(batch: IncomingBatch, max_bytes: int) -> bytes:

@@ -407,6 +407,15 @@ def decode_entry(data: bytes) -> DecodedEntry:
     """Unpack a serialized ``EntryEnvelope``; :class:`CorruptionError` if it does not parse."""
     try:
         envelope = entry_pb2.EntryEnvelope.FromString(data)
+        if envelope.format != entry_pb2.ENTRY_FORMAT_UNSPECIFIED:
+            # a Pulsar producer's entry (stored as it sent it): Magnetar clients cannot read
+            # those yet; see docs/pulsar-compatibility.md
+            raise CorruptionError(
+                "a delivered entry was written by a Pulsar producer"
+                f" ({entry_pb2.EntryFormat.Name(envelope.format)}), which this client cannot"
+                " read yet; consume it with a Pulsar client",
+                context={"format": envelope.format},
+            )
         raw = decompress(envelope.batch, envelope.compression, envelope.uncompressed_size)
         batch = entry_pb2.MessageBatch.FromString(raw)
     except DecodeError as e:

@@ -95,7 +95,9 @@ def _ready_line_pattern(kind: str) -> re.Pattern[str]:
     """What ``magnetar <kind>`` prints to stdout, once, when it serves and is registered."""
     return re.compile(
         rf"^{kind} (?P<node_id>\S+) serving on (?P<address>\S+?)"
-        r"(?:, TLS on (?P<tls_address>\S+))?(?:, data on (?P<data_address>\S+))? \(metrics: https?://(?P<http_host>\S+):(?P<http_port>\d+)/metrics\)$"
+        r"(?:, TLS on (?P<tls_address>\S+?))?(?:, data on (?P<data_address>\S+?))?"
+        r"(?:, Pulsar on (?P<pulsar_address>\S+?))?"
+        r" \(metrics: https?://(?P<http_host>\S+):(?P<http_port>\d+)/metrics\)$"
     )
 
 
@@ -204,6 +206,8 @@ class ServerNode(ManagedProcess):
         self.tls_address: str | None = None
         """host:port of the TLS listener, when the server has one besides its plaintext one."""
         self._data_address: str | None = None
+        self.pulsar_address: str | None = None
+        """host:port of a broker's listener for Pulsar's binary protocol."""
         self._http_host: str | None = None
         self._http_port: int | None = None
 
@@ -269,6 +273,7 @@ class ServerNode(ManagedProcess):
         self._address = ready["address"]
         self.tls_address = ready.groupdict().get("tls_address")
         self._data_address = ready.groupdict().get("data_address")
+        self.pulsar_address = ready.groupdict().get("pulsar_address")
         self._http_host = ready["http_host"]
         self._http_port = int(ready["http_port"])
 
@@ -709,10 +714,17 @@ class BrokerNode(ServerNode):
             raise RuntimeError(f"{self!r} has no TLS listener (start it with --tls-cert-file)")
         return f"magnetar+ssl://{self.tls_address}"
 
+    @property
+    def pulsar_url(self) -> str:
+        """``pulsar://host:port`` of the broker's Pulsar-protocol listener, for Pulsar clients."""
+        if self.pulsar_address is None:
+            raise RuntimeError(f"{self!r} has no Pulsar listener")
+        return f"pulsar://{self.pulsar_address}"
+
     def _kind_args(self) -> list[str]:
         # the TLS port is used only when TLS is on (--tls-cert-file in extra_args)
         named = [] if self._configured_id is None else ["--broker-id", self._configured_id]
-        return ["--tls-port", "0", *named]
+        return ["--tls-port", "0", "--pulsar-port", "0", *named]
 
     def _unnamed(self) -> str:
         return f"broker logging to {self._log_path}"
@@ -732,7 +744,7 @@ class StandaloneNode(ServerNode):
     _ready_line = re.compile(
         r"^magnetar standalone ready in (?P<ready_s>[0-9.]+) s: service URL"
         r" (?:magnetar://(?P<address>[^\s,]+))?(?:, )?(?:magnetar\+ssl://(?P<tls_address>\S+))?"
-        r" \((?P<bookies>\d+) bookies; metrics:"
+        r" \((?:pulsar://(?P<pulsar_address>[^\s;]+); )?(?P<bookies>\d+) bookies; metrics:"
         r" http://(?P<http_host>[^:/]+):(?P<http_port>\d+)/metrics; data: (?P<data>.+)\)$"
     )
     _stop_timeout_s = 75.0
@@ -779,8 +791,16 @@ class StandaloneNode(ServerNode):
             raise RuntimeError(f"{self!r} has no TLS listener (start it with --tls-cert-file)")
         return f"magnetar+ssl://{self.tls_address}"
 
+    @property
+    def pulsar_url(self) -> str:
+        """``pulsar://127.0.0.1:PORT`` of the broker's Pulsar-protocol listener."""
+        if self.pulsar_address is None:
+            raise RuntimeError(f"{self!r} has no Pulsar listener")
+        return f"pulsar://{self.pulsar_address}"
+
     def _on_ready(self, ready: re.Match[str]) -> None:
         self.tls_address = ready["tls_address"]
+        self.pulsar_address = ready["pulsar_address"]
         self._address = ready["address"] or self.tls_address
         self._http_host = ready["http_host"]
         self._http_port = int(ready["http_port"])
@@ -793,6 +813,7 @@ class StandaloneNode(ServerNode):
             "--port", str(self._port),
             "--tls-port", "0",  # used only when TLS is on (--tls-cert-file in extra_args)
             "--http-port", "0",
+            "--pulsar-port", "0",
             "--bookies", str(self._bookies),
             "--bind-host", HOST,
             "--advertised-host", HOST,

@@ -89,6 +89,7 @@ def broker_config(**overrides: Any) -> BrokerConfig:
         metadata="memory://",
         port=0,
         http_port=0,
+        pulsar_port=0,
         bind_host="127.0.0.1",
         advertised_host="127.0.0.1",
         session_ttl_s=4,

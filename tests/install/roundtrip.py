@@ -82,7 +82,18 @@ def main() -> int:
     import_everything()
     command = Path(sys.executable).parent / "magnetar"
     server = subprocess.Popen(
-        [command, "standalone", "--data-dir", data_dir, "--port", "0", "--http-port", "0"],
+        [
+            command,
+            "standalone",
+            "--data-dir",
+            data_dir,
+            "--port",
+            "0",
+            "--http-port",
+            "0",
+            "--pulsar-port",
+            "0",
+        ],
         stdout=subprocess.PIPE,
         stderr=(data_dir.parent / "standalone.log").open("wb"),
         text=True,

@@ -134,6 +134,10 @@ async def test_a_killed_broker_lingers_until_its_session_expires_and_comes_back(
     ) as cluster:
         victim, other = cluster.brokers
         victim_id = f"{prefix}-0"
+        # each broker's Pulsar listener, on a free port of its own, from its ready line
+        pulsar_urls = {victim.pulsar_url, other.pulsar_url}
+        assert len(pulsar_urls) == 2
+        assert all(url.startswith("pulsar://127.0.0.1:") for url in pulsar_urls)
 
         # SIGKILL: the registration stays until the 2 s session lease runs out
         old_url = victim.service_url

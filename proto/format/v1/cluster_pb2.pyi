@@ -150,6 +150,7 @@ class BrokerRegistration(_message.Message):
     VERSION_FIELD_NUMBER: _builtins.int
     START_TIME_MS_FIELD_NUMBER: _builtins.int
     SERVICE_URL_TLS_FIELD_NUMBER: _builtins.int
+    PULSAR_URL_FIELD_NUMBER: _builtins.int
     format_version: _builtins.int
     broker_id: _builtins.str
     service_url: _builtins.str
@@ -161,6 +162,10 @@ class BrokerRegistration(_message.Message):
     """"magnetar+ssl://host:port" when the broker has a TLS listener; service_url is then empty
     when its plaintext listener is off.
     """
+    pulsar_url: _builtins.str
+    """"pulsar://host:port" of the broker's listener for Pulsar's binary protocol ("" without one):
+    what a lookup from a Pulsar client answers for the partitions this broker owns.
+    """
     def __init__(
         self,
         *,
@@ -171,10 +176,11 @@ class BrokerRegistration(_message.Message):
         version: _builtins.str = ...,
         start_time_ms: _builtins.int = ...,
         service_url_tls: _builtins.str = ...,
+        pulsar_url: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "format_version", b"format_version", "http_address", b"http_address", "service_url", b"service_url", "service_url_tls", b"service_url_tls", "start_time_ms", b"start_time_ms", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "format_version", b"format_version", "http_address", b"http_address", "pulsar_url", b"pulsar_url", "service_url", b"service_url", "service_url_tls", b"service_url_tls", "start_time_ms", b"start_time_ms", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -9,6 +9,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from proto.common.v1 import types_pb2 as _types_pb2
 import builtins as _builtins
 import sys
@@ -20,6 +21,30 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _EntryFormat:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _EntryFormatEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EntryFormat.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ENTRY_FORMAT_UNSPECIFIED: _EntryFormat.ValueType  # 0
+    """Magnetar's MessageBatch: what every entry written before formats existed holds."""
+    ENTRY_FORMAT_PULSAR: _EntryFormat.ValueType  # 1
+    """Pulsar's [metadata_size u32][MessageMetadata][payload], exactly as a Pulsar producer sent it
+    (compression and batching as its MessageMetadata says); `compression` is then unused.
+    """
+
+class EntryFormat(_EntryFormat, metaclass=_EntryFormatEnumTypeWrapper):
+    """What an entry's `batch` holds."""
+
+ENTRY_FORMAT_UNSPECIFIED: EntryFormat.ValueType  # 0
+"""Magnetar's MessageBatch: what every entry written before formats existed holds."""
+ENTRY_FORMAT_PULSAR: EntryFormat.ValueType  # 1
+"""Pulsar's [metadata_size u32][MessageMetadata][payload], exactly as a Pulsar producer sent it
+(compression and batching as its MessageMetadata says); `compression` is then unused.
+"""
+Global___EntryFormat: _TypeAlias = EntryFormat  # noqa: Y015
 
 @_typing.final
 class BatchedMessage(_message.Message):
@@ -111,6 +136,7 @@ class EntryEnvelope(_message.Message):
     UNCOMPRESSED_SIZE_FIELD_NUMBER: _builtins.int
     KEY_HASHES_FIELD_NUMBER: _builtins.int
     DELIVER_AT_MS_FIELD_NUMBER: _builtins.int
+    FORMAT_FIELD_NUMBER: _builtins.int
     BATCH_FIELD_NUMBER: _builtins.int
     format_version: _builtins.int
     """1 for this layout."""
@@ -127,8 +153,11 @@ class EntryEnvelope(_message.Message):
     uncompressed_size: _builtins.int
     deliver_at_ms: _builtins.int
     """Deliver no earlier than this (ms since the epoch; 0: at once)."""
+    format: Global___EntryFormat.ValueType
     batch: _builtins.bytes
-    """The producer's serialized MessageBatch, compressed as `compression` says."""
+    """The producer's serialized MessageBatch, compressed as `compression` says; or, in
+    ENTRY_FORMAT_PULSAR, the Pulsar producer's metadata and payload.
+    """
     @_builtins.property
     def key_hashes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """As ProduceBatch.key_hashes: empty (no keys), one (every message's) or one per message."""
@@ -147,11 +176,12 @@ class EntryEnvelope(_message.Message):
         uncompressed_size: _builtins.int = ...,
         key_hashes: _abc.Iterable[_builtins.int] | None = ...,
         deliver_at_ms: _builtins.int = ...,
+        format: Global___EntryFormat.ValueType = ...,
         batch: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "compression", b"compression", "deliver_at_ms", b"deliver_at_ms", "first_offset", b"first_offset", "format_version", b"format_version", "key_hashes", b"key_hashes", "last_sequence_id", b"last_sequence_id", "num_messages", b"num_messages", "producer_name", b"producer_name", "publish_time_ms", b"publish_time_ms", "sequence_id", b"sequence_id", "uncompressed_size", b"uncompressed_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "compression", b"compression", "deliver_at_ms", b"deliver_at_ms", "first_offset", b"first_offset", "format", b"format", "format_version", b"format_version", "key_hashes", b"key_hashes", "last_sequence_id", b"last_sequence_id", "num_messages", b"num_messages", "producer_name", b"producer_name", "publish_time_ms", b"publish_time_ms", "sequence_id", b"sequence_id", "uncompressed_size", b"uncompressed_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

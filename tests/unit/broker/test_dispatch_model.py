@@ -738,6 +738,22 @@ def test_failover_standby_leaving_does_not_rewind() -> None:
     assert rewind
 
 
+def test_an_exclusive_consumer_leaving_after_a_redelivery_request_gets_no_entry_twice() -> None:
+    """Entries requeued by a redelivery request (Pulsar's client sends one for every negative
+    ack on an exclusive subscription) and not yet delivered again when the consumer leaves come
+    back with the rewind, once: they are not also left waiting in replay. (They were: the next
+    consumer got them twice.)"""
+    d = Dispatcher(SubscriptionType.EXCLUSIVE)
+    slot, _, _ = d.add("c0")
+    d.flow(slot, 10)
+    d.assign([Item(position(i), 1) for i in range(3)], NOW_MS)
+    d.acked(slot, position(0))
+    assert d.requeue(slot, list(slot.unacked)) == 2
+    assert sorted(d.replay) == [position(1), position(2)]
+    assert d.remove(slot) == ([], True)  # the rewind reads 1 and 2 again
+    assert not d.replay
+
+
 @pytest.mark.parametrize("kind", [SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER])
 def test_exclusive_and_failover_consumers_stop_at_the_unacked_limits(
     kind: SubscriptionType,
