@@ -317,7 +317,7 @@ def worker_main(spec_text: str) -> int:
     ``magnetar perf --json --json-progress`` prints them.
     """
     from magnetar import perf  # noqa: PLC0415 - the worker needs only this
-    from magnetar.common.gc_tuning import tune_gc_for_throughput  # noqa: PLC0415
+    from magnetar.common.server.gc_tuning import tune_gc_for_throughput  # noqa: PLC0415
 
     # the client library logs its connections at info; perf's own output is what is read
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))

@@ -57,8 +57,8 @@ from magnetar.common.errors import (
     SessionLostError,
 )
 from magnetar.common.security.config import HttpSettings
-from magnetar.common.serving import run_until_signalled
-from magnetar.common.status_http import Response, status_server
+from magnetar.common.server.serving import run_until_signalled
+from magnetar.common.server.status_http import Response, status_server
 from metadata import MetadataStore, layout, open_store
 from metadata.config import EtcdSecuritySettings
 from metadata.coordination import LeaderElection, Session

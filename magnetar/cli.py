@@ -33,8 +33,8 @@ from magnetar.cli_support import (
 from magnetar.common.config import add_config_arguments, config_overrides_from_args, load_config
 from magnetar.common.errors import MagnetarError
 from magnetar.common.files import restrict_umask
-from magnetar.common.gc_tuning import tune_gc_for_throughput
 from magnetar.common.log import configure_logging
+from magnetar.common.server.gc_tuning import tune_gc_for_throughput
 
 if TYPE_CHECKING:
     from metadata import MetadataStore, MetadataStoreConfig
@@ -494,7 +494,7 @@ def _run_bookie(args: argparse.Namespace) -> int:
     config = load_config(
         BookieConfig, file=args.config, overrides=config_overrides_from_args(args, BookieConfig)
     )
-    tune_gc_for_throughput()  # see magnetar/common/gc_tuning.py
+    tune_gc_for_throughput()  # see magnetar/common/server/gc_tuning.py
     return asyncio.run(run_bookie(config))
 
 
@@ -510,7 +510,7 @@ def _run_standalone(args: argparse.Namespace) -> int:
         file=args.config,
         overrides=config_overrides_from_args(args, StandaloneConfig),
     )
-    tune_gc_for_throughput()  # see magnetar/common/gc_tuning.py
+    tune_gc_for_throughput()  # see magnetar/common/server/gc_tuning.py
     return asyncio.run(run_standalone(config))
 
 
@@ -525,7 +525,7 @@ def _run_broker(args: argparse.Namespace) -> int:
     config = load_config(
         BrokerConfig, file=args.config, overrides=config_overrides_from_args(args, BrokerConfig)
     )
-    tune_gc_for_throughput()  # see magnetar/common/gc_tuning.py
+    tune_gc_for_throughput()  # see magnetar/common/server/gc_tuning.py
     return asyncio.run(run_broker(config))
 
 

@@ -413,7 +413,7 @@ def run_perf(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if getattr(args, "num_messages", None) is None and args.duration is None:
         args.duration = DEFAULT_DURATION_S
-    from magnetar.common.gc_tuning import tune_gc_for_throughput  # noqa: PLC0415
+    from magnetar.common.server.gc_tuning import tune_gc_for_throughput  # noqa: PLC0415
 
     tune_gc_for_throughput()  # a perf process is ours: see the module for the figures
     settings = client_settings(args)  # before the run: a usage error exits here, a bad file fails

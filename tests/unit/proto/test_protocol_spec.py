@@ -33,7 +33,7 @@ from magnetar.common import names
 from magnetar.common.config import settings
 from magnetar.common.errors import CorruptionError, ErrorCode, error_class_for
 from magnetar.common.keys import KEYLESS_HASH, batch_key_hashes, key_hash
-from magnetar.common.serving import grpc_server_options
+from magnetar.common.server.serving import grpc_server_options
 from proto.admin.v1 import admin_pb2
 from proto.broker.v1 import broker_pb2
 from proto.common.v1 import errors_pb2, types_pb2
