@@ -25,7 +25,8 @@ import grpc
 import grpc.aio
 import structlog
 
-from bookie.autorecovery import Autorecovery, AutorecoveryConfig
+from bookie.autorecovery.config import AutorecoveryConfig
+from bookie.autorecovery.worker import Autorecovery
 from bookie.client.config import LedgerClientConfig
 from bookie.grpc.servicer import BookieServicer
 from bookie.service.access import BookieAccess

@@ -215,7 +215,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         add_config_arguments(broker, BrokerConfig)
 
     if wanted("autorecovery"):
-        from bookie.autorecovery import AutorecoveryConfig  # noqa: PLC0415
+        from bookie.autorecovery.config import AutorecoveryConfig  # noqa: PLC0415
 
         autorecovery = commands.add_parser(
             "autorecovery",
@@ -530,7 +530,8 @@ def _run_broker(args: argparse.Namespace) -> int:
 
 
 def _run_autorecovery(args: argparse.Namespace) -> int:
-    from bookie.autorecovery import AutorecoveryConfig, run_autorecovery  # noqa: PLC0415
+    from bookie.autorecovery.config import AutorecoveryConfig  # noqa: PLC0415
+    from bookie.autorecovery.process import run_autorecovery  # noqa: PLC0415
 
     restrict_umask()  # data, keys and logs this server writes are its user's only
 
@@ -544,7 +545,7 @@ def _run_autorecovery(args: argparse.Namespace) -> int:
 
 
 async def _cluster(args: argparse.Namespace) -> int:
-    from bookie.autorecovery import list_under_replicated  # noqa: PLC0415
+    from bookie.autorecovery.records import list_under_replicated  # noqa: PLC0415
     from bookie.client.bookies import BookieRecord  # noqa: PLC0415
     from bookie.client.ledger_metadata import LedgerMetadataStore  # noqa: PLC0415
     from metadata import layout, open_store  # noqa: PLC0415

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bookie.autorecovery import AutorecoveryConfig
+from bookie.autorecovery.config import AutorecoveryConfig
 from bookie.client.config import LedgerClientConfig
 from bookie.service.config import BookieConfig
 from broker.service.config import BrokerConfig
