@@ -262,7 +262,7 @@ def perf_phases(
 
 # --- what perf prints -----------------------------------------------------------------------------
 
-# The progress line perf prints to stderr every second (magnetar/perf.py, _Run._report):
+# The progress line perf prints to stderr every second (magnetar/cli/perf.py, _Run._report):
 # "produce    3.0 s     201,234 msg/s     20.12 MB/s  p50    7.123 ms  p99   40.000 ms  pending 9"
 _PROGRESS = re.compile(
     r"^(?P<mode>produce|consume|end-to-end)\s+(?P<t>\d+(?:\.\d+)?) s\s+(?P<rate>[\d,]+) msg/s"
