@@ -77,7 +77,6 @@ class BookieServicer(bookie_pb2_grpc.BookieServiceServicer):
             self.access.check(credentials_of(context), operation)
         except MagnetarError as e:
             await abort_with(context, e)
-            raise
 
     async def AddEntries(
         self,
@@ -165,7 +164,6 @@ class BookieServicer(bookie_pb2_grpc.BookieServiceServicer):
             )
         except MagnetarError as e:
             await abort_with(context, e)
-            raise
         response = pb.ReadEntriesResponse(
             ledger_id=result.ledger_id,
             last_add_confirmed=result.last_add_confirmed,
@@ -192,7 +190,6 @@ class BookieServicer(bookie_pb2_grpc.BookieServiceServicer):
             )
         except MagnetarError as e:
             await abort_with(context, e)
-            raise
         response = pb.ReadLacResponse(
             ledger_id=result.ledger_id,
             last_add_confirmed=result.last_add_confirmed,
@@ -215,7 +212,6 @@ class BookieServicer(bookie_pb2_grpc.BookieServiceServicer):
             result = await self.bookie.fence(request.ledger_id)
         except MagnetarError as e:
             await abort_with(context, e)
-            raise
         return pb.FenceResponse(
             ledger_id=result.ledger_id,
             last_add_confirmed=result.last_add_confirmed,
@@ -232,7 +228,6 @@ class BookieServicer(bookie_pb2_grpc.BookieServiceServicer):
             await self.bookie.delete_ledger(request.ledger_id)
         except MagnetarError as e:
             await abort_with(context, e)
-            raise
         return pb.DeleteLedgerResponse()
 
     async def GetBookieInfo(

@@ -153,7 +153,6 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                 _caller_token.reset(reset)
         except MagnetarError as e:
             await abort_with(context, e)
-            raise AssertionError("unreachable") from e
 
     async def _on_owner(
         self,
