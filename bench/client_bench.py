@@ -641,7 +641,7 @@ def worker_main(spec_text: str) -> int:
     quiet_logs()
     spec = json.loads(spec_text)
     if spec.get("tune_gc"):
-        from magnetar.common.gc_tuning import tune_gc_for_throughput  # noqa: PLC0415
+        from magnetar.common.server.gc_tuning import tune_gc_for_throughput  # noqa: PLC0415
 
         tune_gc_for_throughput()
     key = spec["pattern"]

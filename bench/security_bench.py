@@ -314,8 +314,8 @@ def worker_main(spec_text: str) -> int:
     null), ``trust_file`` (or null). The summary goes to stdout and the progress to stderr, as
     ``magnetar perf --json --json-progress`` prints them.
     """
-    from magnetar import perf  # noqa: PLC0415 - the worker needs only this
-    from magnetar.common.gc_tuning import tune_gc_for_throughput  # noqa: PLC0415
+    from magnetar.cli import perf  # noqa: PLC0415 - the worker needs only this
+    from magnetar.common.server.gc_tuning import tune_gc_for_throughput  # noqa: PLC0415
 
     # the client library logs its connections at info; perf's own output is what is read
     quiet_logs()
@@ -332,8 +332,8 @@ def worker_main(spec_text: str) -> int:
 
 async def _worker(args: argparse.Namespace, spec: dict[str, Any]) -> int:
     # perf's own _main, with the client's authentication and TLS settings added
-    from magnetar import perf  # noqa: PLC0415
     from magnetar.aio import Client  # noqa: PLC0415
+    from magnetar.cli import perf  # noqa: PLC0415
 
     run = perf._Run(args)
     run.main_task = asyncio.current_task()

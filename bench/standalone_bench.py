@@ -416,7 +416,7 @@ async def measure_imports(runs: int) -> dict[str, Any]:
     python = sys.executable
     commands = {
         "interpreter": [python, "-c", "pass"],
-        "imports": [python, "-c", "import magnetar.cli, magnetar.standalone"],
+        "imports": [python, "-c", "import magnetar.cli, magnetar.cli.standalone"],
     }
     times: dict[str, list[float]] = {key: [] for key in commands}
     for _ in range(runs):

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bookie.autorecovery import LEADER as AUTORECOVERY_LEADER
+from bookie.autorecovery.records import LEADER as AUTORECOVERY_LEADER
 from bookie.client.ledger_metadata import LedgerMetadata
 from magnetar.common.clock import SYSTEM_CLOCK, Clock
 from magnetar.common.errors import (

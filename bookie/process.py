@@ -6,7 +6,7 @@ the test kit run several in one process, sharing one metadata store. Start-up or
 registration last: a bookie is announced only once it can serve. Shutdown runs the other way, so
 clients stop choosing the bookie before it stops answering.
 
-Health, for Kubernetes probes (the contract is :mod:`magnetar.common.health`'s), on the gRPC
+Health, for Kubernetes probes (the contract is :mod:`magnetar.common.server.health`'s), on the gRPC
 port: service ``""`` (:data:`READINESS_SERVICE`) is SERVING only while the bookie is registered
 under a live metadata session and is not stopping; it drops when the session is lost or a stop
 begins and comes back once the bookie has registered again. :data:`LIVENESS_SERVICE` is SERVING
@@ -25,7 +25,8 @@ import grpc
 import grpc.aio
 import structlog
 
-from bookie.autorecovery import Autorecovery, AutorecoveryConfig
+from bookie.autorecovery.config import AutorecoveryConfig
+from bookie.autorecovery.worker import Autorecovery
 from bookie.client.config import LedgerClientConfig
 from bookie.framed.server import FramedBookieServer
 from bookie.grpc.servicer import BookieServicer
@@ -37,19 +38,19 @@ from bookie.service.registration import Registration, establish_identity
 from bookie.storage.engine import StorageEngine
 from magnetar.common.errors import InvalidConfigError
 from magnetar.common.grpc_decoding import RequestDecoding
-from magnetar.common.health import READINESS_SERVICE as _READINESS
-from magnetar.common.health import ProcessHealth
 from magnetar.common.peer_limits import ConnectionsPerIp
 from magnetar.common.security.config import is_loopback
 from magnetar.common.security.tls import ReloadingServerCredentials, ReloadingSslContext
-from magnetar.common.serving import (
+from magnetar.common.server.health import READINESS_SERVICE as _READINESS
+from magnetar.common.server.health import ProcessHealth
+from magnetar.common.server.serving import (
     grpc_server_options,
     listen,
     raise_file_limit,
     run_until_signalled,
     serve_reflection,
 )
-from magnetar.common.status_http import Response, StatusServer, status_server
+from magnetar.common.server.status_http import Response, StatusServer, status_server
 from metadata import MetadataStore, open_store
 from proto.bookie.v1 import bookie_pb2, bookie_pb2_grpc
 

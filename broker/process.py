@@ -4,7 +4,7 @@
 one in-process with a shared metadata store. SIGTERM hands every partition over to other
 brokers before the process exits.
 
-Health, for Kubernetes probes (the contract is :mod:`magnetar.common.health`'s), on the gRPC
+Health, for Kubernetes probes (the contract is :mod:`magnetar.common.server.health`'s), on the gRPC
 port: service ``""`` (:data:`READINESS_SERVICE`) is SERVING only while the broker holds a live
 metadata session and is not stopping; it drops the moment the session is lost or a stop begins,
 before any partition is handed over, and comes back when the broker has a new session. The
@@ -33,19 +33,19 @@ from broker.service.config import BrokerConfig
 from broker.service.metrics import BrokerMetrics
 from magnetar import __version__
 from magnetar.common.grpc_decoding import RequestDecoding
-from magnetar.common.health import READINESS_SERVICE as _READINESS
-from magnetar.common.health import ProcessHealth
 from magnetar.common.peer_limits import ConnectionsPerIp
 from magnetar.common.security.config import is_loopback
 from magnetar.common.security.tls import ReloadingServerCredentials
-from magnetar.common.serving import (
+from magnetar.common.server.health import READINESS_SERVICE as _READINESS
+from magnetar.common.server.health import ProcessHealth
+from magnetar.common.server.serving import (
     grpc_server_options,
     listen,
     raise_file_limit,
     run_until_signalled,
     serve_reflection,
 )
-from magnetar.common.status_http import Response, StatusServer, status_server
+from magnetar.common.server.status_http import Response, StatusServer, status_server
 from metadata import MetadataStore, open_store
 from proto.admin.v1 import admin_pb2, admin_pb2_grpc
 from proto.broker.v1 import broker_pb2, broker_pb2_grpc

@@ -20,14 +20,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bookie.autorecovery import AutorecoveryConfig
+from bookie.autorecovery.config import AutorecoveryConfig
 from bookie.client.config import LedgerClientConfig
 from bookie.service.config import BookieConfig
 from broker.service.config import BrokerConfig
 from magnetar.aio.config import ClientConfig, ConsumerConfig, ProducerConfig
+from magnetar.cli.standalone import StandaloneConfig
 from magnetar.common.config import Setting, config_reference, settings
 from magnetar.common.errors import ErrorCode, error_class_for
-from magnetar.standalone import StandaloneConfig
 from metadata.config import MetadataStoreConfig
 
 ROOT = Path(__file__).resolve().parent.parent

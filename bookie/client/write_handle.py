@@ -520,7 +520,7 @@ class WriteHandle:
         for answer in list(self._sends):
             answer.cancel()
         # each outbox refers back to this handle: a cycle, which only the cyclic collector
-        # would free, and the servers' tuning (magnetar/common/gc_tuning.py) runs it rarely
+        # would free, and the servers' tuning (magnetar/common/server/gc_tuning.py) runs it rarely
         self._outboxes.clear()
         log.info("ledger_closed", ledger=self.ledger_id, last_entry=lac, length=self._length)
         return self.metadata

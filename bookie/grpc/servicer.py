@@ -58,7 +58,6 @@ class BookieServicer(bookie_pb2_grpc.BookieServiceServicer):
             self.access.check(credentials_of(context), operation)
         except MagnetarError as e:
             await abort_with(context, e)
-            raise
 
     async def AddEntries(
         self,
@@ -146,7 +145,6 @@ class BookieServicer(bookie_pb2_grpc.BookieServiceServicer):
             )
         except MagnetarError as e:
             await abort_with(context, e)
-            raise
         response = pb.ReadEntriesResponse(
             ledger_id=result.ledger_id,
             last_add_confirmed=result.last_add_confirmed,
@@ -173,7 +171,6 @@ class BookieServicer(bookie_pb2_grpc.BookieServiceServicer):
             )
         except MagnetarError as e:
             await abort_with(context, e)
-            raise
         response = pb.ReadLacResponse(
             ledger_id=result.ledger_id,
             last_add_confirmed=result.last_add_confirmed,
@@ -196,7 +193,6 @@ class BookieServicer(bookie_pb2_grpc.BookieServiceServicer):
             result = await self.bookie.fence(request.ledger_id)
         except MagnetarError as e:
             await abort_with(context, e)
-            raise
         return pb.FenceResponse(
             ledger_id=result.ledger_id,
             last_add_confirmed=result.last_add_confirmed,
@@ -213,7 +209,6 @@ class BookieServicer(bookie_pb2_grpc.BookieServiceServicer):
             await self.bookie.delete_ledger(request.ledger_id)
         except MagnetarError as e:
             await abort_with(context, e)
-            raise
         return pb.DeleteLedgerResponse()
 
     async def GetBookieInfo(

@@ -27,6 +27,12 @@ from broker.grpc.servicer import to_start
 from broker.service.authorization import AuthorizationService, TopicAction
 from broker.service.broker import Broker, Route
 from broker.service.catalog import read_cluster
+from broker.service.records import (
+    BrokerLoadReport,
+    TopicPolicies,
+    policies_from_message,
+    policies_to_message,
+)
 from broker.service.tenants import Action, parse_actions
 from broker.service.topic import Topic
 from magnetar.common.errors import (
@@ -153,7 +159,6 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                 _caller_token.reset(reset)
         except MagnetarError as e:
             await abort_with(context, e)
-            raise AssertionError("unreachable") from e
 
     async def _on_owner(
         self,
@@ -268,7 +273,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             await self._authz.check_topic(principal, TopicAction.LOOKUP, name)
             record = await self.broker.catalog.require(name)
             policies = pb.TopicPolicies()
-            policies.ParseFromString(record.policies.SerializeToString())
+            policies.ParseFromString(policies_to_message(record.policies).SerializeToString())
             return pb.GetTopicResponse(
                 topic=record.name.topic,
                 partitions=record.partitions,
@@ -573,7 +578,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                 owned[record.broker_id] = owned.get(record.broker_id, 0) + 1
             response = pb.ListBrokersResponse()
             for broker_id, reg in sorted(snapshot.brokers.items()):
-                load = snapshot.loads.get(broker_id, cluster_pb2.BrokerLoadReport())
+                load = snapshot.loads.get(broker_id, BrokerLoadReport(broker_id=broker_id))
                 response.brokers.add(
                     broker_id=broker_id,
                     service_url=reg.service_url,
@@ -924,10 +929,11 @@ def _hide_addresses(response: pb.GetTopicStatsResponse) -> None:
                 consumer.address = ""
 
 
-def _topic_policies(policies: pb.TopicPolicies) -> topic_pb2.TopicPolicies:
+def _topic_policies(policies: pb.TopicPolicies) -> TopicPolicies:
+    # the wire message and the stored one have the same fields, numbers and presence
     stored = topic_pb2.TopicPolicies()
     stored.ParseFromString(policies.SerializeToString())
-    return stored
+    return policies_from_message(stored)
 
 
 def _ledger_summary(meta: LedgerMetadata, topic: str) -> pb.LedgerSummary:

@@ -66,7 +66,6 @@ from magnetar.common.errors import (
     MetadataError,
     ProtocolError,
     ServiceNotReadyError,
-    ShuttingDownError,
     StorageError,
     TopicNotOwnedError,
 )
@@ -84,9 +83,6 @@ _producer_ids = itertools.count(1)
 MAX_DELIVERY_MESSAGE_BYTES = 3 * 1024 * 1024
 
 _ACK_TYPES = (pb.ACK_TYPE_INDIVIDUAL, pb.ACK_TYPE_CUMULATIVE)
-
-# errors after which the client must look the partition up again and resend
-MOVED = (TopicNotOwnedError, ServiceNotReadyError, ShuttingDownError, ManagedLedgerError)
 
 
 _INITIAL_POSITIONS: dict[int, Start] = {
@@ -209,7 +205,6 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             await abort_with(
                 context, _not_now(e, self.broker.broker_id, f"lookup of {request.topic}")
             )
-            raise AssertionError("unreachable") from e
         return pb.LookupResponse(
             topic=result.topic,
             partitions=result.partitions,
@@ -375,10 +370,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                 )
                 try:
                     receipt = topic.publish(producer, incoming)
-                except MOVED as e:
-                    producer.close_with(_moved(e))
-                    return
                 except MagnetarError as e:
+                    if e.look_up_again:
+                        producer.close_with(_moved(e))
+                        return
                     receipt = loop.create_future()
                     receipt.set_exception(e)
                 inflight.append((batch.request_id, receipt))
@@ -442,7 +437,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                         publish_time_ms=r.publish_time_ms,
                         duplicate=r.duplicate,
                     )
-                elif isinstance(error, MOVED) or not isinstance(error, MagnetarError):
+                elif not isinstance(error, MagnetarError) or error.look_up_again:
                     moved = (
                         _moved(error)
                         if isinstance(error, MagnetarError)

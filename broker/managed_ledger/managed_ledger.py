@@ -712,7 +712,7 @@ class ManagedLedger:
             cursor.cancel_persist()
         # each cursor refers back to this ledger, and so do the callbacks the collaborators
         # were given: cycles that only the cyclic collector would free, and the servers' tuning
-        # (magnetar/common/gc_tuning.py) runs it rarely
+        # (magnetar/common/server/gc_tuning.py) runs it rarely
         self._cursors.clear()
         self._life.on_fenced = None
         self._writer.detach()

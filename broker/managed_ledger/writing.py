@@ -73,6 +73,7 @@ class _Append:
     future: asyncio.Future[AppendResult]
     key_hashes: tuple[int, ...] = ()
     deliver_at_ms: int = 0
+    payload_format: int = 0
     ledger_id: int = -1  # -1: not sent to a ledger (yet, or again after a failure)
     entry_id: int = -1
     confirmed: bool = False
@@ -162,7 +163,7 @@ class Writer:
         # an ended task is let go of: one that ended with an error (a cancelled one keeps its
         # CancelledError) holds its frames, and so the managed ledger, through the traceback;
         # kept here too, it would make a cycle that only the cyclic collector frees, which the
-        # servers' tuning (magnetar/common/gc_tuning.py) runs too rarely for the memory of a
+        # servers' tuning (magnetar/common/server/gc_tuning.py) runs too rarely for the memory of a
         # closed ledger to come back
         if self._pump is task:
             self._pump = None
@@ -178,6 +179,7 @@ class Writer:
         *,
         key_hashes: tuple[int, ...] = (),
         deliver_at_ms: int = 0,
+        payload_format: int = 0,
     ) -> asyncio.Future[AppendResult]:
         """See :meth:`ManagedLedger.append`."""
         self._life.check_usable()
@@ -209,7 +211,14 @@ class Writer:
         self._last_publish_ms = publish_time_ms
         future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
         append = _Append(
-            first_offset, num_messages, publish_time_ms, payload, future, key_hashes, deliver_at_ms
+            first_offset,
+            num_messages,
+            publish_time_ms,
+            payload,
+            future,
+            key_hashes,
+            deliver_at_ms,
+            payload_format,
         )
         self._pending.append(append)
         self._unsent.append(append)
@@ -314,6 +323,7 @@ class Writer:
                     append.publish_time_ms,
                     append.key_hashes,
                     append.deliver_at_ms,
+                    append.payload_format,
                 )
             )
             advanced = True

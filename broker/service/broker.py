@@ -33,6 +33,16 @@ from broker.service.envelope import EnvelopeCodec
 from broker.service.liveness import LOOKUP_WAIT_S, Peer, PeerWatchdog, parse_service_address
 from broker.service.load import BrokerLoadInfo, choose_least_loaded
 from broker.service.load_manager import LoadManager
+from broker.service.records import (
+    BrokerRegistration,
+    HandoverHint,
+    OwnershipRecord,
+    TopicPolicies,
+    decode_broker_registration,
+    decode_handover,
+    encode_broker_registration,
+    encode_handover,
+)
 from broker.service.security import BrokerSecurity
 from broker.service.topic import Topic
 from broker.service.topics import TopicManager
@@ -54,7 +64,6 @@ from magnetar.common.errors import (
 from magnetar.common.names import TopicName, parse_base_topic, parse_topic
 from metadata import MetadataStore, layout
 from metadata.coordination import Session
-from proto.format.v1 import cluster_pb2, topic_pb2
 
 log = structlog.get_logger("magnetar.broker")
 
@@ -134,7 +143,7 @@ class Broker:
             clock=clock,
         )
         self.catalog = TopicCatalog(store, clock)
-        self.live_brokers: dict[str, cluster_pb2.BrokerRegistration] = {}
+        self.live_brokers: dict[str, BrokerRegistration] = {}
         self.peer_watchdog: PeerWatchdog | None = None
         if config.peer_probe_interval_ms > 0:
             self.peer_watchdog = PeerWatchdog(
@@ -205,8 +214,7 @@ class Broker:
         session = await Session.start(
             self.store, ttl_s=self.config.session_ttl_s, clock=self.clock, name=self.broker_id
         )
-        registration = cluster_pb2.BrokerRegistration(
-            format_version=1,
+        registration = BrokerRegistration(
             broker_id=self.broker_id,
             service_url=self.service_url,
             service_url_tls=self.service_url_tls,
@@ -235,9 +243,7 @@ class Broker:
         self._serving_changed()
         self._spawn(self._session_lost(session, error))
 
-    async def _register(
-        self, session: Session, registration: cluster_pb2.BrokerRegistration
-    ) -> int:
+    async def _register(self, session: Session, registration: BrokerRegistration) -> int:
         """Create the lease-bound registration; a live broker with the same id is refused.
 
         A previous incarnation of this broker (crashed, or a session just lost) may hold the
@@ -248,15 +254,14 @@ class Broker:
         while True:
             try:
                 return await self.store.create(
-                    key, registration.SerializeToString(), lease_id=session.lease_id
+                    key, encode_broker_registration(registration), lease_id=session.lease_id
                 )
             except KeyExistsError:
                 holder = await self.store.get(key)
                 if holder is None:
                     continue
                 if self.clock.monotonic() >= deadline:
-                    other = cluster_pb2.BrokerRegistration()
-                    other.ParseFromString(holder.value)
+                    other = decode_broker_registration(holder.value)
                     raise BrokerIdInUseError(
                         f"broker id {self.broker_id!r} is registered by a live broker at"
                         f" {other.service_url or other.service_url_tls}; give this broker"
@@ -313,8 +318,7 @@ class Broker:
         live = {}
         peers = []
         for record in (await self.store.list(layout.BROKERS)).records:
-            registration = cluster_pb2.BrokerRegistration()
-            registration.ParseFromString(record.value)
+            registration = decode_broker_registration(record.value)
             live[registration.broker_id] = registration
             address = parse_service_address(
                 registration.service_url or registration.service_url_tls
@@ -340,8 +344,8 @@ class Broker:
         return 0 if self.peer_watchdog is None else self.peer_watchdog.revoked
 
     async def _free_dead_owners(
-        self, owners: list[cluster_pb2.OwnershipRecord | None]
-    ) -> list[cluster_pb2.OwnershipRecord | None]:
+        self, owners: list[OwnershipRecord | None]
+    ) -> list[OwnershipRecord | None]:
         """The owners with those whose process was just found dead (their lease revoked, so
         their ownership keys are gone) replaced by None, to be assigned again."""
         watchdog = self.peer_watchdog
@@ -368,8 +372,7 @@ class Broker:
                 listing = await self.store.list(layout.HANDOVER)
                 now = self.clock.time_ms()
                 for record in listing.records:
-                    hint = cluster_pb2.HandoverHint()
-                    hint.ParseFromString(record.value)
+                    hint = decode_handover(record.value)
                     partition = record.key[len(layout.HANDOVER) :]
                     if hint.expires_ms <= now:
                         with contextlib.suppress(MetadataError):
@@ -526,7 +529,7 @@ class Broker:
 
     async def _assign(
         self, partition: TopicName, infos: list[BrokerLoadInfo], promised: dict[str, int]
-    ) -> cluster_pb2.OwnershipRecord:
+    ) -> OwnershipRecord:
         live = {i.broker_id for i in infos}
         hint = await read_handover(self.store, partition.full, self.clock.time_ms())
         if hint is not None and hint.broker_id in live:
@@ -542,7 +545,7 @@ class Broker:
                 if owner is not None:
                     return owner
                 raise
-            return cluster_pb2.OwnershipRecord(
+            return OwnershipRecord(
                 broker_id=self.broker_id,
                 service_url=self.service_url,
                 service_url_tls=self.service_url_tls,
@@ -556,12 +559,12 @@ class Broker:
         if hint is None or hint.broker_id != target:
             # reserve the partition for the chosen broker until its client connects there,
             # so that another broker does not take it first
-            reservation = cluster_pb2.HandoverHint(
+            reservation = HandoverHint(
                 broker_id=target,
                 expires_ms=self.clock.time_ms() + self.config.handover_hint_ttl_ms,
             )
-            await self.store.put(layout.handover(partition.full), reservation.SerializeToString())
-        return cluster_pb2.OwnershipRecord(
+            await self.store.put(layout.handover(partition.full), encode_handover(reservation))
+        return OwnershipRecord(
             broker_id=target,
             service_url=registration.service_url,
             service_url_tls=registration.service_url_tls,
@@ -632,7 +635,7 @@ class Broker:
         topic: str,
         partitions: int,
         *,
-        policies: topic_pb2.TopicPolicies | None = None,
+        policies: TopicPolicies | None = None,
         properties: dict[str, str] | None = None,
     ) -> TopicRecord:
         name = parse_base_topic(topic)

@@ -7,6 +7,21 @@ import contextlib
 from dataclasses import dataclass
 
 from broker.service.load import BrokerLoadInfo, PartitionLoadInfo
+from broker.service.records import (
+    BrokerLoadReport,
+    BrokerRegistration,
+    HandoverHint,
+    OwnershipRecord,
+    PartitionLoad,
+    TopicMetadata,
+    TopicPolicies,
+    decode_broker_registration,
+    decode_handover,
+    decode_load_report,
+    decode_owner,
+    decode_topic,
+    encode_topic,
+)
 from magnetar.common.clock import SYSTEM_CLOCK, Clock
 from magnetar.common.errors import (
     InvalidArgumentError,
@@ -17,7 +32,6 @@ from magnetar.common.errors import (
 )
 from magnetar.common.names import TopicName
 from metadata import MetadataStore, layout
-from proto.format.v1 import cluster_pb2, topic_pb2
 
 MAX_PARTITIONS = 10_000
 
@@ -27,7 +41,7 @@ class TopicRecord:
     name: TopicName
     partitions: int
     created_ms: int
-    policies: topic_pb2.TopicPolicies
+    policies: TopicPolicies
     properties: dict[str, str]
     version: int
 
@@ -37,25 +51,26 @@ class TopicRecord:
         return [self.name.partition_name(i) for i in range(self.partitions)]
 
 
-def check_policies(policies: topic_pb2.TopicPolicies) -> None:
+def check_policies(policies: TopicPolicies) -> None:
     """Refuse policy values no topic could run with, naming the policy."""
     for name in ("retention_time_ms", "retention_size_bytes", "backlog_quota_bytes"):
-        if policies.HasField(name) and getattr(policies, name) < -1:
+        value = getattr(policies, name)
+        if value is not None and value < -1:
             raise InvalidArgumentError(
-                f"policy {name} is >= 0, or -1 for no limit; got {getattr(policies, name)}",
+                f"policy {name} is >= 0, or -1 for no limit; got {value}",
                 context={"policy": name},
             )
     for name in ("message_ttl_ms", "max_redelivery_count"):
-        if policies.HasField(name) and getattr(policies, name) < 0:  # type: ignore[arg-type]
+        value = getattr(policies, name)
+        if value is not None and value < 0:
             raise InvalidArgumentError(
-                f"policy {name} is >= 0 (0: off); got {getattr(policies, name)}",
+                f"policy {name} is >= 0 (0: off); got {value}",
                 context={"policy": name},
             )
 
 
 def _parse_topic(name: TopicName, value: bytes, version: int) -> TopicRecord:
-    meta = topic_pb2.TopicMetadata()
-    meta.ParseFromString(value)
+    meta = decode_topic(value)
     return TopicRecord(
         name, meta.partitions, meta.created_ms, meta.policies, dict(meta.properties), version
     )
@@ -97,7 +112,7 @@ class TopicCatalog:
         name: TopicName,
         partitions: int,
         *,
-        policies: topic_pb2.TopicPolicies | None = None,
+        policies: TopicPolicies | None = None,
         properties: dict[str, str] | None = None,
     ) -> TopicRecord:
         if not 0 <= partitions <= MAX_PARTITIONS:
@@ -108,14 +123,11 @@ class TopicCatalog:
             )
         if policies is not None:
             check_policies(policies)
-        meta = topic_pb2.TopicMetadata(
-            format_version=1,
-            partitions=partitions,
-            created_ms=self.clock.time_ms(),
-            policies=policies or topic_pb2.TopicPolicies(),
-            properties=properties or {},
+        value = encode_topic(
+            TopicMetadata(
+                partitions, self.clock.time_ms(), policies or TopicPolicies(), properties or {}
+            )
         )
-        value = meta.SerializeToString()
         try:
             version = await self.store.create(layout.topic(name.topic), value)
         except KeyExistsError:
@@ -136,14 +148,9 @@ class TopicCatalog:
                 f"partitions of {name.topic} can only grow, from {current.partitions} (and a"
                 f" non-partitioned topic cannot become partitioned); asked for {partitions}"
             )
-        meta = topic_pb2.TopicMetadata(
-            format_version=1,
-            partitions=partitions,
-            created_ms=current.created_ms,
-            policies=current.policies,
-            properties=current.properties,
+        value = encode_topic(
+            TopicMetadata(partitions, current.created_ms, current.policies, current.properties)
         )
-        value = meta.SerializeToString()
         version = await self.store.put(
             layout.topic(name.topic), value, expected_version=current.version
         )
@@ -167,13 +174,13 @@ class TopicCatalog:
 class ClusterSnapshot:
     """Live brokers, their load reports and who owns what, read together."""
 
-    brokers: dict[str, cluster_pb2.BrokerRegistration]
-    loads: dict[str, cluster_pb2.BrokerLoadReport]
-    owners: dict[str, cluster_pb2.OwnershipRecord]
+    brokers: dict[str, BrokerRegistration]
+    loads: dict[str, BrokerLoadReport]
+    owners: dict[str, OwnershipRecord]
 
     def load_infos(self) -> list[BrokerLoadInfo]:
         owned: dict[str, dict[str, PartitionLoadInfo]] = {b: {} for b in self.brokers}
-        rates: dict[str, dict[str, cluster_pb2.PartitionLoad]] = {
+        rates: dict[str, dict[str, PartitionLoad]] = {
             b: {p.partition: p for p in report.partitions} for b, report in self.loads.items()
         }
         for partition, record in self.owners.items():
@@ -191,37 +198,28 @@ class ClusterSnapshot:
 async def read_cluster(store: MetadataStore) -> ClusterSnapshot:
     brokers = {}
     for record in (await store.list(layout.BROKERS)).records:
-        registration = cluster_pb2.BrokerRegistration()
-        registration.ParseFromString(record.value)
+        registration = decode_broker_registration(record.value)
         brokers[registration.broker_id] = registration
     loads = {}
     for record in (await store.list(layout.LOAD)).records:
-        report = cluster_pb2.BrokerLoadReport()
-        report.ParseFromString(record.value)
+        report = decode_load_report(record.value)
         loads[report.broker_id] = report
     owners = {}
     for record in (await store.list(layout.OWNERSHIP)).records:
-        owner = cluster_pb2.OwnershipRecord()
-        owner.ParseFromString(record.value)
-        owners[record.key[len(layout.OWNERSHIP) :]] = owner
+        owners[record.key[len(layout.OWNERSHIP) :]] = decode_owner(record.value)
     return ClusterSnapshot(brokers, loads, owners)
 
 
-async def read_owner(store: MetadataStore, partition: str) -> cluster_pb2.OwnershipRecord | None:
+async def read_owner(store: MetadataStore, partition: str) -> OwnershipRecord | None:
     record = await store.get(layout.ownership(partition))
     if record is None:
         return None
-    owner = cluster_pb2.OwnershipRecord()
-    owner.ParseFromString(record.value)
-    return owner
+    return decode_owner(record.value)
 
 
-async def read_handover(
-    store: MetadataStore, partition: str, now_ms: int
-) -> cluster_pb2.HandoverHint | None:
+async def read_handover(store: MetadataStore, partition: str, now_ms: int) -> HandoverHint | None:
     record = await store.get(layout.handover(partition))
     if record is None:
         return None
-    hint = cluster_pb2.HandoverHint()
-    hint.ParseFromString(record.value)
+    hint = decode_handover(record.value)
     return hint if hint.expires_ms > now_ms else None

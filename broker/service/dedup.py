@@ -22,9 +22,13 @@ import structlog
 
 from broker.managed_ledger import AppendResult, ManagedLedger, Position
 from broker.service.envelope import producer_of
+from broker.service.records import (
+    DeduplicationSnapshot,
+    decode_dedup_snapshot,
+    encode_dedup_snapshot,
+)
 from magnetar.common.errors import MagnetarError
 from metadata import MetadataStore, layout
-from proto.format.v1 import topic_pb2
 
 log = structlog.get_logger("magnetar.broker.dedup")
 
@@ -79,8 +83,7 @@ class Deduplication:
         record = await self._store.get(self._key)
         start = self._ml.first_position
         if record is not None:
-            snapshot = topic_pb2.DeduplicationSnapshot()
-            snapshot.ParseFromString(record.value)
+            snapshot = decode_dedup_snapshot(record.value)
             self.persisted.update(snapshot.last_sequence_ids)
             covered = Position(snapshot.ledger_id, snapshot.entry_id)
             if covered >= start:
@@ -191,13 +194,10 @@ class Deduplication:
         if not self.enabled or self._last_position < Position(0, 0):
             return
         self._since_snapshot = 0
-        snapshot = topic_pb2.DeduplicationSnapshot(
-            format_version=1,
-            ledger_id=self._last_position.ledger_id,
-            entry_id=self._last_position.entry_id,
-            last_sequence_ids=dict(self.persisted),
+        snapshot = DeduplicationSnapshot(
+            self._last_position.ledger_id, self._last_position.entry_id, dict(self.persisted)
         )
-        await self._store.put(self._key, snapshot.SerializeToString())
+        await self._store.put(self._key, encode_dedup_snapshot(snapshot))
 
     async def close(self) -> None:
         if self._snapshotting is not None:

@@ -22,12 +22,18 @@ import structlog
 from broker.service.catalog import read_cluster
 from broker.service.config import BrokerConfig
 from broker.service.load import plan_shedding
+from broker.service.records import (
+    BrokerLoadReport,
+    HandoverHint,
+    PartitionLoad,
+    encode_handover,
+    encode_load_report,
+)
 from broker.service.topic import Topic
 from magnetar.common.clock import SYSTEM_CLOCK, Clock
 from magnetar.common.errors import MagnetarError, SessionLostError
 from metadata import MetadataStore, layout
 from metadata.coordination import LeaderElection, Session
-from proto.format.v1 import cluster_pb2
 
 log = structlog.get_logger("magnetar.broker.load")
 
@@ -72,7 +78,7 @@ class LoadManager:
         self.clock = clock
         self._meter = RateMeter()
         self._cpu_last = (time.monotonic(), sum(os.times()[:2]))
-        self.report = cluster_pb2.BrokerLoadReport(broker_id=broker_id)
+        self.report = BrokerLoadReport(broker_id=broker_id)
         self.partition_rates: dict[str, tuple[float, ...]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._election: LeaderElection | None = None
@@ -110,33 +116,43 @@ class LoadManager:
         self._cpu_last = (now, used)
         return 0.0 if now <= last_now else 100.0 * (used - last_used) / (now - last_now)
 
-    def build_report(self) -> cluster_pb2.BrokerLoadReport:
+    def build_report(self) -> BrokerLoadReport:
         now = time.monotonic()
         topics = self._topics()
-        report = cluster_pb2.BrokerLoadReport(
-            broker_id=self.broker_id,
-            timestamp_ms=self.clock.time_ms(),
-            owned_partitions=len(topics),
-            cpu_percent=self._cpu_percent(),
-            memory_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        )
+        timestamp_ms = self.clock.time_ms()
+        cpu_percent = self._cpu_percent()
+        memory_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        partitions = []
+        totals = [0.0, 0.0, 0.0, 0.0]
         for name, topic in topics.items():
             rates = self._meter.rates(
                 name, now, (topic.msgs_in, topic.msgs_out, topic.bytes_in, topic.bytes_out)
             )
             self.partition_rates[name] = rates
-            report.partitions.add(
-                partition=name,
-                msg_rate_in=rates[0],
-                msg_rate_out=rates[1],
-                bytes_rate_in=rates[2],
-                bytes_rate_out=rates[3],
-                acquired_ms=topic.acquired_ms,
+            partitions.append(
+                PartitionLoad(
+                    partition=name,
+                    msg_rate_in=rates[0],
+                    msg_rate_out=rates[1],
+                    bytes_rate_in=rates[2],
+                    bytes_rate_out=rates[3],
+                    acquired_ms=topic.acquired_ms,
+                )
             )
-            report.msg_rate_in += rates[0]
-            report.msg_rate_out += rates[1]
-            report.bytes_rate_in += rates[2]
-            report.bytes_rate_out += rates[3]
+            for i in range(4):
+                totals[i] += rates[i]
+        report = BrokerLoadReport(
+            broker_id=self.broker_id,
+            timestamp_ms=timestamp_ms,
+            owned_partitions=len(topics),
+            msg_rate_in=totals[0],
+            msg_rate_out=totals[1],
+            bytes_rate_in=totals[2],
+            bytes_rate_out=totals[3],
+            cpu_percent=cpu_percent,
+            memory_bytes=memory_bytes,
+            partitions=tuple(partitions),
+        )
         self._meter.forget_except(set(topics))
         for gone in set(self.partition_rates) - set(topics):
             del self.partition_rates[gone]
@@ -147,7 +163,7 @@ class LoadManager:
         report = self.build_report()
         await self.store.put(
             layout.broker_load(self.broker_id),
-            report.SerializeToString(),
+            encode_load_report(report),
             lease_id=session.lease_id,
         )
 
@@ -193,12 +209,12 @@ class LoadManager:
         )
         self.shedding_rounds += 1
         for move in moves:
-            hint = cluster_pb2.HandoverHint(
+            hint = HandoverHint(
                 broker_id=move.target,
                 from_broker_id=move.source,
                 expires_ms=now_ms + self.config.handover_hint_ttl_ms,
             )
-            await self.store.put(layout.handover(move.partition), hint.SerializeToString())
+            await self.store.put(layout.handover(move.partition), encode_handover(hint))
             log.info(
                 "partition_shed", partition=move.partition, source=move.source, target=move.target
             )

@@ -19,6 +19,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from broker.service.records import (
+    NamespacePermission,
+    NamespaceRecord,
+    TenantRecord,
+    decode_namespace,
+    decode_tenant,
+    encode_namespace,
+    encode_tenant,
+)
 from magnetar.common.clock import SYSTEM_CLOCK, Clock
 from magnetar.common.errors import (
     BadVersionError,
@@ -33,11 +42,9 @@ from magnetar.common.errors import (
 from magnetar.common.names import check_tenant, parse_namespace
 from metadata import MetadataStore, layout
 from metadata.coordination.view import PrefixView
-from proto.format.v1 import tenant_pb2
 
 __all__ = ["Action", "Namespace", "Tenant", "TenantCatalog"]
 
-FORMAT_VERSION = 1
 REFRESH_MIN_S = 0.5
 _CAS_ATTEMPTS = 10
 
@@ -90,12 +97,12 @@ class Namespace:
 
 
 def _tenant(name: str, value: bytes) -> Tenant:
-    record = tenant_pb2.TenantRecord.FromString(value)
-    return Tenant(name, tuple(record.admin_roles), record.created_ms)
+    record = decode_tenant(value)
+    return Tenant(name, record.admin_roles, record.created_ms)
 
 
 def _namespace(name: str, value: bytes) -> Namespace:
-    record = tenant_pb2.NamespaceRecord.FromString(value)
+    record = decode_namespace(value)
     permissions = {
         role: frozenset(
             a
@@ -108,13 +115,15 @@ def _namespace(name: str, value: bytes) -> Namespace:
 
 
 def _namespace_value(namespace: Namespace) -> bytes:
-    record = tenant_pb2.NamespaceRecord(
-        format_version=FORMAT_VERSION, created_ms=namespace.created_ms
+    return encode_namespace(
+        NamespaceRecord(
+            {
+                role: NamespacePermission(Action.PRODUCE in actions, Action.CONSUME in actions)
+                for role, actions in namespace.permissions.items()
+            },
+            namespace.created_ms,
+        )
     )
-    for role, actions in namespace.permissions.items():
-        record.permissions[role].produce = Action.PRODUCE in actions
-        record.permissions[role].consume = Action.CONSUME in actions
-    return record.SerializeToString()
 
 
 def _check_roles(roles: Iterable[str], what: str) -> tuple[str, ...]:
@@ -223,11 +232,8 @@ class TenantCatalog:
         check_tenant(name)
         roles = _check_roles(admin_roles, "admin roles")
         now = self.clock.time_ms()
-        record = tenant_pb2.TenantRecord(
-            format_version=FORMAT_VERSION, admin_roles=roles, created_ms=now
-        )
         try:
-            await self.store.create(layout.tenant(name), record.SerializeToString())
+            await self.store.create(layout.tenant(name), encode_tenant(TenantRecord(roles, now)))
         except KeyExistsError:
             raise TenantAlreadyExistsError(
                 f"tenant {name!r} already exists", context={"tenant": name}
@@ -248,19 +254,13 @@ class TenantCatalog:
                 raise TenantNotFoundError(
                     f"tenant {name!r} does not exist", context={"tenant": name}
                 )
-            record = tenant_pb2.TenantRecord.FromString(stored.value)
-            del record.admin_roles[:]
-            record.admin_roles.extend(roles)
+            value = encode_tenant(TenantRecord(roles, decode_tenant(stored.value).created_ms))
             try:
-                await self.store.put(
-                    layout.tenant(name),
-                    record.SerializeToString(),
-                    expected_version=stored.version,
-                )
+                await self.store.put(layout.tenant(name), value, expected_version=stored.version)
             except BadVersionError:
                 continue
             await self._tenants.refresh()
-            return _tenant(name, record.SerializeToString())
+            return _tenant(name, value)
         raise BadVersionError(f"tenant {name!r} kept changing; try again")
 
     async def delete_tenant(self, name: str) -> None:

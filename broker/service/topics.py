@@ -22,6 +22,13 @@ from broker.managed_ledger import ManagedLedger, ManagedLedgerConfig, ManagedLed
 from broker.service.catalog import TopicCatalog, read_handover, read_owner
 from broker.service.config import BrokerConfig
 from broker.service.dedup import Deduplication
+from broker.service.records import (
+    HandoverHint,
+    OwnershipRecord,
+    TopicPolicies,
+    encode_handover,
+    encode_owner,
+)
 from broker.service.topic import Topic
 from magnetar.common.clock import SYSTEM_CLOCK, Clock
 from magnetar.common.errors import (
@@ -36,7 +43,6 @@ from magnetar.common.errors import (
 from magnetar.common.names import TopicName
 from metadata import MetadataStore, layout
 from metadata.coordination import LockManager, ResourceLock, Session
-from proto.format.v1 import cluster_pb2, topic_pb2
 
 log = structlog.get_logger("magnetar.broker.topics")
 
@@ -108,9 +114,7 @@ class TopicManager:
             loading.add_done_callback(lambda _t: self._loading.pop(name.full, None))
         return await asyncio.shield(loading)
 
-    def _not_owned(
-        self, name: TopicName, owner: cluster_pb2.OwnershipRecord | None
-    ) -> TopicNotOwnedError:
+    def _not_owned(self, name: TopicName, owner: OwnershipRecord | None) -> TopicNotOwnedError:
         where = f"; its owner is {owner.broker_id} at {owner.service_url}" if owner else ""
         return TopicNotOwnedError(
             f"broker {self.broker_id} does not own partition {name}{where}",
@@ -131,16 +135,14 @@ class TopicManager:
             )
         assert self._lock_manager is not None
         session = self._session
-        record = cluster_pb2.OwnershipRecord(
+        record = OwnershipRecord(
             broker_id=self.broker_id,
             service_url=self.service_url,
             service_url_tls=self.service_url_tls,
             acquired_ms=self.clock.time_ms(),
         )
         try:
-            lock = await self._lock_manager.acquire(
-                layout.ownership(full), record.SerializeToString()
-            )
+            lock = await self._lock_manager.acquire(layout.ownership(full), encode_owner(record))
         except LockBusyError:
             raise self._not_owned(name, await read_owner(self.store, full)) from None
         try:
@@ -152,7 +154,7 @@ class TopicManager:
                     full,
                     ml,
                     enabled=policies.deduplication
-                    if policies.HasField("deduplication")
+                    if policies.deduplication is not None
                     else self.config.deduplication_enabled,
                     snapshot_interval=self.config.dedup_snapshot_interval_entries,
                 )
@@ -170,11 +172,11 @@ class TopicManager:
                 await ml.close()
             raise self._not_owned(name, None)
         topic = Topic(name, ml, dedup, self.config, on_fenced=self._fenced, clock=self.clock)
-        if policies.HasField("max_redelivery_count"):
+        if policies.max_redelivery_count is not None:
             topic.max_redelivery_count = policies.max_redelivery_count
         topic.set_message_ttl(
             policies.message_ttl_ms
-            if policies.HasField("message_ttl_ms")
+            if policies.message_ttl_ms is not None
             else self.config.message_ttl_ms
         )
         self.topics[full] = topic
@@ -191,12 +193,12 @@ class TopicManager:
         )
         return topic
 
-    def _ledger_config(self, policies: topic_pb2.TopicPolicies) -> ManagedLedgerConfig:
+    def _ledger_config(self, policies: TopicPolicies) -> ManagedLedgerConfig:
         """The broker's managed-ledger settings with the topic's own retention policies."""
         overrides = {
-            name: getattr(policies, name)
+            name: value
             for name in ("retention_time_ms", "retention_size_bytes")
-            if policies.HasField(name)
+            if (value := getattr(policies, name)) is not None
         }
         config = self.config.managed_ledger
         return dataclasses.replace(config, **overrides) if overrides else config
@@ -285,13 +287,13 @@ class TopicManager:
             if before_release is not None:
                 await before_release()
             if handover_to:
-                hint = cluster_pb2.HandoverHint(
+                hint = HandoverHint(
                     broker_id=handover_to,
                     from_broker_id=self.broker_id,
                     expires_ms=self.clock.time_ms() + self.config.handover_hint_ttl_ms,
                 )
                 with contextlib.suppress(MetadataError):
-                    await self.store.put(layout.handover(full), hint.SerializeToString())
+                    await self.store.put(layout.handover(full), encode_handover(hint))
             if lock is not None and lock.held:
                 with contextlib.suppress(MetadataError):
                     await lock.release()

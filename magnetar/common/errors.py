@@ -94,6 +94,13 @@ with :func:`error_from_code`. Codes are grouped by layer in blocks of 100.
         ├── InvalidServiceUrlError        (607)
         └── TlsError                      a broker's certificate was not trusted (608)
 
+Besides ``retriable``, one more flag is fixed per class: ``look_up_again`` (like aiokafka's
+``invalid_metadata``) marks the errors after which a producer must look its partition up again
+and resend what was not receipted: the partition is not owned here (``TopicNotOwnedError``), is
+moving or the broker is starting (``ServiceNotReadyError``), the broker is stopping
+(``ShuttingDownError``), or the partition's managed ledger failed (``ManagedLedgerError`` and
+its subtree).
+
 A code marked ``*`` is its parent's: errors of operator commands that never cross the wire
 subclass the error they refine without a code of their own, and travel (if ever) as their parent.
 
@@ -217,6 +224,9 @@ class MagnetarError(Exception):
 
     code: ClassVar[ErrorCode] = ErrorCode.INTERNAL
     retriable: ClassVar[bool] = False
+    #: after this error a producer looks its partition up again and resends (the partition
+    #: moved, is moving, or its writer failed), rather than failing what it sent
+    look_up_again: ClassVar[bool] = False
     #: name of the ``grpc.StatusCode`` a unary call fails with (kept as text: no gRPC import here)
     grpc_status: ClassVar[str] = "INTERNAL"
 
@@ -305,6 +315,7 @@ class ShuttingDownError(MagnetarError):
 
     code = ErrorCode.SHUTTING_DOWN
     retriable = True
+    look_up_again = True
     grpc_status = "UNAVAILABLE"
 
 
@@ -612,6 +623,7 @@ class ManagedLedgerError(MagnetarError):
     """An error of a partition's managed ledger."""
 
     code = ErrorCode.MANAGED_LEDGER_ERROR
+    look_up_again = True
 
 
 class ManagedLedgerFencedError(ManagedLedgerError):
@@ -678,6 +690,7 @@ class TopicNotOwnedError(BrokerError):
 
     code = ErrorCode.TOPIC_NOT_OWNED
     retriable = True
+    look_up_again = True
     grpc_status = "UNAVAILABLE"
 
 
@@ -736,6 +749,7 @@ class ServiceNotReadyError(BrokerError):
 
     code = ErrorCode.SERVICE_NOT_READY
     retriable = True
+    look_up_again = True
     grpc_status = "UNAVAILABLE"
 
 

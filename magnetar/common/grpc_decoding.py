@@ -257,7 +257,6 @@ class RequestDecoding(grpc.aio.ServerInterceptor):
                     left_out=left_out,
                 )
             await abort_with(context, e)
-            raise  # abort raised already
 
     def _release(self, counted: str | None) -> None:
         if counted is not None and self.per_ip is not None:

@@ -11,7 +11,7 @@ engine and the other gRPC-free layers do not import it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 import grpc.aio
@@ -60,8 +60,9 @@ def status_code_of(error: MagnetarError) -> grpc.StatusCode:
     return code
 
 
-async def abort_with(context: grpc.aio.ServicerContext[Any, Any], error: MagnetarError) -> None:
-    """End a unary call with ``error``: its status, its message, its detail in the trailers."""
+async def abort_with(context: grpc.aio.ServicerContext[Any, Any], error: MagnetarError) -> NoReturn:
+    """End a unary call with ``error``: its status, its message, its detail in the trailers.
+    It never returns: ``context.abort`` raises, and gRPC answers the call from that."""
     detail = error_to_detail(error)
     await context.abort(
         status_code_of(error),

@@ -7,8 +7,9 @@ import asyncio
 import contextlib
 from pathlib import Path
 
-from bookie.autorecovery import Autorecovery, AutorecoveryConfig
-from bookie.autorecovery_metrics import AutorecoveryMetrics
+from bookie.autorecovery.config import AutorecoveryConfig
+from bookie.autorecovery.metrics import AutorecoveryMetrics
+from bookie.autorecovery.worker import Autorecovery
 from bookie.client.ledger_client import LedgerClient
 from bookie.decommission import DecommissionProgress, decommission_bookie
 from bookie.process import BookieProcess

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from bookie.autorecovery import Autorecovery, AutorecoveryConfig, list_under_replicated
+from bookie.autorecovery.config import AutorecoveryConfig
+from bookie.autorecovery.records import list_under_replicated
+from bookie.autorecovery.worker import Autorecovery
 from bookie.client.bookie_client import BookieClient
 from bookie.client.config import LedgerClientConfig
 from bookie.client.ledger_client import LedgerClient

@@ -84,7 +84,7 @@ async def test_a_client_works_beside_connections_that_never_speak(
 
 
 def test_a_server_raises_its_soft_file_limit() -> None:
-    from magnetar.common.serving import raise_file_limit  # noqa: PLC0415
+    from magnetar.common.server.serving import raise_file_limit  # noqa: PLC0415
 
     soft, hard = raise_file_limit()
     assert (soft, hard) == resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -2,7 +2,7 @@
 topic, managed ledger or cached entry of it stays reachable, so its memory can be given back.
 
 And it is freed by reference counting alone, at once: the servers' collector tuning
-(magnetar/common/gc_tuning.py) makes full collections so rare that a closed topic caught in a
+(magnetar/common/server/gc_tuning.py) makes full collections so rare that a closed topic caught in a
 reference cycle (a cancelled task kept on it, a subscription or cursor pointing back) would
 stay in memory with its deduplication table, about 40 MiB per 100,000 one-message entries.
 So these tests switch the cyclic collector off and watch weak references. The RSS figures

@@ -24,15 +24,9 @@ import pytest_asyncio
 
 from magnetar.aio.admin import AdminClient
 from magnetar.aio.message_id import MessageId
-from magnetar.cli_client import (
-    MESSAGE_IDS_LISTED,
-    Progress,
-    format_value,
-    parse_message_id,
-    parse_property,
-    parse_time_ms,
-)
-from magnetar.cli_support import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE
+from magnetar.cli.client import parse_message_id, parse_property, parse_time_ms
+from magnetar.cli.messages import MESSAGE_IDS_LISTED, Progress, format_value
+from magnetar.cli.support import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE
 from magnetar.testing import StandaloneNode
 
 on_node = pytest.mark.asyncio(loop_scope="module")

@@ -32,10 +32,10 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from magnetar import cli_tokens
 from magnetar.aio import AdminClient, AuthenticationToken
 from magnetar.cli import main
-from magnetar.cli_support import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from magnetar.cli import tokens as cli_tokens
+from magnetar.cli.support import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from magnetar.common.security import tokens
 from magnetar.testing import LocalCluster
 from magnetar.testing.security import TestPki, TestTokens

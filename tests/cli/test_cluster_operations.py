@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bookie.client.ledger_client import LedgerClient
-from magnetar.cli_support import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from magnetar.cli.support import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from magnetar.testing import LocalCluster
 from magnetar.testing.etcd import EtcdServer
 from metadata import layout, open_store

@@ -28,7 +28,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from bookie.autorecovery import AutorecoveryConfig
+from bookie.autorecovery.config import AutorecoveryConfig
 from bookie.process import LIVENESS_SERVICE as BOOKIE_LIVENESS
 from bookie.service.config import BookieConfig
 from broker.process import LIVENESS_SERVICE as BROKER_LIVENESS

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from magnetar.common.security.tls import ReloadingSslContext
-from magnetar.common.status_http import Handler, Response, StatusServer
+from magnetar.common.server.status_http import Handler, Response, StatusServer
 from magnetar.testing.probes import http_get
 from magnetar.testing.security import TestPki
 

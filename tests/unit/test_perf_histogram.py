@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from magnetar.perf import LatencyHistogram, nearest_rank
+from magnetar.cli.perf import LatencyHistogram, nearest_rank
 
 PERCENTILES = ("0", "1", "50", "90", "95", "99", "99.9", "99.99", "100")
 

@@ -16,8 +16,7 @@ from cryptography.x509.oid import NameOID
 
 from bookie.service.config import BookieConfig
 from broker.service.config import BrokerConfig
-from magnetar import perf
-from magnetar.cli import build_parser
+from magnetar.cli import build_parser, perf
 from magnetar.common.config import config_overrides_from_args, load_config
 from magnetar.testing.security import TestPki
 

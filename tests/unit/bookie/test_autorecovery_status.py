@@ -8,7 +8,9 @@ import socket
 
 import pytest
 
-from bookie.autorecovery import Autorecovery, AutorecoveryConfig, AutorecoveryProcess
+from bookie.autorecovery.config import AutorecoveryConfig
+from bookie.autorecovery.process import AutorecoveryProcess
+from bookie.autorecovery.worker import Autorecovery
 from magnetar.common.config import load_config, missing_field_docs
 from magnetar.common.errors import InvalidConfigError
 from metadata import open_store

@@ -21,6 +21,7 @@ from broker.pulsar.errors import server_error
 from broker.service.config import DEFAULT_PULSAR_PORT, BrokerConfig
 from broker.service.envelope import IncomingBatch, build_envelope
 from broker.service.validation import BatchLimits
+from magnetar.cli.standalone import StandaloneConfig
 from magnetar.common.config import add_config_arguments, config_overrides_from_args, load_config
 from magnetar.common.errors import (
     InvalidConfigError,
@@ -33,7 +34,6 @@ from magnetar.common.errors import (
     TopicNotOwnedError,
 )
 from magnetar.common.keys import key_hash
-from magnetar.standalone import StandaloneConfig
 from proto.format.v1 import entry_pb2
 from proto.pulsar import PulsarApi_pb2 as api
 

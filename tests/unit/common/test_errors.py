@@ -133,3 +133,27 @@ async def test_transport_failures_become_unavailable() -> None:
     assert isinstance(error, errors.ServiceUnavailableError | errors.OperationTimeoutError)
     assert error.retriable
     assert "127.0.0.1:1" in error.message
+
+
+def test_the_errors_after_which_a_producer_looks_its_partition_up_again() -> None:
+    """The partition is not owned here, is moving, its broker stops, or its managed ledger
+    failed (any error of that subtree); nothing else sends a producer to look up again."""
+    flagged = {cls.__name__ for cls in errors.MagnetarError.__subclasses__() if cls.look_up_again}
+    assert flagged == {"ShuttingDownError", "ManagedLedgerError"}
+    every = {errors.error_class_for(code) for code in errors.ErrorCode}
+    moved = {cls for cls in every if cls.look_up_again}
+    assert moved == {
+        cls
+        for cls in every
+        if issubclass(
+            cls,
+            errors.TopicNotOwnedError
+            | errors.ServiceNotReadyError
+            | errors.ShuttingDownError
+            | errors.ManagedLedgerError,
+        )
+    }
+    assert errors.TopicNotOwnedError.look_up_again
+    assert errors.ServiceNotReadyError.look_up_again
+    assert not errors.BrokerError.look_up_again
+    assert not errors.TopicNotFoundError.look_up_again

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from magnetar.common.gc_tuning import THRESHOLDS, tune_gc_for_throughput
+from magnetar.common.server.gc_tuning import THRESHOLDS, tune_gc_for_throughput
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ figures (``api``), so a figure is never read as the other path's.
 Latencies go into :class:`LatencyHistogram`, a log-linear (HdrHistogram-style) histogram kept in
 this module. A line of progress per second goes to stderr, the summary to stdout (``--json``: one
 JSON line). Exit codes, and the credential and TLS options, are those of
-:mod:`magnetar.cli_support`.
+:mod:`magnetar.cli.support`.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from fractions import Fraction
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from magnetar.cli_support import (
+from magnetar.cli.support import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -413,7 +413,7 @@ def run_perf(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if getattr(args, "num_messages", None) is None and args.duration is None:
         args.duration = DEFAULT_DURATION_S
-    from magnetar.common.gc_tuning import tune_gc_for_throughput  # noqa: PLC0415
+    from magnetar.common.server.gc_tuning import tune_gc_for_throughput  # noqa: PLC0415
 
     tune_gc_for_throughput()  # a perf process is ours: see the module for the figures
     settings = client_settings(args)  # before the run: a usage error exits here, a bad file fails

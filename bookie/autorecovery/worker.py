@@ -1,53 +1,29 @@
-"""Autorecovery: bring every ledger back to Qw copies after a bookie is lost.
-
-One instance at a time is active, elected through the metadata store. It runs inside bookies
-started with ``--autorecovery``, or on its own as ``magnetar autorecovery``. The active instance
-repeats three steps:
-
-1. **Audit.** Every bookie the cluster knows (``/magnetar/bookies/cookies/``) that has been
-   missing from ``/magnetar/bookies/available/`` for longer than ``lost_bookie_grace_s`` is
-   lost. Every ledger fragment (segment) that names a lost bookie and whose end is known is
-   recorded as under-replicated at ``/magnetar/underreplicated/<ledger>``. A known end means a
-   sealed segment, or the last segment of a closed ledger: an open ledger's tail belongs to its
-   writer or to the recovery that closes it.
-2. **Replicate.** For each recorded ledger and each such fragment, pick a replacement bookie,
-   copy every entry of the fragment that the lost bookie held from a surviving replica to the
-   replacement (recovery adds: accepted even on a fenced ledger), then swap the bookie in that
-   segment with a compare-and-swap on the ledger's metadata.
-3. **Clear.** A ledger's record is removed once none of its fragments names a lost bookie.
-
-The records are the progress (``magnetar cluster under-replicated`` lists them), and they are
-what makes a restart mid-way safe. A new active instance picks the work up where it stopped;
-copies are idempotent, so redoing part of one costs time, not correctness.
-
-``magnetar autorecovery`` (:func:`run_autorecovery`) also serves ``/health`` and ``/metrics``
-over HTTP on ``http_port``, from what the instance already knows (:meth:`Autorecovery.health`,
-:mod:`bookie.autorecovery_metrics`): a probe or a scrape never reads the metadata store. An
-instance a bookie runs inside itself serves nothing of its own.
-"""
+"""One autorecovery instance (:class:`Autorecovery`): it campaigns in the election and, while
+active, audits, replicates and clears (the steps are in :mod:`bookie.autorecovery`). It keeps
+the figures its metrics report as it works."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import socket
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 
 import structlog
 
-from bookie.autorecovery_metrics import AutorecoveryMetrics
-from bookie.client.config import LedgerClientConfig
+from bookie.autorecovery.config import AutorecoveryConfig
+from bookie.autorecovery.records import (
+    LEADER,
+    UnderReplicated,
+    list_under_replicated,
+    under_replicated_key,
+)
 from bookie.client.ledger_client import LedgerClient
 from bookie.client.ledger_metadata import LedgerMetadata, write_set_indexes
 from bookie.client.placement import choose_replacement
 from bookie.entries import AddEntry, entry_checksum
-from magnetar.common.config import config_error
 from magnetar.common.errors import (
     BadVersionError,
-    InvalidConfigError,
     LedgerError,
     LedgerNotFoundError,
     MagnetarError,
@@ -56,97 +32,12 @@ from magnetar.common.errors import (
     NotEnoughBookiesError,
     SessionLostError,
 )
-from magnetar.common.security.config import HttpSettings
-from magnetar.common.serving import run_until_signalled
-from magnetar.common.status_http import Response, status_server
-from metadata import MetadataStore, layout, open_store
-from metadata.config import EtcdSecuritySettings
+from metadata import MetadataStore, layout
 from metadata.coordination import LeaderElection, Session
 
 log = structlog.get_logger("magnetar.autorecovery")
 
-UNDER_REPLICATED = "/magnetar/underreplicated/"
-LEADER = "/magnetar/autorecovery/leader"
 COPY_BATCH = 256
-
-
-@dataclass(frozen=True, kw_only=True)
-class AutorecoveryConfig(HttpSettings, EtcdSecuritySettings):
-    """When a bookie counts as lost, and how often autorecovery looks."""
-
-    metadata: str = "memory://"
-    """Metadata URL of the cluster (magnetar autorecovery --metadata)."""
-
-    name: str = "autorecovery"
-    """Name of this instance in the election (and in logs)."""
-
-    http_port: int = 8001
-    """HTTP port of /metrics and /health of `magnetar autorecovery` (0: any free port)."""
-
-    bind_host: str = "0.0.0.0"  # noqa: S104 - a server listens on every interface by default
-    """Address the HTTP server of `magnetar autorecovery` listens on."""
-
-    lost_bookie_grace_s: float = 60.0
-    """A bookie missing this long is lost, and its ledgers are re-replicated."""
-
-    check_interval_s: float = 5.0
-    """How often the active instance audits and replicates."""
-
-    session_ttl_s: int = 10
-    """TTL of the metadata session the active instance holds its election with."""
-
-    ledger: LedgerClientConfig = field(default_factory=LedgerClientConfig)
-    """How copies are read and written."""
-
-    def __post_init__(self) -> None:
-        self._check_etcd_security()
-        self._check_http()
-        if not 0 <= self.http_port <= 65535:
-            raise config_error("http_port", self.http_port, "must be a port number from 0 to 65535")
-        if self.lost_bookie_grace_s < 0:
-            raise config_error("lost_bookie_grace_s", self.lost_bookie_grace_s, "must be >= 0")
-        if self.check_interval_s <= 0:
-            raise config_error("check_interval_s", self.check_interval_s, "must be > 0")
-
-
-@dataclass(frozen=True, slots=True)
-class UnderReplicated:
-    """One ledger's record of fragments still short of copies."""
-
-    ledger_id: int
-    lost_bookies: tuple[str, ...]
-    fragments: int
-    since_ms: int
-
-    def to_bytes(self) -> bytes:
-        return json.dumps(
-            {
-                "ledger": self.ledger_id,
-                "lost_bookies": list(self.lost_bookies),
-                "fragments": self.fragments,
-                "since_ms": self.since_ms,
-            }
-        ).encode()
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> UnderReplicated:
-        body = json.loads(data)
-        return cls(
-            int(body["ledger"]),
-            tuple(body["lost_bookies"]),
-            int(body["fragments"]),
-            int(body["since_ms"]),
-        )
-
-
-def under_replicated_key(ledger_id: int) -> str:
-    return f"{UNDER_REPLICATED}{ledger_id:020d}"
-
-
-async def list_under_replicated(store: MetadataStore) -> list[UnderReplicated]:
-    """What autorecovery still has to do (for ``magnetar cluster under-replicated``)."""
-    listing = await store.list(UNDER_REPLICATED)
-    return [UnderReplicated.from_bytes(r.value) for r in listing.records]
 
 
 def lost_fragments(metadata: LedgerMetadata, lost: set[str]) -> list[int]:
@@ -173,7 +64,7 @@ class Autorecovery:
         self._stopping = False
         self._last_error: str | None = None
         self.active = asyncio.Event()
-        # what /metrics reports (bookie/autorecovery_metrics.py): plain numbers kept as the
+        # what /metrics reports (bookie/autorecovery/metrics.py): plain numbers kept as the
         # work happens, so a scrape costs no metadata read
         self.copied_entries = 0
         self.replicated_fragments = 0
@@ -463,96 +354,3 @@ class Autorecovery:
                 self._task.result()
         if self._client is not None:
             await self._client.close()
-
-
-class AutorecoveryProcess:
-    """``magnetar autorecovery``: one instance, and /health and /metrics over HTTP.
-
-    Create with :meth:`start`, end with :meth:`stop`. The HTTP server listens before the
-    instance starts, so a taken port fails the start before it joins the election.
-    """
-
-    def __init__(
-        self, config: AutorecoveryConfig, store: MetadataStore, *, owns_store: bool
-    ) -> None:
-        self.config = config
-        self.store = store
-        self._owns_store = owns_store
-        self.instance = Autorecovery(store, config)
-        self.metrics = AutorecoveryMetrics(self.instance)
-        self._http = status_server(
-            config,
-            config.bind_host,
-            config.http_port,
-            {"/metrics": self._metrics, "/health": self._health_check},
-            component="autorecovery",
-        )
-        self.http_port = 0
-
-    @classmethod
-    async def start(
-        cls, config: AutorecoveryConfig, *, store: MetadataStore | None = None
-    ) -> AutorecoveryProcess:
-        """Open the metadata store (unless ``store`` is given, which it then does not close),
-        listen on ``http_port``, start the instance."""
-        if store is None:
-            store = await open_store(config.store_config(config.metadata))
-            self = cls(config, store, owns_store=True)
-        else:
-            self = cls(config, store, owns_store=False)
-        try:
-            try:
-                self.http_port = await self._http.start()
-            except OSError as e:
-                raise InvalidConfigError(
-                    f"cannot listen on {config.bind_host}:{config.http_port} for /metrics and"
-                    f" /health: {e.strerror or e}; stop the other process or choose another"
-                    " --http-port",
-                    context={"address": f"{config.bind_host}:{config.http_port}"},
-                ) from None
-            await self.instance.start()
-        except BaseException:
-            await self.instance.close()
-            await self._http.stop()
-            await self._close_store()
-            raise
-        log.info("autorecovery_started", name=config.name, http_port=self.http_port)
-        return self
-
-    @property
-    def http_host(self) -> str:
-        """Where to reach the HTTP server: the bind address, or this machine's name."""
-        host = self.config.bind_host
-        return socket.gethostname() if host in ("", "0.0.0.0", "::") else host  # noqa: S104
-
-    def _metrics(self) -> Response:
-        return Response(200, self.metrics.render(), "text/plain; version=0.0.4")
-
-    def _health_check(self) -> Response:
-        ok, state = self.instance.health()
-        return (
-            Response(200, f"ok {state}\n".encode()) if ok else Response(503, f"{state}\n".encode())
-        )
-
-    async def stop(self) -> None:
-        """Leave the election (another instance takes over), then stop serving."""
-        await self.instance.close()
-        await self._http.stop()
-        await self._close_store()
-        log.info("autorecovery_stopped", name=self.config.name)
-
-    async def _close_store(self) -> None:
-        if self._owns_store:
-            await self.store.close()
-
-
-async def run_autorecovery(config: AutorecoveryConfig) -> int:
-    """Run an autorecovery instance until SIGTERM or SIGINT (``magnetar autorecovery``)."""
-    return await run_until_signalled(
-        lambda: AutorecoveryProcess.start(config),
-        lambda p: (
-            f"autorecovery {config.name} running"
-            f" (metrics: {p._http.scheme}://{p.http_host}:{p.http_port}/metrics)"
-        ),
-        lambda p: p.stop(),
-    )

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from magnetar.cli_support import EXIT_OK
+from magnetar.cli.support import EXIT_OK
 
 __all__ = ["add_tokens_command", "run_tokens"]
 

@@ -242,7 +242,7 @@ def _process_age_s() -> float | None:
 
 async def run_standalone(config: StandaloneConfig) -> int:
     """The body of ``magnetar standalone``: serve until Ctrl-C or SIGTERM."""
-    from magnetar.common.serving import run_until_signalled  # noqa: PLC0415
+    from magnetar.common.server.serving import run_until_signalled  # noqa: PLC0415
 
     return await run_until_signalled(
         lambda: Standalone.start(config), Standalone.ready_line, Standalone.stop

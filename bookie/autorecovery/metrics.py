@@ -1,6 +1,6 @@
 """Autorecovery's Prometheus metrics, read from the instance when scraped, in a registry of its own.
 
-Every value is one the instance already keeps as it works (:class:`~bookie.autorecovery.
+Every value is one the instance already keeps as it works (:class:`~bookie.autorecovery.worker.
 Autorecovery`), so a scrape reads no metadata. The audit's figures (lost bookies,
 under-replicated ledgers) are as of this instance's last audit, which only the active instance
 runs: read them where ``magnetar_autorecovery_active`` is 1, e.g.
@@ -17,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from bookie.autorecovery import Autorecovery
+    from bookie.autorecovery.worker import Autorecovery
 
 FAILURE_REASONS = ("no_replacement", "ledger_error")
 """Values of the ``reason`` label of ``magnetar_autorecovery_replication_failures_total``."""
