@@ -166,6 +166,7 @@ class EntryReader:
             meta.publish_time_ms,
             meta.key_hashes,
             meta.deliver_at_ms,
+            meta.payload_format,
         )
 
 
