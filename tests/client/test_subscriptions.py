@@ -746,7 +746,6 @@ def check_normal_messages_flow_past_delayed_ones(
     # a new owner loads the delayed entries from the subscription's delay index (the old one
     # wrote what it held aside as it closed), holds them aside again without reading them, and
     # new messages flow
-    assert stats()["delayed_entries_loaded"] == 0  # this owner read them
     admin.unload_topic(topic)
     with client.create_producer(topic) as producer:
         producer.send(b"after the move")
