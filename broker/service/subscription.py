@@ -268,6 +268,10 @@ class Subscription:
         self._counts_waiter: asyncio.Task[None] | None = None
         self._blocked_logged: str | None = None
         self.dead_lettered = 0
+        self.msgs_out = 0
+        self.bytes_out = 0
+        """Messages and entry bytes dispatched to this subscription's consumers (the topic's
+        counters add them up)."""
         if durable:
             cursor.record_subscription_type(int(subscription_type))
 
@@ -881,8 +885,8 @@ class Subscription:
             self._largest_batch = max(float(entry.num_messages), self._largest_batch * 0.99)
             session.msgs_out += assignment.count
             session.bytes_out += len(entry.payload)
-            self.topic.msgs_out += assignment.count
-            self.topic.bytes_out += len(entry.payload)
+            self.msgs_out += assignment.count
+            self.bytes_out += len(entry.payload)
         for seq, items in batches.items():
             session = self._sessions[seq]
             session.events.put_nowait(Deliveries(items, session.grant))

@@ -117,8 +117,8 @@ class Topic:
         self._space.set()
         self.msgs_in = 0
         self.bytes_in = 0
-        self.msgs_out = 0
-        self.bytes_out = 0
+        self._gone_out = (0, 0)
+        """Messages and bytes dispatched by subscriptions no longer here (dropped or deleted)."""
         self.acquired_ms = clock.time_ms()
         self._trim_task: asyncio.Task[None] | None = None
         self._ttl_task: asyncio.Task[None] | None = None
@@ -378,9 +378,25 @@ class Topic:
         self.subscriptions[name] = subscription
         return subscription
 
+    @property
+    def msgs_out(self) -> int:
+        """Messages dispatched to consumers: each subscription counts its own."""
+        return self._gone_out[0] + sum(s.msgs_out for s in self.subscriptions.values())
+
+    @property
+    def bytes_out(self) -> int:
+        """Entry bytes dispatched to consumers."""
+        return self._gone_out[1] + sum(s.bytes_out for s in self.subscriptions.values())
+
+    def _forget(self, subscription: Subscription) -> None:
+        """Drop a subscription, keeping what it dispatched in the topic's counters."""
+        del self.subscriptions[subscription.name]
+        msgs, size = self._gone_out
+        self._gone_out = (msgs + subscription.msgs_out, size + subscription.bytes_out)
+
     def drop_subscription(self, subscription: Subscription) -> None:
         if self.subscriptions.get(subscription.name) is subscription:
-            del self.subscriptions[subscription.name]
+            self._forget(subscription)
             asyncio.get_running_loop().create_task(
                 subscription.close(ServiceNotReadyError("the subscription was closed"))
             )
@@ -399,7 +415,7 @@ class Topic:
                     f"subscription {name!r} has {len(subscription.consumers)} consumer(s)"
                     " attached; disconnect them or force the delete"
                 )
-            del self.subscriptions[name]
+            self._forget(subscription)
             await subscription.close(SubscriptionNotFoundError("the subscription was deleted"))
         await self.ml.delete_cursor(name)
         self.cursor_moved()
@@ -591,7 +607,8 @@ class Topic:
         self.state = TopicState.CLOSED
         # each subscription refers back to this topic, and so does the ledger's write-problem
         # listener: let go of them (see the tasks above)
-        self.subscriptions.clear()
+        for subscription in list(self.subscriptions.values()):
+            self._forget(subscription)
         self.ml.on_write_problem = None
         log.info("topic_closed", topic=str(self.name), graceful=graceful, reason=reason.message)
 

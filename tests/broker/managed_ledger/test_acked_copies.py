@@ -29,8 +29,6 @@ class FakeTopic:
         self.ml = ml
         self.name = parse_topic("persistent://t/ns/acked-copies-partition-0")
         self.config = BrokerConfig(metadata="memory://")
-        self.msgs_out = 0
-        self.bytes_out = 0
         self.is_closing = False
 
     def cursor_moved(self) -> None:
