@@ -13,11 +13,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import pytest
 import pytest_asyncio
+from hypothesis import settings
 
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from magnetar.testing.etcd import EtcdServer
 from metadata import MetadataStore, MetadataStoreConfig, open_store
+
+# no timing thresholds in tests (the house rule): Hypothesis's 200 ms per example is one, and
+# a loaded 2-core machine crosses it without anything being wrong
+settings.register_profile("magnetar", deadline=None)
+settings.load_profile("magnetar")
 
 BACKENDS = ["memory", "embedded", pytest.param("etcd", marks=pytest.mark.etcd)]
 

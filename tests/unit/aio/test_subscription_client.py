@@ -819,9 +819,10 @@ async def test_a_message_tells_when_its_stream_was_opened_and_when_it_came(
 
     stream.close(ServiceNotReadyError("times moves"))
     again = await cluster.stream("times", after=stream)
-    reopened_after = time.monotonic()
     again.deliver(delivery(E2, [b"two"]))
     (second,) = await receive_all(consumer, 1)
-    assert opened < stream_opened_monotonic(second) <= reopened_after
-    assert stream_opened_monotonic(second) <= received_monotonic(second)
+    # the client notes its stream open when the call is set up, which the fake cluster may see
+    # a moment before: bounded by the message's own arrival, not by when the test saw the stream
+    assert opened < stream_opened_monotonic(second) <= received_monotonic(second)
+    assert received_monotonic(second) <= time.monotonic()
     await consumer.close()
