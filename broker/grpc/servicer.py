@@ -258,44 +258,49 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             yield _producer_closed(InternalError(f"opening the producer failed: {e!r}"))
             return
         log.info("producer_opened", topic=name.full, producer=producer_name)
-        yield pb.ProduceResponse(
-            opened=pb.ProducerOpened(
-                producer_name=producer_name,
-                topic=name.full,
-                last_sequence_id=producer.last_sequence_id,
-                max_message_bytes=self.broker.config.max_message_bytes,
-                max_messages_per_batch=self.broker.config.max_messages_per_batch,
-            )
-        )
-        inflight: deque[tuple[int, asyncio.Future[Receipt]]] = deque()
-        arrived = asyncio.Event()
-        taken = asyncio.Event()
-        """Set when receipts left ``inflight``: a reader waiting for room looks again."""
-        challenges: deque[int] = deque()
-
-        def challenge(expired_at_ms: int) -> None:
-            challenges.append(expired_at_ms)
-            arrived.set()
-
-        credentials = security.stream(
-            principal,
-            context.peer(),
-            action=TopicAction.PRODUCE,
-            topic=name,
-            on_challenge=challenge,
-            on_revoked=producer.close_with,
-        )
-        reader = asyncio.create_task(
-            self._read_produce(
-                request_iterator,
-                producer,
-                inflight=inflight,
-                arrived=arrived,
-                taken=taken,
-                credentials=credentials,
-            )
-        )
+        # from here on the producer is attached: whatever ends the stream (the client
+        # cancelling while the answer below is written included) removes it, or a stream that
+        # is gone would keep the producer name taken
+        credentials: StreamCredentials | None = None
+        reader: asyncio.Task[None] | None = None
         try:
+            yield pb.ProduceResponse(
+                opened=pb.ProducerOpened(
+                    producer_name=producer_name,
+                    topic=name.full,
+                    last_sequence_id=producer.last_sequence_id,
+                    max_message_bytes=self.broker.config.max_message_bytes,
+                    max_messages_per_batch=self.broker.config.max_messages_per_batch,
+                )
+            )
+            inflight: deque[tuple[int, asyncio.Future[Receipt]]] = deque()
+            arrived = asyncio.Event()
+            taken = asyncio.Event()
+            """Set when receipts left ``inflight``: a reader waiting for room looks again."""
+            challenges: deque[int] = deque()
+
+            def challenge(expired_at_ms: int) -> None:
+                challenges.append(expired_at_ms)
+                arrived.set()
+
+            credentials = security.stream(
+                principal,
+                context.peer(),
+                action=TopicAction.PRODUCE,
+                topic=name,
+                on_challenge=challenge,
+                on_revoked=producer.close_with,
+            )
+            reader = asyncio.create_task(
+                self._read_produce(
+                    request_iterator,
+                    producer,
+                    inflight=inflight,
+                    arrived=arrived,
+                    taken=taken,
+                    credentials=credentials,
+                )
+            )
             async for response in self._produce_responses(
                 producer,
                 inflight=inflight,
@@ -316,8 +321,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                     else ProtocolError(f"the produce stream failed: {error!r}")
                 )
         finally:
-            credentials.close()
-            await _reap(reader)
+            if credentials is not None:
+                credentials.close()
+            if reader is not None:
+                await _reap(reader)
             topic.remove_producer(producer)
             log.info("producer_closed", topic=name.full, producer=producer_name)
 
@@ -516,26 +523,39 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             log.exception("subscribe_failed", topic=sub.topic)
             yield _consumer_closed(InternalError(f"subscribe failed: {e!r}"))
             return
-        yield pb.ConsumeResponse(
-            subscribed=pb.Subscribed(
-                topic=name.full,
-                subscription=consumer.subscription.name,
-                consumer_name=consumer.name,
-                max_redelivery_count=topic.max_redelivery_count,
-            )
+        log.info(
+            "consumer_subscribed",
+            topic=name.full,
+            subscription=consumer.subscription.name,
+            consumer=consumer.name,
         )
-        credentials = security.stream(
-            principal,
-            context.peer(),
-            action=TopicAction.CONSUME,
-            topic=name,
-            on_challenge=lambda expired_at_ms: consumer.events.put_nowait(
-                AuthChallenge(expired_at_ms)
-            ),
-            on_revoked=consumer.close_with,
-        )
-        reader = asyncio.create_task(self._read_consume(request_iterator, consumer, credentials))
+        # from here on the consumer is attached: whatever ends the stream (the client
+        # cancelling while the answer below is written included) detaches it, or a stream that
+        # is gone would hold an exclusive subscription and the permits it was given
+        credentials: StreamCredentials | None = None
+        reader: asyncio.Task[None] | None = None
         try:
+            yield pb.ConsumeResponse(
+                subscribed=pb.Subscribed(
+                    topic=name.full,
+                    subscription=consumer.subscription.name,
+                    consumer_name=consumer.name,
+                    max_redelivery_count=topic.max_redelivery_count,
+                )
+            )
+            credentials = security.stream(
+                principal,
+                context.peer(),
+                action=TopicAction.CONSUME,
+                topic=name,
+                on_challenge=lambda expired_at_ms: consumer.events.put_nowait(
+                    AuthChallenge(expired_at_ms)
+                ),
+                on_revoked=consumer.close_with,
+            )
+            reader = asyncio.create_task(
+                self._read_consume(request_iterator, consumer, credentials)
+            )
             async for response in self._consume_responses(consumer, reader):
                 yield response
             if reader.done() and not reader.cancelled() and reader.exception() is not None:
@@ -548,9 +568,23 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                     else ProtocolError(f"the consume stream failed: {error!r}")
                 )
         finally:
-            credentials.close()
-            await _reap(reader)
+            if credentials is not None:
+                credentials.close()
+            if reader is not None:
+                await _reap(reader)
             consumer.detach()
+            # what the stream held when it ended: a stalled consumer shows here (no permits,
+            # a full buffer its client never read, messages it never acknowledged)
+            log.info(
+                "consumer_closed",
+                topic=name.full,
+                subscription=consumer.subscription.name,
+                consumer=consumer.name,
+                permits=consumer.permits,
+                unacked_messages=consumer.unacked_messages,
+                buffered_bytes=consumer.buffered_bytes,
+                msgs_out=consumer.msgs_out,
+            )
 
     async def _read_consume(
         self,
