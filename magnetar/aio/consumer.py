@@ -174,6 +174,11 @@ class _ReceiveQueue:
         self._count += len(messages)
         self._nonempty.set()
 
+    def count_of(self, owner: _PartitionConsumer) -> int:
+        """Queued messages of one partition."""
+        count = sum(len(messages) for run_owner, messages in self._runs if run_owner is owner)
+        return count - self._head if self._runs and self._runs[0][0] is owner else count
+
     def purge(self, owner: _PartitionConsumer) -> int:
         """Drop the messages of one partition; how many."""
         before = self._count
@@ -410,6 +415,12 @@ class _PartitionConsumer(PartitionStream):
     def generation(self) -> int:
         """Counts this partition's streams (a message is from the stream it came on)."""
         return self._generation
+
+    @property
+    def unsent_permits(self) -> int:
+        """Permits the application gave back that wait for the next Flow (sent at half the
+        partition's share of the receive queue)."""
+        return self._consumed
 
     def taken_one(self, message: Message) -> None:
         """:meth:`taken` of one message."""
@@ -1103,6 +1114,26 @@ class Consumer:
         the active consumer of, as the broker last said. Other subscription types are not told
         and list none."""
         return sorted(index for index, p in self._partitions.items() if p.active)
+
+    def stream_states(self) -> list[dict[str, Any]]:
+        """What each partition's stream holds now, for diagnosing a consumer that gets nothing:
+        whether it is connected and to which broker, how many streams it has had, messages of
+        it waiting in the receive queue, permits the application gave back that are not sent
+        yet, and the last problem it met."""
+        queue = self.queue
+        return [
+            {
+                "partition": index,
+                "connected": p.connected,
+                "broker": p.broker,
+                "streams": p.generation,
+                "queued": queue.count_of(p) if isinstance(queue, _ReceiveQueue) else None,
+                "permits_to_give_back": p.unsent_permits,
+                "failed": repr(p.error) if p.error is not None else None,
+                "last_problem": repr(p.last_error) if p.last_error is not None else None,
+            }
+            for index, p in sorted(self._partitions.items())
+        ]
 
     async def receive(self, timeout_millis: int | None = None) -> Message:
         """The next message; :class:`ReceiveTimeoutError` when none comes in ``timeout_millis``."""

@@ -123,6 +123,7 @@ def run_verify(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
             secure=args.secure,
             token_expiry_s=args.token_expiry_s,
             command="magnetar " + " ".join(words),
+            client_log=True,
         )
     except ValueError as e:
         print(f"magnetar verify: {e}", file=sys.stderr)

@@ -171,6 +171,10 @@ class History:
     unexpected_exits: list[str] = field(default_factory=list)
     """Servers that exited without the nemesis killing them (a crash of Magnetar or etcd): one
     line each, naming the node, when it was found gone and its exit status."""
+    stalls: list[dict[str, Any]] = field(default_factory=list)
+    """When the drain ran out of time: per subscription that was not given every acknowledged
+    message and per partition, what the broker's consumers and the client's streams held then
+    (:meth:`Workload._stalls`)."""
     security: dict[str, Any] = field(default_factory=dict)
     """A secure run's security facts (empty otherwise): the hops, the rotation (when, what,
     the faults active then, how soon each server presented its new certificate), which
@@ -185,6 +189,7 @@ class History:
             "phases": self.phases,
             "security": self.security,
             "unexpected_exits": self.unexpected_exits,
+            "stalls": self.stalls,
             "faults": [asdict(f) for f in self.faults],
             "switches": [asdict(s) for s in self.switches],
             "sends": [asdict(s) for s in self.sends],
@@ -209,6 +214,7 @@ class History:
             phases={k: float(v) for k, v in body.get("phases", {}).items()},
             security=dict(body.get("security", {})),
             unexpected_exits=list(body.get("unexpected_exits", [])),
+            stalls=list(body.get("stalls", [])),
         )
 
     @classmethod

@@ -73,6 +73,7 @@ def report_body(history: History, verdict: Verdict, schedule: list[str]) -> dict
             for f in history.faults
         ],
         "throughput": throughput(history),
+        "stalls": history.stalls,
     }
 
 
@@ -423,6 +424,72 @@ _RESULT_ROWS = (
 )  # fmt: skip
 
 
+def _position_text(position: dict[str, Any] | None) -> str:
+    if not position:
+        return "-"
+    return f"({position.get('ledger_id')},{position.get('entry_id')})"
+
+
+def _stall_lines(history: History) -> list[str]:
+    """The drain ran out of time: what each lagging subscription held, broker and client."""
+    if not history.stalls:
+        return []
+    lines = [
+        "## Stalled at the drain",
+        "",
+        (
+            "Subscriptions not given every acknowledged message when the drain ran out of time, per"
+            " partition: the broker's consumers (permits, unacknowledged messages, blocked) and the"
+            " client's streams (connected, messages queued, permits not yet given back). Everything"
+            " is in `report.json` (`stalls`)."
+        ),
+        "",
+        "| subscription | partition | missing | broker consumers | client streams |",
+        "|---|---:|---:|---|---|",
+    ]
+    for stall in history.stalls:
+        broker = stall.get("broker")
+        if isinstance(broker, dict):
+            consumers = "; ".join(
+                f"{c.get('consumer_name', '?')}: permits {c.get('available_permits', 0)},"
+                f" unacked {c.get('unacked_messages', 0)}"
+                + (", blocked" if c.get("blocked") else "")
+                for c in broker.get("consumers", [])
+            )
+            cursor = broker.get("cursor") or {}
+            broker_cell = (
+                f"on {broker.get('owner')}: backlog {broker.get('backlog_messages', 0)}"
+                + (
+                    f", mark-delete {_position_text(cursor.get('mark_delete'))},"
+                    f" read {_position_text(cursor.get('read_position'))}"
+                    if cursor
+                    else ""
+                )
+                + (", blocked" if broker.get("blocked") else "")
+                + f"; {consumers or 'no consumer'}"
+            )
+        else:
+            broker_cell = str(broker)
+        clients = "; ".join(
+            f"{name}: "
+            + (
+                "no stream"
+                if state is None
+                else f"{'connected' if state['connected'] else 'not connected'}"
+                f" to {state['broker']}, {state['streams']} streams, queued {state['queued']},"
+                f" permits to give back {state['permits_to_give_back']}"
+                + (f", failed {state['failed']}" if state["failed"] else "")
+            )
+            for name, state in stall.get("clients", {}).items()
+        )
+        lines.append(
+            f"| {stall['subscription']} | {stall['partition']} | {stall['missing']} |"
+            f" {broker_cell} | {clients or '-'} |"
+        )
+    lines.append("")
+    return lines
+
+
 def summary_markdown(history: History, verdict: Verdict) -> str:
     """The one-page summary."""
     config = history.config
@@ -493,6 +560,7 @@ def summary_markdown(history: History, verdict: Verdict) -> str:
         "",
     ]
     lines += _security_lines(history)
+    lines += _stall_lines(history)
     if verdict.samples:
         lines += ["## Samples", ""]
         for rule, examples in verdict.samples.items():

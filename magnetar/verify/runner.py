@@ -26,8 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
+from magnetar.common.log import configure_logging
 from magnetar.testing import LocalCluster
 from magnetar.testing.cluster import tmpfs_unsupported_reason
 from magnetar.testing.netns import netns_unsupported_reason
@@ -93,6 +94,11 @@ class VerifyConfig:
     """Secure runs: how long each of the workload's tokens is valid (refreshed in band)."""
     command: str = ""
     """The command line, for the report's replay line."""
+    client_log: bool = False
+    """Log this process's client library (every stream's subscribes, reconnects and
+    disconnects) at info level to ``client.log`` in the work directory, for explaining a
+    failure; its warnings then go there, not to stderr. The ``magnetar verify`` command sets
+    it."""
 
     def __post_init__(self) -> None:
         if self.duration_s <= 0:
@@ -127,6 +133,7 @@ async def run_verify(config: VerifyConfig, say: Callable[[str], None]) -> Outcom
     """Run once; the outcome carries the verdict and where the report went."""
     work_dir = config.work_dir or Path(tempfile.mkdtemp(prefix="magnetar-verify-"))
     work_dir.mkdir(parents=True, exist_ok=True)
+    client_log = _log_client_to(work_dir / "client.log") if config.client_log else None
     clock = Clock()
     netns_reason = netns_unsupported_reason()
     tmpfs_reason = tmpfs_unsupported_reason()
@@ -298,8 +305,18 @@ async def run_verify(config: VerifyConfig, say: Callable[[str], None]) -> Outcom
         if workload is not None:
             await workload.close()
         await cluster.aclose()
+        if client_log is not None:
+            configure_logging(mode="console", level="warning", stream=sys.stderr)
+            client_log.close()
         if passed and not config.keep and config.work_dir is None:
             shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def _log_client_to(path: Path) -> TextIO:
+    """Send this process's logs (the client library's) to ``path``, as JSON lines at info."""
+    stream = path.open("a", encoding="utf-8")
+    configure_logging(mode="json", level="info", stream=stream)
+    return stream
 
 
 def _after_heal(summary: dict[str, Any]) -> str:
@@ -473,5 +490,9 @@ def verify_main(config: VerifyConfig, *, as_json: bool) -> int:
             print(f"  {problem}")
         print(f"report: {outcome.paths['summary']}")
     if not verdict.ok:
-        print(f"the cluster's data and logs are kept in {outcome.work_dir}", file=sys.stderr)
+        print(
+            f"the cluster's data and logs, and the client's (client.log), are kept in"
+            f" {outcome.work_dir}",
+            file=sys.stderr,
+        )
     return 0 if verdict.ok else 1

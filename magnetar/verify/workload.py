@@ -134,6 +134,8 @@ class Workload:
         self._seen: dict[str, set[tuple[str, str, int]]] = defaultdict(set)
         self.client: Client | None = None
         self.errors: list[str] = []
+        self._consumers: dict[str, Consumer] = {}
+        """The consumer each consumer task uses now, by consumer name (for :meth:`_stalls`)."""
 
     def _url(self) -> str:
         return self._service_url() if callable(self._service_url) else self._service_url
@@ -145,6 +147,7 @@ class Workload:
         for name, kind, count in self.config.subscriptions:
             for index in range(count):
                 consumer = await self._subscribe(name, kind, index)
+                self._consumers[f"{name}-{index}"] = consumer
                 self._consumer_tasks.append(
                     asyncio.create_task(self._consume(name, kind, index, consumer))
                 )
@@ -153,18 +156,7 @@ class Workload:
             self._producer_tasks.append(asyncio.create_task(self._produce(index, producer)))
 
     async def _create_topic(self) -> None:
-        assert self.client is not None
-        if self._admin_settings is None:
-            admin = self.client.admin()
-        else:
-            settings = self._admin_settings()
-            admin = AdminClient(
-                self._url(),
-                authentication=settings.pop("authentication", None),
-                operation_timeout_s=60,
-                **settings,
-            )
-        async with admin:
+        async with self._admin() as admin:
             # keep every ledger (retention -1): consumed ones would otherwise be deleted, and
             # the final read must see everything that was ever stored
             await admin.create_topic(
@@ -305,6 +297,7 @@ class Workload:
                 if self._stop_consuming.is_set():
                     return
                 consumer = await self._resubscribe(name, kind, index)
+                self._consumers[consumer_name] = consumer
                 continue
             except MagnetarError as e:
                 self.errors.append(f"{self.clock.now():.3f}s {consumer_name}: {e.message}")
@@ -380,6 +373,9 @@ class Workload:
         while any(self.caught_up().values()) and loop.time() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.25)  # polls the recorded history: no event to wait on
         self.history.phases["subscriptions_drained"] = self.clock.now()
+        lagging = [name for name, missing in self.caught_up().items() if missing]
+        if lagging:
+            self.history.stalls = await self._stalls(lagging)
         # let acks in flight get their receipts, then stop the consumers
         if self._ack_tasks:
             await asyncio.wait(set(self._ack_tasks), timeout=30)
@@ -387,6 +383,77 @@ class Workload:
         await asyncio.gather(*self._consumer_tasks)
         self.history.drain_complete = await self._read_log(max(30.0, deadline - loop.time()))
         self.history.phases["read"] = self.clock.now()
+
+    async def _stalls(self, subscriptions: list[str]) -> list[dict[str, Any]]:
+        """What the subscriptions that were not given everything hold, per partition, on both
+        sides: the broker's consumers (permits, unacknowledged messages, blocked) and backlog,
+        and the client's streams (connected, queued messages, permits not yet given back)."""
+        stalls: list[dict[str, Any]] = []
+        try:
+            async with self._admin() as admin:
+                for partition in range(self.config.partitions):
+                    topic = f"{self.config.topic}-partition-{partition}"
+                    try:
+                        stats = (await admin.topic_stats(topic, internal=True))["partitions"][0]
+                    except MagnetarError as e:
+                        stats = {"error": e.message}
+                    for name in subscriptions:
+                        broker: dict[str, Any] | str = next(
+                            (
+                                {
+                                    **s,
+                                    "owner": stats.get("owner_broker_id"),
+                                    "cursor": next(
+                                        (c for c in stats["cursors"] if c["name"] == name), None
+                                    ),
+                                }
+                                for s in stats.get("subscriptions", [])
+                                if s["subscription"] == name
+                            ),
+                            stats.get("error", "no such subscription"),
+                        )
+                        clients = {
+                            consumer_name: next(
+                                (
+                                    state
+                                    for state in consumer.stream_states()
+                                    if state["partition"] == partition
+                                ),
+                                None,
+                            )
+                            for consumer_name, consumer in sorted(self._consumers.items())
+                            if consumer_name.rsplit("-", 1)[0] == name
+                        }
+                        stalls.append(
+                            {
+                                "subscription": name,
+                                "partition": partition,
+                                "missing": sum(
+                                    1
+                                    for s in self.history.sends
+                                    if s.outcome == "acked"
+                                    and s.partition == partition
+                                    and s.name not in self._seen[name]
+                                ),
+                                "broker": broker,
+                                "clients": clients,
+                            }
+                        )
+        except MagnetarError as e:
+            self.errors.append(f"could not read the stalled subscriptions' stats: {e.message}")
+        return stalls
+
+    def _admin(self) -> AdminClient:
+        assert self.client is not None
+        if self._admin_settings is None:
+            return self.client.admin()
+        settings = self._admin_settings()
+        return AdminClient(
+            self._url(),
+            authentication=settings.pop("authentication", None),
+            operation_timeout_s=60,
+            **settings,
+        )
 
     async def _read_log(self, timeout_s: float) -> bool:
         """Read every partition from its start until it stays quiet; whether all finished."""
