@@ -48,6 +48,11 @@ DEFAULT_MAX_BODY_BYTES = 16 * 1024
 """The largest request body an app takes (admin calls carry a number, a boolean or a small
 JSON object)."""
 DEFAULT_HANDLER_TIMEOUT_S = 60.0
+KEPT_HEADERS = frozenset(
+    {"authorization", "content-length", "content-type", "host", "transfer-encoding"}
+)
+"""The headers a request keeps (the others are read and dropped, so a head of many long lines
+holds no memory)."""
 LINGER_S = 1.0
 """How long a connection stays half-closed after its response, for the client to close it."""
 APP_METHODS = frozenset({"GET", "PUT", "POST", "DELETE"})
@@ -73,7 +78,8 @@ class Request:
     query: str = ""
     """What followed ``?``, as sent."""
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)
-    """Header names lower-cased; a header sent twice keeps its last value."""
+    """The :data:`KEPT_HEADERS` it sent, names lower-cased; one sent twice keeps its last
+    value."""
     body: bytes = b""
     peer: str = ""
     """The client's address, for logs (``ipv4:127.0.0.1:51234``)."""
@@ -224,8 +230,9 @@ class StatusServer:
             if line in (b"\r\n", b"\n", b""):
                 return request_line, headers
             name, colon, value = line.decode("latin-1").partition(":")
-            if colon:
-                headers[name.strip().lower()] = value.strip()
+            name = name.strip().lower()
+            if colon and name in KEPT_HEADERS:
+                headers[name] = value.strip()
         return None
 
     async def _answer(
