@@ -367,7 +367,7 @@ def _flag(query: dict[str, list[str]], name: str, *, default: bool = False) -> b
 def _body(body: bytes, what: str) -> object:
     try:
         return json.loads(body.decode("utf-8"))
-    except ValueError:  # JSONDecodeError, UnicodeDecodeError, an integer of too many digits
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, too many digits, too deep
         raise _RefusedError(
             400, f"the body could not be read as JSON; it should be {what}"
         ) from None

@@ -1,12 +1,13 @@
 """Pulsar's admin REST API on a Magnetar standalone's HTTP port, spoken over real HTTP: topics
 created, grown, listed, read and deleted in pulsar-admin's paths; the real ``pulsar-client``
 producing to and consuming from a partitioned topic created over REST; the dedup switch, seen
-by a Pulsar producer; bad requests answered in Pulsar's JSON while /metrics goes on; and, on a
-standalone with security on, the same tokens and roles as the gRPC admin service.
+by a Pulsar producer; bad requests answered in Pulsar's JSON while /metrics goes on; and the
+same tokens and roles as the gRPC admin service.
 
-One standalone (one bookie) serves the module; the security test starts its own. HTTP and the
-Pulsar client are blocking: they run in a thread, so the event loop that owns the standalone
-stays free.
+One standalone (one bookie), with authentication and authorization on, serves the module: the
+calls are made as its superuser ``admin`` unless a test says otherwise. HTTP and the Pulsar
+client are blocking: they run in a thread, so the event loop that owns the standalone stays
+free.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import socket
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,10 +38,37 @@ pytestmark = on_node
 NS = "/admin/v2/persistent/public/default"
 
 
+@dataclass(frozen=True)
+class Env:
+    node: StandaloneNode
+    tokens: dict[str, str]
+    """Tokens by role (``forged``: the superuser's name signed with another key)."""
+    log_path: Path
+
+    @property
+    def admin(self) -> str:
+        return self.tokens["admin"]
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def standalone(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[StandaloneNode]:
-    async with StandaloneNode(tmp_path_factory.mktemp("rest") / "data", bookies=1) as node:
-        yield node
+async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
+    where = tmp_path_factory.mktemp("rest")
+    tokens = TestTokens(where / "tokens")
+    args = [
+        *("--authentication-enabled", "true", *tokens.broker_args),
+        *("--authorization-enabled", "true", "--superuser-roles", "admin"),
+    ]
+    issued = {
+        "admin": tokens.create("admin"),
+        "nobody": tokens.create("nobody"),
+        "forged": TestTokens(where / "forged").create("admin"),
+        "garbage": "not-a-token",
+    }
+    log_path = where / "standalone.log"
+    async with StandaloneNode(
+        where / "data", bookies=1, extra_args=args, log_path=log_path
+    ) as node:
+        yield Env(node, issued, log_path)
 
 
 async def run(step: Callable[[], T]) -> T:
@@ -51,20 +80,20 @@ def unique(what: str) -> str:
 
 
 def call(
-    node: StandaloneNode,
+    env: Env,
     method: str,
     path: str,
     body: str | bytes | None = None,
     *,
-    token: str | None = None,
+    role: str | None = "admin",
 ) -> tuple[int, Any]:
     """One request (http.client sends a Content-Length, 0 for a PUT or POST without a body):
     the status and the JSON answered (None: no body; the text of a plain-text refusal)."""
-    host, port = node.http_address.rsplit(":", 1)
+    host, port = env.node.http_address.rsplit(":", 1)
     connection = http.client.HTTPConnection(host, int(port), timeout=30)
     headers = {"Content-Type": "application/json"}
-    if token is not None:
-        headers["Authorization"] = f"Bearer {token}"
+    if role is not None:
+        headers["Authorization"] = f"Bearer {env.tokens[role]}"
     try:
         connection.request(method, path, body=body, headers=headers)
         response = connection.getresponse()
@@ -93,21 +122,21 @@ def pulsar_client(node: StandaloneNode, token: str | None = None) -> pulsar.Clie
 
 
 async def test_a_partitioned_topic_made_over_rest_serves_the_pulsar_client(
-    standalone: StandaloneNode,
+    env: Env,
 ) -> None:
     name = unique("orders")
     topic = f"persistent://public/default/{name}"
     path = f"{NS}/{name}"
-    assert await run(lambda: call(standalone, "PUT", f"{path}/partitions", "3")) == (204, None)
-    assert await run(lambda: call(standalone, "GET", f"{path}/partitions")) == (
+    assert await run(lambda: call(env, "PUT", f"{path}/partitions", "3")) == (204, None)
+    assert await run(lambda: call(env, "GET", f"{path}/partitions")) == (
         200,
         {"partitions": 3},
     )
-    status, body = await run(lambda: call(standalone, "PUT", f"{path}/partitions", "3"))
+    status, body = await run(lambda: call(env, "PUT", f"{path}/partitions", "3"))
     assert (status, body) == (409, {"reason": f"topic public/default/{name} already exists"})
 
     def produce_and_consume() -> tuple[list[bytes], dict[str, Any], dict[str, Any]]:
-        client = pulsar_client(standalone)
+        client = pulsar_client(env.node, env.admin)
         try:
             consumer = client.subscribe(
                 topic,
@@ -124,11 +153,11 @@ async def test_a_partitioned_topic_made_over_rest_serves_the_pulsar_client(
                 received.append(message.data())
                 consumer.acknowledge(message)
             # while the producer and consumer are attached
-            stats = call(standalone, "GET", f"{path}/partitioned-stats")
-            busy = call(standalone, "DELETE", f"{path}/partitions")
+            stats = call(env, "GET", f"{path}/partitioned-stats")
+            busy = call(env, "DELETE", f"{path}/partitions")
             assert busy[0] == 412, busy
             assert "force the delete" in busy[1]["reason"]
-            return received, stats[1], call(standalone, "GET", f"{path}-partition-0/stats")[1]
+            return received, stats[1], call(env, "GET", f"{path}-partition-0/stats")[1]
         finally:
             client.close()
 
@@ -148,55 +177,53 @@ async def test_a_partitioned_topic_made_over_rest_serves_the_pulsar_client(
     )
     assert one["msgInCounter"] == stats["partitions"][f"{topic}-partition-0"]["msgInCounter"]
 
-    assert await run(lambda: call(standalone, "POST", f"{path}/partitions", "4")) == (204, None)
-    assert (await run(lambda: call(standalone, "GET", f"{path}/partitions")))[1] == {
-        "partitions": 4
-    }
-    status, body = await run(lambda: call(standalone, "POST", f"{path}/partitions", "2"))
+    assert await run(lambda: call(env, "POST", f"{path}/partitions", "4")) == (204, None)
+    assert (await run(lambda: call(env, "GET", f"{path}/partitions")))[1] == {"partitions": 4}
+    status, body = await run(lambda: call(env, "POST", f"{path}/partitions", "2"))
     assert status == 400
     assert "can only grow" in body["reason"]
-    status, listed = await run(lambda: call(standalone, "GET", NS))
+    status, listed = await run(lambda: call(env, "GET", NS))
     assert status == 200
     assert {f"{topic}-partition-{i}" for i in range(4)} <= set(listed)
     assert topic not in listed
-    assert topic in (await run(lambda: call(standalone, "GET", f"{NS}/partitioned")))[1]
+    assert topic in (await run(lambda: call(env, "GET", f"{NS}/partitioned")))[1]
 
-    status, body = await run(lambda: call(standalone, "DELETE", path))
+    status, body = await run(lambda: call(env, "DELETE", path))
     assert status == 409
     assert "/partitions" in body["reason"]
-    assert await run(lambda: call(standalone, "DELETE", f"{path}/partitions?force=true")) == (
+    assert await run(lambda: call(env, "DELETE", f"{path}/partitions?force=true")) == (
         204,
         None,
     )
-    assert await run(lambda: call(standalone, "GET", f"{path}/partitions")) == (
+    assert await run(lambda: call(env, "GET", f"{path}/partitions")) == (
         200,
         {"partitions": 0},
     )
-    status, _ = await run(lambda: call(standalone, "DELETE", f"{path}/partitions"))
+    status, _ = await run(lambda: call(env, "DELETE", f"{path}/partitions"))
     assert status == 404
-    assert topic not in (await run(lambda: call(standalone, "GET", f"{NS}/partitioned")))[1]
+    assert topic not in (await run(lambda: call(env, "GET", f"{NS}/partitioned")))[1]
 
 
-async def test_the_dedup_switch_applies_to_an_open_topic(standalone: StandaloneNode) -> None:
+async def test_the_dedup_switch_applies_to_an_open_topic(env: Env) -> None:
     name = unique("dedup")
     topic = f"persistent://public/default/{name}"
     path = f"{NS}/{name}"
-    status, _ = await run(lambda: call(standalone, "PUT", path, '{"team": "payments"}'))
+    status, _ = await run(lambda: call(env, "PUT", path, '{"team": "payments"}'))
     assert status == 204
-    assert (await run(lambda: call(standalone, "PUT", path)))[0] == 409
-    assert await run(lambda: call(standalone, "GET", f"{path}/deduplication")) == (200, None)
+    assert (await run(lambda: call(env, "PUT", path)))[0] == 409
+    assert await run(lambda: call(env, "GET", f"{path}/deduplication")) == (200, None)
     # what applies with no switch of its own: the broker's setting, on by default
-    assert await run(lambda: call(standalone, "GET", f"{path}/deduplication?applied=true")) == (
+    assert await run(lambda: call(env, "GET", f"{path}/deduplication?applied=true")) == (
         200,
         True,
     )
 
     def switch(on: str) -> None:
-        assert call(standalone, "POST", f"{path}/deduplication", on) == (204, None)
-        assert call(standalone, "GET", f"{path}/deduplication") == (200, on == "true")
+        assert call(env, "POST", f"{path}/deduplication", on) == (204, None)
+        assert call(env, "GET", f"{path}/deduplication") == (200, on == "true")
 
     def produce_twice_each() -> list[bytes]:
-        client = pulsar_client(standalone)
+        client = pulsar_client(env.node, env.admin)
         try:
             producer = client.create_producer(
                 topic, producer_name="payments-1", batching_enabled=False
@@ -215,16 +242,16 @@ async def test_the_dedup_switch_applies_to_an_open_topic(standalone: StandaloneN
 
     await run(lambda: switch("false"))
     assert await run(produce_twice_each) == [b"a", b"b", b"c"]
-    status, stats = await run(lambda: call(standalone, "GET", f"{path}/stats"))
+    status, stats = await run(lambda: call(env, "GET", f"{path}/stats"))
     assert status == 200
     assert stats["msgInCounter"] == 3
-    assert await run(lambda: call(standalone, "DELETE", f"{path}/deduplication")) == (204, None)
-    assert await run(lambda: call(standalone, "GET", f"{path}/deduplication")) == (200, None)
-    status, body = await run(lambda: call(standalone, "DELETE", f"{path}/partitions"))
+    assert await run(lambda: call(env, "DELETE", f"{path}/deduplication")) == (204, None)
+    assert await run(lambda: call(env, "GET", f"{path}/deduplication")) == (200, None)
+    status, body = await run(lambda: call(env, "DELETE", f"{path}/partitions"))
     assert status == 404
     assert "not partitioned" in body["reason"]
-    assert await run(lambda: call(standalone, "DELETE", path)) == (204, None)
-    assert (await run(lambda: call(standalone, "GET", f"{path}/stats")))[0] == 404
+    assert await run(lambda: call(env, "DELETE", path)) == (204, None)
+    assert (await run(lambda: call(env, "GET", f"{path}/stats")))[0] == 404
 
 
 @pytest.mark.parametrize(
@@ -235,6 +262,7 @@ async def test_the_dedup_switch_applies_to_an_open_topic(standalone: StandaloneN
         ("PUT", "/x/partitions", "3.0", 400, "a JSON integer"),
         ("PUT", "/x/partitions", "true", 400, "a JSON integer"),
         ("PUT", "/x/partitions", "1" * 5000, 400, "could not be read as JSON"),
+        ("PUT", "/x/partitions", "[" * 16000, 400, "could not be read as JSON"),
         ("PUT", "/x/partitions", "0", 412, "from 1 to 10,000"),
         ("PUT", "/x/partitions", "-4", 412, "from 1 to 10,000"),
         ("PUT", "/x/partitions", "100001", 412, "from 1 to 10,000"),
@@ -254,19 +282,17 @@ async def test_the_dedup_switch_applies_to_an_open_topic(standalone: StandaloneN
     ],
 )
 async def test_bad_requests_get_a_reason_and_the_port_goes_on(
-    standalone: StandaloneNode, method: str, path: str, body: str | None, status: int, says: str
+    env: Env, method: str, path: str, body: str | None, status: int, says: str
 ) -> None:
-    answer = await run(lambda: call(standalone, method, NS + path, body))
+    answer = await run(lambda: call(env, method, NS + path, body))
     assert answer[0] == status, answer
     # the HTTP server refuses some before the API sees them, in plain text
     reason = answer[1] if isinstance(answer[1], str) else answer[1]["reason"]
     assert says in reason, answer
-    assert (await run(lambda: call(standalone, "GET", f"{NS}/x/partitions")))[1] == {
-        "partitions": 0
-    }
+    assert (await run(lambda: call(env, "GET", f"{NS}/x/partitions")))[1] == {"partitions": 0}
 
 
-async def test_requests_the_http_server_refuses(standalone: StandaloneNode) -> None:
+async def test_requests_the_http_server_refuses(env: Env) -> None:
     head = f"PUT {NS}/x/partitions HTTP/1.1\r\nHost: x\r\n"
     chunked = "Transfer-Encoding: chunked\r\n\r\n1\r\n3\r\n0\r\n\r\n"
     cases = [
@@ -277,61 +303,48 @@ async def test_requests_the_http_server_refuses(standalone: StandaloneNode) -> N
         (b"GET /admin/v2/non-persistent/public/default HTTP/1.1\r\n\r\n", 501, b"persistent"),
     ]  # fmt: skip
     for request, status, says in cases:
-        answer = await asyncio.to_thread(raw_request, standalone, request)
+        answer = await asyncio.to_thread(raw_request, env.node, request)
         assert answer[0] == status, answer
         assert says in answer[1]
-    status, _ = await run(lambda: raw_request(standalone, b"GET /health HTTP/1.1\r\n\r\n"))
+    status, _ = await run(lambda: raw_request(env.node, b"GET /health HTTP/1.1\r\n\r\n"))
     assert status == 200
-    status, metrics = await run(lambda: raw_request(standalone, b"GET /metrics HTTP/1.1\r\n\r\n"))
+    status, metrics = await run(lambda: raw_request(env.node, b"GET /metrics HTTP/1.1\r\n\r\n"))
     assert status == 200
     assert b"# TYPE" in metrics
 
 
-async def test_the_grpc_admin_service_tokens_and_roles_apply(tmp_path: Path) -> None:
-    tokens = TestTokens(tmp_path / "tokens")
-    forger = TestTokens(tmp_path / "forged")
-    args = [
-        *("--authentication-enabled", "true", *tokens.broker_args),
-        *("--authorization-enabled", "true", "--superuser-roles", "admin"),
-    ]
-    admin, nobody, forged = tokens.create("admin"), tokens.create("nobody"), forger.create("admin")
-    log_path = tmp_path / "standalone.log"
-    async with StandaloneNode(
-        tmp_path / "data", bookies=1, extra_args=args, log_path=log_path
-    ) as node:
-        path = f"{NS}/guarded"
+async def test_the_grpc_admin_service_tokens_and_roles_apply(env: Env) -> None:
+    name = unique("guarded")
+    path = f"{NS}/{name}"
 
-        def check() -> None:
-            for token in (None, "not-a-token", forged):
-                status, body = call(node, "PUT", f"{path}/partitions", "2", token=token)
-                assert status == 401, (status, body)
-                assert forged not in body["reason"]
-            status, body = call(node, "PUT", f"{path}/partitions", "2", token=nobody)
-            assert status == 403
-            assert "nobody" in body["reason"]
-            assert call(node, "PUT", f"{path}/partitions", "2", token=admin) == (204, None)
-            assert call(node, "GET", f"{path}/partitions", token=admin) == (
-                200,
-                {"partitions": 2},
-            )
-            for method, where in (("GET", f"{path}/partitions"), ("GET", f"{path}/stats"),
-                                  ("GET", NS), ("POST", f"{path}/deduplication"),
-                                  ("DELETE", f"{path}/partitions")):  # fmt: skip
-                body_text = "true" if method == "POST" else None
-                status, body = call(node, method, where, body_text, token=nobody)
-                assert status == 403, (method, where, status, body)
-            client = pulsar_client(node, admin)
-            try:
-                producer = client.create_producer("persistent://public/default/guarded")
-                producer.send(b"over REST-made partitions")
-            finally:
-                client.close()
-            status, stats = call(node, "GET", f"{path}/partitioned-stats", token=admin)
-            assert status == 200
-            assert stats["msgInCounter"] == 1
-            assert call(node, "DELETE", f"{path}/partitions", token=admin) == (204, None)
+    def check() -> None:
+        for role in (None, "garbage", "forged"):
+            status, body = call(env, "PUT", f"{path}/partitions", "2", role=role)
+            assert status == 401, (status, body)
+            assert env.tokens["forged"] not in body["reason"]
+        status, body = call(env, "PUT", f"{path}/partitions", "2", role="nobody")
+        assert status == 403
+        assert "nobody" in body["reason"]
+        assert call(env, "PUT", f"{path}/partitions", "2") == (204, None)
+        assert call(env, "GET", f"{path}/partitions") == (200, {"partitions": 2})
+        for method, where in (("GET", f"{path}/partitions"), ("GET", f"{path}/stats"),
+                              ("GET", NS), ("POST", f"{path}/deduplication"),
+                              ("DELETE", f"{path}/partitions")):  # fmt: skip
+            body_text = "true" if method == "POST" else None
+            status, body = call(env, method, where, body_text, role="nobody")
+            assert status == 403, (method, where, status, body)
+        client = pulsar_client(env.node, env.admin)
+        try:
+            producer = client.create_producer(f"persistent://public/default/{name}")
+            producer.send(b"over REST-made partitions")
+        finally:
+            client.close()
+        status, stats = call(env, "GET", f"{path}/partitioned-stats")
+        assert status == 200
+        assert stats["msgInCounter"] == 1
+        assert call(env, "DELETE", f"{path}/partitions") == (204, None)
 
-        await run(check)
-    logged = log_path.read_text()
-    for token in (admin, nobody, forged):
+    await run(check)
+    logged = env.log_path.read_text()
+    for token in env.tokens.values():
         assert token not in logged
