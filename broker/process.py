@@ -1,4 +1,5 @@
-"""Runs one broker: metadata store, ledger client, the broker core, gRPC and HTTP servers.
+"""Runs one broker: metadata store, ledger client, the broker core, gRPC and HTTP servers (the
+HTTP port serves /metrics, /health and Pulsar's admin REST API under /admin/v2/).
 
 ``magnetar broker`` runs one :class:`BrokerProcess`; ``magnetar standalone`` and tests may run
 one in-process with a shared metadata store. SIGTERM hands every partition over to other
@@ -26,6 +27,8 @@ import structlog
 from bookie.client.ledger_client import LedgerClient
 from broker.grpc.admin import AdminServicer
 from broker.grpc.servicer import BrokerServicer
+from broker.http.admin_rest import PREFIX as ADMIN_REST_PREFIX
+from broker.http.admin_rest import PulsarAdminRest
 from broker.pulsar.entries import magnetar_entry
 from broker.pulsar.listener import PulsarListener
 from broker.service.broker import Broker
@@ -45,7 +48,7 @@ from magnetar.common.server.serving import (
     run_until_signalled,
     serve_reflection,
 )
-from magnetar.common.server.status_http import Response, StatusServer, status_server
+from magnetar.common.server.status_http import Request, Response, StatusServer, status_server
 from metadata import MetadataStore, open_store
 from proto.admin.v1 import admin_pb2, admin_pb2_grpc
 from proto.broker.v1 import broker_pb2, broker_pb2_grpc
@@ -74,6 +77,7 @@ class BrokerProcess:
         self._health: ProcessHealth
         self._http: StatusServer
         self._admin: AdminServicer
+        self._admin_rest_api: PulsarAdminRest
         self.port = 0
         self.tls_port = 0
         self.http_port = 0
@@ -149,6 +153,7 @@ class BrokerProcess:
             config.http_port,
             {"/metrics": self._metrics, "/health": self._health_check},
             component="broker",
+            apps={ADMIN_REST_PREFIX: self._admin_rest},
         )
         self.http_port = await self._http.start()
         # plaintext, like `port`: a broker whose plaintext gRPC port is off (TLS only) opens none
@@ -175,6 +180,7 @@ class BrokerProcess:
             self._server,
         )
         self._admin = AdminServicer(self.broker)
+        self._admin_rest_api = PulsarAdminRest(self._admin)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(self._admin, self._server)
         self._health = await ProcessHealth.serve(self._server, SERVICE_NAMES, broker=broker_id)
         serve_reflection(self._server, SERVICE_NAMES)
@@ -199,6 +205,12 @@ class BrokerProcess:
     @property
     def broker_id(self) -> str:
         return self.broker.broker_id
+
+    async def _admin_rest(self, request: Request) -> Response:
+        """Pulsar's admin REST API, once the admin service is up (the HTTP port opens first)."""
+        if not self._started:
+            return Response(503, b'{"reason": "the broker is starting"}', "application/json")
+        return await self._admin_rest_api(request)
 
     def _metrics(self) -> Response:
         return Response(200, self.metrics.render(), "text/plain; version=0.0.4")

@@ -297,6 +297,65 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
 
         return await self._call(context, work)
 
+    async def UpdateTopicPolicies(
+        self, request: pb.UpdateTopicPoliciesRequest, context: Context
+    ) -> pb.UpdateTopicPoliciesResponse:
+        async def work(principal: Principal) -> pb.UpdateTopicPoliciesResponse:
+            name = parse_topic(request.topic)
+            await self._authz.check_tenant_admin(
+                principal, name.tenant, f"change the policies of topic {name}"
+            )
+            if name.is_partition:
+                # forwarded from another broker: reopen this one partition
+                await self._reopen(name)
+                return pb.UpdateTopicPoliciesResponse()
+            record = await self.broker.catalog.update_policies(
+                name, _topic_policies(request.set), request.remove
+            )
+            log.info(
+                "topic_policies_updated",
+                topic=name.topic,
+                set=[f.name for f, _ in request.set.ListFields()],
+                removed=list(request.remove),
+                by=principal.role,
+            )
+            # an open partition took its policies when it was opened: reopen it (its clients
+            # reconnect, as after an unload) so that they apply now
+            for p in record.partition_names():
+                await self._reopen(p)
+            response = pb.UpdateTopicPoliciesResponse()
+            response.policies.ParseFromString(
+                policies_to_message(record.policies).SerializeToString()
+            )
+            return response
+
+        return await self._call(context, work)
+
+    async def _reopen(self, partition: TopicName) -> None:
+        async def forward(peer: admin_pb2_grpc.AdminServiceAsyncStub) -> None:
+            await peer.UpdateTopicPolicies(
+                pb.UpdateTopicPoliciesRequest(topic=partition.full), timeout=FORWARD_TIMEOUT_S
+            )
+
+        await self._unload(partition, f"partition {partition} reopens with new policies", forward)
+
+    async def _unload(
+        self,
+        partition: TopicName,
+        reason: str,
+        forward: Callable[[admin_pb2_grpc.AdminServiceAsyncStub], Awaitable[None]],
+    ) -> None:
+        """Unload ``partition`` where it is open: here, or on its owner through ``forward``;
+        nothing when nobody owns it."""
+        try:
+            route = await self.broker.route(partition, acquire=False)
+        except TopicNotOwnedError:
+            return
+        if route.topic is not None:
+            await self.broker.topics.unload(partition, reason=ServiceNotReadyError(reason))
+        elif route.service_url or route.service_url_tls:
+            await forward(await self._peer(route))
+
     async def GetTopicStats(
         self, request: pb.GetTopicStatsRequest, context: Context
     ) -> pb.GetTopicStatsResponse:
@@ -689,18 +748,15 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         async def work(principal: Principal) -> pb.UnloadTopicResponse:
             self._authz.check_superuser(principal, f"unload topic {request.topic}")
             for p in await self._partitions(request.topic):
-                try:
-                    route = await self.broker.route(p, acquire=False)
-                except TopicNotOwnedError:
-                    continue  # nobody owns it: nothing to unload
-                if route.topic is not None:
-                    await self.broker.topics.unload(
-                        p, reason=ServiceNotReadyError(f"partition {p} was unloaded")
-                    )
-                elif route.service_url or route.service_url_tls:
-                    await (await self._peer(route)).UnloadTopic(
+
+                async def forward(
+                    peer: admin_pb2_grpc.AdminServiceAsyncStub, p: TopicName = p
+                ) -> None:
+                    await peer.UnloadTopic(
                         pb.UnloadTopicRequest(topic=p.full), timeout=FORWARD_TIMEOUT_S
                     )
+
+                await self._unload(p, f"partition {p} was unloaded", forward)
             return pb.UnloadTopicResponse()
 
         return await self._call(context, work)

@@ -4,7 +4,10 @@ load reports, partition owners and handover hints. Reads and writes only; no pol
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from broker.service.load import BrokerLoadInfo, PartitionLoadInfo
 from broker.service.records import (
@@ -150,6 +153,35 @@ class TopicCatalog:
             )
         value = encode_topic(
             TopicMetadata(partitions, current.created_ms, current.policies, current.properties)
+        )
+        version = await self.store.put(
+            layout.topic(name.topic), value, expected_version=current.version
+        )
+        return _parse_topic(name, value, version)
+
+    async def update_policies(
+        self, name: TopicName, changes: TopicPolicies, remove: Iterable[str] = ()
+    ) -> TopicRecord:
+        """Set the policies ``changes`` sets and remove the ones named in ``remove`` (so the
+        broker's setting applies to them again); the others stay as they are."""
+        known = {f.name for f in dataclasses.fields(TopicPolicies)}
+        removed = set(remove)
+        unknown = sorted(removed - known)
+        if unknown:
+            raise InvalidArgumentError(
+                f"no such topic policy: {', '.join(unknown)}; the policies are"
+                f" {', '.join(sorted(known))}",
+                context={"policy": unknown[0]},
+            )
+        check_policies(changes)
+        current = await self.require(name)
+        updates: dict[str, Any] = {
+            key: value for key in known if (value := getattr(changes, key)) is not None
+        }
+        updates.update(dict.fromkeys(removed))  # removing wins over setting the same policy
+        policies = dataclasses.replace(current.policies, **updates)
+        value = encode_topic(
+            TopicMetadata(current.partitions, current.created_ms, policies, current.properties)
         )
         version = await self.store.put(
             layout.topic(name.topic), value, expected_version=current.version

@@ -359,6 +359,62 @@ class GetTopicResponse(_message.Message):
 Global___GetTopicResponse: _TypeAlias = GetTopicResponse  # noqa: Y015
 
 @_typing.final
+class UpdateTopicPoliciesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    SET_FIELD_NUMBER: _builtins.int
+    REMOVE_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    """A topic. A partition's name (brokers forward it so to the partition's owner) changes
+    nothing and only reopens that partition.
+    """
+    @_builtins.property
+    def set(self) -> Global___TopicPolicies:
+        """The policies to set: only the fields present change."""
+
+    @_builtins.property
+    def remove(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Names of policies to remove (TopicPolicies field names), so the broker's setting applies."""
+
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        set: Global___TopicPolicies | None = ...,
+        remove: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["set", b"set"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["remove", b"remove", "set", b"set", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateTopicPoliciesRequest: _TypeAlias = UpdateTopicPoliciesRequest  # noqa: Y015
+
+@_typing.final
+class UpdateTopicPoliciesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICIES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def policies(self) -> Global___TopicPolicies:
+        """The topic's own policies after the change."""
+
+    def __init__(
+        self,
+        *,
+        policies: Global___TopicPolicies | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["policies", b"policies"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["policies", b"policies"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateTopicPoliciesResponse: _TypeAlias = UpdateTopicPoliciesResponse  # noqa: Y015
+
+@_typing.final
 class UpdatePartitionsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -59,6 +59,11 @@ class AdminServiceStub(object):
                 request_serializer=proto_dot_admin_dot_v1_dot_admin__pb2.UpdatePartitionsRequest.SerializeToString,
                 response_deserializer=proto_dot_admin_dot_v1_dot_admin__pb2.UpdatePartitionsResponse.FromString,
                 _registered_method=True)
+        self.UpdateTopicPolicies = channel.unary_unary(
+                '/magnetar.admin.v1.AdminService/UpdateTopicPolicies',
+                request_serializer=proto_dot_admin_dot_v1_dot_admin__pb2.UpdateTopicPoliciesRequest.SerializeToString,
+                response_deserializer=proto_dot_admin_dot_v1_dot_admin__pb2.UpdateTopicPoliciesResponse.FromString,
+                _registered_method=True)
         self.GetTopicStats = channel.unary_unary(
                 '/magnetar.admin.v1.AdminService/GetTopicStats',
                 request_serializer=proto_dot_admin_dot_v1_dot_admin__pb2.GetTopicStatsRequest.SerializeToString,
@@ -206,6 +211,13 @@ class AdminServiceServicer(object):
 
     def UpdatePartitions(self, request, context):
         """Partitions can only grow.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateTopicPolicies(self, request, context):
+        """Sets or removes a topic's own policies; its open partitions are reopened with them.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -389,6 +401,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.UpdatePartitions,
                     request_deserializer=proto_dot_admin_dot_v1_dot_admin__pb2.UpdatePartitionsRequest.FromString,
                     response_serializer=proto_dot_admin_dot_v1_dot_admin__pb2.UpdatePartitionsResponse.SerializeToString,
+            ),
+            'UpdateTopicPolicies': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateTopicPolicies,
+                    request_deserializer=proto_dot_admin_dot_v1_dot_admin__pb2.UpdateTopicPoliciesRequest.FromString,
+                    response_serializer=proto_dot_admin_dot_v1_dot_admin__pb2.UpdateTopicPoliciesResponse.SerializeToString,
             ),
             'GetTopicStats': grpc.unary_unary_rpc_method_handler(
                     servicer.GetTopicStats,
@@ -641,6 +658,33 @@ class AdminService(object):
             '/magnetar.admin.v1.AdminService/UpdatePartitions',
             proto_dot_admin_dot_v1_dot_admin__pb2.UpdatePartitionsRequest.SerializeToString,
             proto_dot_admin_dot_v1_dot_admin__pb2.UpdatePartitionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateTopicPolicies(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/magnetar.admin.v1.AdminService/UpdateTopicPolicies',
+            proto_dot_admin_dot_v1_dot_admin__pb2.UpdateTopicPoliciesRequest.SerializeToString,
+            proto_dot_admin_dot_v1_dot_admin__pb2.UpdateTopicPoliciesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -40,6 +40,8 @@ class AdminServiceStub:
     GetTopic: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetTopicRequest, _admin_pb2.GetTopicResponse]
     UpdatePartitions: _grpc.UnaryUnaryMultiCallable[_admin_pb2.UpdatePartitionsRequest, _admin_pb2.UpdatePartitionsResponse]
     """Partitions can only grow."""
+    UpdateTopicPolicies: _grpc.UnaryUnaryMultiCallable[_admin_pb2.UpdateTopicPoliciesRequest, _admin_pb2.UpdateTopicPoliciesResponse]
+    """Sets or removes a topic's own policies; its open partitions are reopened with them."""
     GetTopicStats: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetTopicStatsRequest, _admin_pb2.GetTopicStatsResponse]
     ListSubscriptions: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListSubscriptionsRequest, _admin_pb2.ListSubscriptionsResponse]
     """--- subscriptions ---"""
@@ -88,6 +90,8 @@ class AdminServiceAsyncStub(AdminServiceStub):
     GetTopic: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetTopicRequest, _admin_pb2.GetTopicResponse]  # type: ignore[assignment]
     UpdatePartitions: _aio.UnaryUnaryMultiCallable[_admin_pb2.UpdatePartitionsRequest, _admin_pb2.UpdatePartitionsResponse]  # type: ignore[assignment]
     """Partitions can only grow."""
+    UpdateTopicPolicies: _aio.UnaryUnaryMultiCallable[_admin_pb2.UpdateTopicPoliciesRequest, _admin_pb2.UpdateTopicPoliciesResponse]  # type: ignore[assignment]
+    """Sets or removes a topic's own policies; its open partitions are reopened with them."""
     GetTopicStats: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetTopicStatsRequest, _admin_pb2.GetTopicStatsResponse]  # type: ignore[assignment]
     ListSubscriptions: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListSubscriptionsRequest, _admin_pb2.ListSubscriptionsResponse]  # type: ignore[assignment]
     """--- subscriptions ---"""
@@ -163,6 +167,14 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.UpdatePartitionsResponse, _abc.Awaitable[_admin_pb2.UpdatePartitionsResponse]]:
         """Partitions can only grow."""
+
+    @_abc_1.abstractmethod
+    def UpdateTopicPolicies(
+        self,
+        request: _admin_pb2.UpdateTopicPoliciesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.UpdateTopicPoliciesResponse, _abc.Awaitable[_admin_pb2.UpdateTopicPoliciesResponse]]:
+        """Sets or removes a topic's own policies; its open partitions are reopened with them."""
 
     @_abc_1.abstractmethod
     def GetTopicStats(

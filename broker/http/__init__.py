@@ -1,0 +1,1 @@
+"""The broker's HTTP adapters: the Pulsar-style admin REST API (:mod:`broker.http.admin_rest`)."""
