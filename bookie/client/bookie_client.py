@@ -11,8 +11,9 @@ into as few frames as possible. Frames stop at ``max_message_bytes`` (1 MiB) so 
 works on one while the next is in transit: packing a whole window into one frame would make
 client and bookie take turns. The bookie's per-entry refusals are mapped back to the callers
 that sent them. Writes wait for the socket (``drain``): a bookie that reads slowly slows its
-writers down instead of filling memory here. A call that finds nothing waiting, the sender idle
-and room in the socket is written at once, from the call, without waking the sender task.
+writers down instead of filling memory here. While the sender is idle, the calls of one loop turn
+are packed and written at the end of that turn by a callback, without waking the sender task;
+the sender takes over when the socket is full.
 
 If the connection breaks (the bookie died or restarted, or stopped answering pings), every
 request waiting on it fails with :class:`BookieUnavailableError`, and the next request opens a
@@ -176,6 +177,7 @@ class _Connection:
         self._outbox_ready = asyncio.Event()
         self._sender_idle = False
         """The sender task waits for adds, with nothing written and not drained."""
+        self._flush_scheduled = False
         self._adds: dict[int, _InFlight] = {}
         self._calls: dict[int, asyncio.Future[tuple[int, memoryview]]] = {}
         self._request_ids = itertools.count(1)
@@ -366,13 +368,25 @@ class _Connection:
             future.set_exception(self._broken)
             return future
         self._outbox.append(_Pending(entries, future))
-        if self._sender_idle and len(self._outbox) == 1 and not self._write_paused():
-            # nothing ahead of it and room in the socket: written now, without waking the
-            # sender task (a task switch per add call at low rates)
-            self._write_message()
-        if self._outbox:
+        if self._sender_idle:
+            # written at the end of this loop turn with whatever else comes in it, packed as
+            # the sender would, without waking the sender task (a task switch per add call)
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                asyncio.get_running_loop().call_soon(self._flush)
+        else:
             self._outbox_ready.set()
         return future
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._broken is not None:
+            return
+        if self._sender_idle:
+            while self._outbox and not self._write_paused():
+                self._write_message()
+        if self._outbox:
+            self._outbox_ready.set()  # the socket is full: the sender waits for room
 
     def _write_paused(self) -> bool:
         """Whether the socket's buffer is over its high-water mark (``drain`` would wait)."""
