@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import enum
 import struct
+from collections.abc import Sequence
 
 from magnetar.common.errors import InvalidArgumentError
 from magnetar.common.framing import LENGTH, Bytes
@@ -81,6 +82,12 @@ def frame(kind: int, request_id: int, message: Bytes = b"") -> bytes:
     """One whole frame, length prefix included, ready to write."""
     body_size = HEADER_SIZE + len(message)
     return b"".join((LENGTH.pack(body_size), HEADER.pack(kind, request_id), message))
+
+
+def frame_of_parts(kind: int, request_id: int, parts: Sequence[Bytes]) -> bytes:
+    """:func:`frame` of a message given as parts to join: one copy of them in all."""
+    body_size = HEADER_SIZE + sum(len(part) for part in parts)
+    return b"".join((LENGTH.pack(body_size), HEADER.pack(kind, request_id), *parts))
 
 
 def parse(body: memoryview) -> tuple[int, int, memoryview]:

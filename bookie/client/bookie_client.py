@@ -11,7 +11,9 @@ into as few frames as possible. Frames stop at ``max_message_bytes`` (1 MiB) so 
 works on one while the next is in transit: packing a whole window into one frame would make
 client and bookie take turns. The bookie's per-entry refusals are mapped back to the callers
 that sent them. Writes wait for the socket (``drain``): a bookie that reads slowly slows its
-writers down instead of filling memory here.
+writers down instead of filling memory here. While the sender is idle, the calls of one loop turn
+are packed and written at the end of that turn by a callback, without waking the sender task;
+the sender takes over when the socket is full.
 
 If the connection breaks (the bookie died or restarted, or stopped answering pings), every
 request waiting on it fails with :class:`BookieUnavailableError`, and the next request opens a
@@ -43,7 +45,7 @@ from google.protobuf.message import DecodeError, Message
 
 from bookie import data_protocol as dp
 from bookie.client.config import LedgerClientConfig
-from bookie.client.wire import encode_add_request
+from bookie.client.wire import add_request_parts
 from bookie.data_protocol import Kind
 from bookie.entries import (
     AddEntry,
@@ -173,6 +175,9 @@ class _Connection:
         self._writer: asyncio.StreamWriter | None = None
         self._outbox: deque[_Pending] = deque()
         self._outbox_ready = asyncio.Event()
+        self._sender_idle = False
+        """The sender task waits for adds, with nothing written and not drained."""
+        self._flush_scheduled = False
         self._adds: dict[int, _InFlight] = {}
         self._calls: dict[int, asyncio.Future[tuple[int, memoryview]]] = {}
         self._request_ids = itertools.count(1)
@@ -363,8 +368,42 @@ class _Connection:
             future.set_exception(self._broken)
             return future
         self._outbox.append(_Pending(entries, future))
-        self._outbox_ready.set()
+        if self._sender_idle:
+            # written at the end of this loop turn with whatever else comes in it, packed as
+            # the sender would, without waking the sender task (a task switch per add call)
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                asyncio.get_running_loop().call_soon(self._flush)
+        else:
+            self._outbox_ready.set()
         return future
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._broken is not None:
+            return
+        if self._sender_idle:
+            while self._outbox and not self._write_paused():
+                self._write_message()
+        if self._outbox:
+            self._outbox_ready.set()  # the socket is full: the sender waits for room
+
+    def _write_paused(self) -> bool:
+        """Whether the socket's buffer is over its high-water mark (``drain`` would wait)."""
+        writer = self._writer
+        if writer is None:
+            return True
+        transport = writer.transport
+        return transport.get_write_buffer_size() > transport.get_write_buffer_limits()[1]
+
+    def _write_message(self) -> None:
+        """Write one frame of waiting adds (up to ``max_message_bytes``)."""
+        assert self._writer is not None
+        request_id, taken, entries = self._next_message()
+        self._adds[request_id] = taken
+        parts = add_request_parts(0, entries)
+        self._writer.write(dp.frame_of_parts(Kind.ADD_ENTRIES, request_id, parts))
+        self._client.messages_sent += 1
 
     def _next_message(self) -> tuple[int, _InFlight, list[AddEntry]]:
         """Take up to ``max_message_bytes`` of waiting entries (at least one), splitting a
@@ -394,15 +433,12 @@ class _Connection:
     async def _send(self, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
+                self._sender_idle = True
                 await self._outbox_ready.wait()
+                self._sender_idle = False
                 self._outbox_ready.clear()
                 while self._outbox:
-                    request_id, taken, entries = self._next_message()
-                    self._adds[request_id] = taken
-                    writer.write(
-                        dp.frame(Kind.ADD_ENTRIES, request_id, encode_add_request(0, entries))
-                    )
-                    self._client.messages_sent += 1
+                    self._write_message()
                     await writer.drain()
         except asyncio.CancelledError:
             raise

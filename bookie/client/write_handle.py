@@ -170,6 +170,19 @@ class WriteHandle:
         self._check_writable()
         await self._wait_for_space(len(payload))
         self._check_writable()
+        return self._add_now(payload)
+
+    def add_nowait(self, payload: bytes) -> asyncio.Future[int] | None:
+        """:meth:`add_async` without waiting: None (nothing queued) while this ledger's pending
+        limits are reached, when the caller must await :meth:`add_async` instead. A writer
+        that keeps up spends no task on an entry this way."""
+        self._check_size(len(payload))
+        self._check_writable()
+        if self._entries and self._no_room_for(len(payload)):
+            return None
+        return self._add_now(payload)
+
+    def _add_now(self, payload: bytes) -> asyncio.Future[int]:
         entry_id = self._next_entry_id
         self._next_entry_id += 1
         lac = self._tracker.last_add_confirmed
@@ -205,14 +218,17 @@ class WriteHandle:
             )
 
     async def _wait_for_space(self, size: int) -> None:
-        config = self._client.config
-        while self._entries and (
-            len(self._entries) >= config.max_pending_adds
-            or self._pending_bytes + size > config.max_pending_bytes
-        ):
+        while self._entries and self._no_room_for(size):
             self._space.clear()
             await self._space.wait()
             self._check_writable()
+
+    def _no_room_for(self, size: int) -> bool:
+        config = self._client.config
+        return (
+            len(self._entries) >= config.max_pending_adds
+            or self._pending_bytes + size > config.max_pending_bytes
+        )
 
     def _start(self, add: AddEntry) -> asyncio.Future[int]:
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()

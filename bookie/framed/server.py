@@ -18,8 +18,12 @@ refused as soon as their length prefix is read; add payload bytes in flight stay
 ``max_inflight_bytes`` and other requests under ``max_requests_in_flight``; past either, this
 connection's frames are not read, its socket buffer fills, and TCP's window pushes back on the
 client. Answers wait for the socket (``drain``) before they are written, so a client that does
-not read its answers stops its own requests. At most ``max_connections`` connections are held;
-one more is closed unread.
+not read its answers stops its own requests: an add keeps its bytes in flight until its answer
+is written. At most ``max_connections`` connections are held; one more is closed unread.
+
+An add request costs no task: the bookie's future (:meth:`Bookie.add_entries_nowait`) is
+answered from its callback once the group commit is durable, written at once when the socket
+has room, and only otherwise by a task that waits for it.
 
 A frame that breaks the framing or the protocol (a length over the maximum, a stream cut inside
 a frame, an unknown kind, a request before HELLO) gets an ERROR frame naming what was wrong, and
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
@@ -189,6 +194,8 @@ class _Connection:
         self.budget = InflightBytes(server.max_inflight_bytes)
         self.slots = asyncio.Semaphore(server.max_requests_in_flight)
         self.handlers: set[asyncio.Task[None]] = set()
+        self.adds: set[asyncio.Future[list[AddFailure]]] = set()
+        """Add requests the bookie is storing (answered from their callbacks)."""
         self._reading: asyncio.Task[None] | None = None
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -229,12 +236,15 @@ class _Connection:
 
     async def drained(self) -> None:
         """Once every request read has been answered (or has failed)."""
-        while self.handlers:
-            await asyncio.gather(*list(self.handlers), return_exceptions=True)
+        while self.handlers or self.adds:
+            await asyncio.gather(*self.handlers, *self.adds, return_exceptions=True)
+            await asyncio.sleep(0)  # an add's callback may have spawned a handler
 
     def cancel_handlers(self) -> None:
         for task in list(self.handlers):
             task.cancel()
+        for adding in list(self.adds):
+            adding.cancel()
 
     def abort(self) -> None:
         # abort, not close: a TLS close would wait for the client's close_notify
@@ -369,14 +379,33 @@ class _Connection:
         ]
         size = sum(len(a.payload) for a in adds)
         await self.budget.acquire(size)
-        self._spawn(self._handle_add(request_id, adds), lambda: self.budget.release(size))
+        # no task per add: a future from the bookie, answered from its callback
+        adding = self.bookie.add_entries_nowait(adds)
+        self.adds.add(adding)
+        adding.add_done_callback(functools.partial(self._added, request_id, adds, size))
 
-    async def _handle_add(self, request_id: int, adds: list[AddEntry]) -> None:
-        try:
-            failures = await self.bookie.add_entries(adds)
-        except MagnetarError as e:
+    def _added(
+        self,
+        request_id: int,
+        adds: list[AddEntry],
+        size: int,
+        adding: asyncio.Future[list[AddFailure]],
+    ) -> None:
+        self.adds.discard(adding)
+        if adding.cancelled():  # the connection is closing: no answer
+            self.budget.release(size)
+            return
+        error = adding.exception()
+        if error is None:
+            failures = adding.result()
+        elif isinstance(error, MagnetarError):
             # the request as a whole was refused: each of its entries says why
-            failures = [AddFailure(a.ledger_id, a.entry_id, e) for a in adds]
+            failures = [AddFailure(a.ledger_id, a.entry_id, error) for a in adds]
+        else:
+            self.budget.release(size)
+            log.error("bookie_add_failed", peer=self.peer, error=repr(error))
+            self.abort()  # a bug: the client sees the connection break, as a dead task did
+            return
         response = pb.AddEntriesResponse()
         for failure in failures:
             response.failures.add(
@@ -384,8 +413,27 @@ class _Connection:
                 entry_id=failure.entry_id,
                 error=error_to_detail(failure.error),
             )
-        with contextlib.suppress(ConnectionError, OSError):
-            await self._answer(Kind.ADD_ENTRIES, request_id, response.SerializeToString())
+        answer = dp.frame(Kind.ADD_ENTRIES | dp.RESPONSE, request_id, response.SerializeToString())
+        if self.writer.is_closing():  # the client went away: no one to answer
+            self.budget.release(size)
+            return
+        if not self._write_paused():
+            # the socket takes it now: no task to wait for room
+            self.writer.write(answer)
+            self.budget.release(size)
+            return
+
+        async def when_room() -> None:
+            with contextlib.suppress(ConnectionError, OSError):
+                await self.writer.drain()
+                self.writer.write(answer)
+
+        self._spawn(when_room(), lambda: self.budget.release(size))
+
+    def _write_paused(self) -> bool:
+        """Whether the transport's buffer is over its high-water mark (``drain`` would wait)."""
+        transport = self.writer.transport
+        return transport.get_write_buffer_size() > transport.get_write_buffer_limits()[1]
 
     async def _unary(self, kind: int, request_id: int, message: memoryview) -> None:
         request_type, call = self._calls[Kind(kind)]

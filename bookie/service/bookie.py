@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import shutil
 from collections.abc import Callable, Sequence
@@ -253,6 +254,13 @@ class Bookie:
 
     async def add_entries(self, adds: Sequence[AddEntry]) -> list[AddFailure]:
         """Store what can be stored, as one group; returns the entries refused and why."""
+        return await self.add_entries_nowait(adds)
+
+    def add_entries_nowait(self, adds: Sequence[AddEntry]) -> asyncio.Future[list[AddFailure]]:
+        """:meth:`add_entries` as a future, without a task per call (the data port calls this
+        once per add request): the checks and the submission to the journal happen now, with no
+        ``await`` in between (see fencing above), and the future completes once the group is
+        durable. Cancelling it only gives up the answer: the entries are stored."""
         failures: list[AddFailure] = []
         accepted: list[EntryToStore] = []
         for add in adds:
@@ -270,18 +278,55 @@ class Bookie:
                     add.recovery,
                 )
             )
+        result: asyncio.Future[list[AddFailure]] = asyncio.get_running_loop().create_future()
         if not accepted:
             self.metrics.add_refused(len(failures))
-            return failures
+            result.set_result(failures)
+            return result
         started = self._clock.monotonic()
         try:
-            outcomes = await self.storage.add_entries(accepted)
+            storing = self.storage.try_add_entries(accepted)
         except StorageError as e:
-            failures.extend(AddFailure(a.ledger_id, a.entry_id, e) for a in accepted)
-            self.metrics.add_refused(len(failures))
-            return failures
+            result.set_result(self._not_stored(accepted, failures, e))
+            return result
+        if storing is None:
+            # a retry or a conflict: stored copies are read and compared first (rare)
+            storing = asyncio.ensure_future(self.storage.add_entries(accepted))
+        storing.add_done_callback(
+            functools.partial(self._stored, accepted, failures, started, result)
+        )
+        return result
+
+    def _not_stored(
+        self, accepted: list[EntryToStore], failures: list[AddFailure], error: StorageError
+    ) -> list[AddFailure]:
+        failures.extend(AddFailure(a.ledger_id, a.entry_id, error) for a in accepted)
+        self.metrics.add_refused(len(failures))
+        return failures
+
+    def _stored(
+        self,
+        accepted: list[EntryToStore],
+        failures: list[AddFailure],
+        started: float,
+        result: asyncio.Future[list[AddFailure]],
+        storing: asyncio.Future[list[StorageError | None]],
+    ) -> None:
+        if storing.cancelled():
+            if not result.done():
+                result.cancel()
+            return
+        error = storing.exception()
+        if error is not None:
+            if isinstance(error, StorageError):
+                failures = self._not_stored(accepted, failures, error)
+                if not result.done():
+                    result.set_result(failures)
+            elif not result.done():
+                result.set_exception(error)
+            return
         stored: list[EntryToStore] = []
-        for entry, outcome in zip(accepted, outcomes, strict=True):
+        for entry, outcome in zip(accepted, storing.result(), strict=True):
             if outcome is None:
                 stored.append(entry)
             else:
@@ -294,7 +339,8 @@ class Bookie:
             len(stored), sum(len(a.payload) for a in stored), self._clock.monotonic() - started
         )
         self._wake_lac_waiters({a.ledger_id for a in stored})
-        return failures
+        if not result.done():
+            result.set_result(failures)
 
     def _conflict_refused(self, add: EntryToStore) -> None:
         """Count an add that tried to change a stored entry; log it, at most once a second."""

@@ -208,13 +208,49 @@ class StorageEngine:
             # to compare the bytes, then decide again (the reads awaited; things moved on)
             stored.update(await self._read_stored(decided))
         # _decide ran with no await since, so no other add slipped in between it and this
+        return await self._commit(decided)
+
+    def try_add_entries(
+        self, entries: Sequence[EntryToStore]
+    ) -> asyncio.Future[list[StorageError | None]] | None:
+        """:meth:`add_entries` without a task, when no stored copy must be read first (adds of
+        new entries: every add but a retry or a conflict). None when one must: call
+        :meth:`add_entries` then. The future completes as the coroutine would return, or
+        fails with the :class:`StorageError` it would raise; cancelling it cancels no write."""
+        decided = self._decide(entries, {})
+        return self._commit(decided) if isinstance(decided, _Decision) else None
+
+    def _commit(self, decided: _Decision) -> asyncio.Future[list[StorageError | None]]:
+        """Submit what ``decided`` writes; a future of its outcomes once that and the writes it
+        waits for are durable. Callbacks, not a gather of shields: a cancelled caller must not
+        cancel a write that other adds wait for, and this runs once per add request."""
         waits = decided.waits
         if decided.to_write:
             waits.append(self._submit(decided.to_write))
-        if waits:
-            # shielded: a cancelled caller must not cancel a write that other adds wait for
-            await asyncio.gather(*(asyncio.shield(w) for w in set(waits)))
-        return decided.outcomes
+        result: asyncio.Future[list[StorageError | None]] = (
+            asyncio.get_running_loop().create_future()
+        )
+        unique = set(waits)
+        if not unique:
+            result.set_result(decided.outcomes)
+            return result
+        left = len(unique)
+
+        def settled(write: asyncio.Future[None]) -> None:
+            nonlocal left
+            left -= 1
+            if result.done():
+                return
+            if write.cancelled():
+                result.set_exception(StorageClosedError("the storage engine was closed"))
+            elif (error := write.exception()) is not None:
+                result.set_exception(error)
+            elif left == 0:
+                result.set_result(decided.outcomes)
+
+        for write in unique:
+            write.add_done_callback(settled)
+        return result
 
     def _decide(
         self, entries: Sequence[EntryToStore], stored: dict[_Key, _StoredCopy]

@@ -1,24 +1,25 @@
 """Segment files and the group-committing journal that appends to them.
 
 Every write of the bookie (entries, fence and delete records, compaction's copies) goes through
-one :class:`Journal`, as a two-stage pipeline in the spirit of BookKeeper's journal and
-force-write threads:
+one :class:`Journal`, which commits them in groups, one **thread hop per group commit**:
 
-- the **write stage** takes everything submitted since its last write (waiting at most
-  ``max_group_wait_ms`` for more, or until ``max_group_bytes`` are waiting) and appends it to
-  the head segment with one ``writev`` in a worker thread;
-- the **sync stage** takes every group written since its last ``fdatasync``, makes them durable
-  with one ``fdatasync`` in another worker thread, and only then completes their submitters'
-  futures, in order.
+- it takes everything submitted since its last commit (waiting at most ``max_group_wait_ms``
+  for more, or until ``max_group_bytes`` are waiting; by default it does not wait: a group
+  forms from what arrives while the previous one is being made durable);
+- in one worker thread it appends the group to the head segment with one ``writev`` and makes
+  it durable with one ``fdatasync`` (starting a new segment first when the head one is full);
+- back on the event loop it completes the submitters' futures, in order.
 
-The two overlap: while group N is being fdatasync'd, group N+1 is being copied into the file, so
-the disk and the CPU both stay busy. An add is acknowledged only once an fdatasync that started
-after its write returned; many adds from many ledgers share each one.
+One hop instead of two (a write hop and a sync hop, overlapped): a hop to a worker thread and
+back costs ~0.1-0.2 ms of CPU here, several times the copy into the page cache that overlapping
+would hide, and an append that grows the file (which can wait for the file system's own journal
+commit) still never runs on the event loop. An add is acknowledged only once the fdatasync after
+its write returned; many adds from many ledgers share each one.
 
-Each submission carries an ``on_durable`` callback that the sync stage calls with the segment and
-offsets of its records right after the fdatasync, before anything else runs. The index is updated
-there, so a checkpoint, taken through :meth:`Journal.at_boundary` once the pipeline is drained,
-never covers a durable record the index does not know.
+Each submission carries an ``on_durable`` callback that is called with the segment and offsets
+of its records right after the fdatasync, before anything else runs. The index is updated
+there, so a checkpoint, taken through :meth:`Journal.at_boundary` between two commits, never
+covers a durable record the index does not know.
 """
 
 from __future__ import annotations
@@ -178,30 +179,16 @@ class JournalStats:
         return latencies, sizes
 
 
-@dataclass(slots=True)
-class _Written:
-    """A group written to the file and waiting for its fdatasync."""
+class _WriteFailed(Exception):  # noqa: N818 - internal: says which step failed
+    """The ``writev`` of a group failed (its ``fdatasync`` failing raises the OSError itself)."""
 
-    batch: list[_Submission]
-    segment_id: int
-    offset: int
-    size: int
-
-
-INLINE_WRITE_MAX_BYTES = 64 * 1024
-"""Groups up to this size are written on the event loop when no ``fdatasync`` is running:
-copying them into the page cache takes microseconds, where a hop to a worker thread and back
-costs ~0.2 ms here (an idle bookie then makes one hop per add instead of two). Larger groups, a
-group that starts a new segment, and any group written while an ``fdatasync`` runs go to a
-worker thread: an append that grows the file can wait there for the file system's own journal
-commit (ext4), and that wait must not stop the event loop."""
-
-MAX_UNSYNCED_GROUPS = 4
-"""How far the write stage may run ahead of the sync stage."""
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class Journal:
-    """Appends records to the head segment with group commit, writing and syncing in parallel."""
+    """Appends records to the head segment with group commit, one thread hop per group."""
 
     def __init__(
         self,
@@ -215,6 +202,7 @@ class Journal:
         self.config = config
         self._head_segment = head.segment_id
         self._written_offset = head.offset
+        """Where the next group goes in the head segment (the durable end between commits)."""
         self._durable_offset = head.offset
         self._fd = open_private(
             segments.path(head.segment_id), os.O_WRONLY | os.O_CREAT | os.O_APPEND
@@ -223,13 +211,7 @@ class Journal:
         self._queued_bytes = 0
         self._wakeup = asyncio.Event()
         self._full = asyncio.Event()
-        self._unsynced: deque[_Written] = deque()
-        self._sync_wakeup = asyncio.Event()
-        self._synced = asyncio.Event()
-        self._sync_idle = asyncio.Event()
-        self._sync_idle.set()
         self._task: asyncio.Task[None] | None = None
-        self._sync_task: asyncio.Task[None] | None = None
         self._closed = False
         self._failure: StorageError | None = None
         self._on_batch = on_batch
@@ -241,8 +223,7 @@ class Journal:
         return LogPosition(self._head_segment, self._durable_offset)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="bookie-journal-write")
-        self._sync_task = asyncio.create_task(self._sync(), name="bookie-journal-sync")
+        self._task = asyncio.create_task(self._run(), name="bookie-journal")
 
     # --- submitting ------------------------------------------------------------------------
 
@@ -272,7 +253,7 @@ class Journal:
         self._wakeup.set()
         return await future
 
-    # --- the write stage ------------------------------------------------------------------------
+    # --- committing ----------------------------------------------------------------------------
 
     async def _run(self) -> None:
         wait_s = self.config.max_group_wait_ms / 1000
@@ -285,8 +266,8 @@ class Journal:
                 continue
             head = self._queue[0]
             if isinstance(head, _Boundary):
+                # every earlier group is durable: one commit at a time, each awaited
                 self._queue.popleft()
-                await self._drain()
                 self._run_boundary(head)
                 continue
             if wait_s > 0 and self._queued_bytes < self.config.max_group_bytes and not self._closed:
@@ -294,20 +275,7 @@ class Journal:
                 self._full.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._full.wait(), wait_s)
-            while len(self._unsynced) >= MAX_UNSYNCED_GROUPS:
-                self._synced.clear()
-                await self._synced.wait()
-            batch = self._take_batch()
-            await self._write(batch)
-
-    def _failed(self) -> StorageError | None:
-        return self._failure
-
-    async def _drain(self) -> None:
-        """Wait until every written group is durable."""
-        while not (self._sync_idle.is_set() and not self._unsynced):
-            await self._sync_idle.wait()
-            await asyncio.sleep(0)
+            await self._commit(self._take_batch())
 
     def _run_boundary(self, boundary: _Boundary) -> None:
         try:
@@ -332,102 +300,78 @@ class Journal:
         self._queued_bytes -= size
         return batch
 
-    async def _write(self, batch: list[_Submission]) -> None:
-        size = sum(s.size for s in batch)
+    async def _commit(self, batch: list[_Submission]) -> None:
+        """Write and sync one group in one thread hop, then complete its submissions."""
         if self._failure is not None:
             self._fail(batch, self._failure)
             return
+        size = sum(s.size for s in batch)
         roll = (
             self._written_offset > 0 and self._written_offset + size > self.config.max_segment_bytes
         )
-        if roll:
-            # the old segment must be durable (and its fd done with) before the next one starts
-            await self._drain()
-            failure = self._failed()
-            if failure is not None:
-                self._fail(batch, failure)
-                return
         chunks = [chunk for s in batch for frame in s.frames for chunk in frame]
         try:
-            if roll or size > INLINE_WRITE_MAX_BYTES or not self._sync_idle.is_set():
-                await asyncio.to_thread(self._write_chunks, chunks, size, roll)
-            else:
-                # small, and no fdatasync running: copied into the page cache at once
-                _writev_all(self._fd, chunks, size)
-        except OSError as e:
-            self._handle_write_error(batch, e)
-            return
-        written = _Written(batch, self._head_segment, self._written_offset, size)
-        self._written_offset += size
-        self._unsynced.append(written)
-        self._sync_idle.clear()
-        self._sync_wakeup.set()
-
-    def _write_chunks(self, chunks: list[bytes], size: int, roll: bool) -> None:
-        if roll:
-            new_id = self._head_segment + 1
-            new_fd = open_private(
-                self.segments.path(new_id), os.O_WRONLY | os.O_CREAT | os.O_APPEND
+            segment_id, offset, sync_seconds = await asyncio.to_thread(
+                self._write_and_sync, chunks, size, roll
             )
-            fsync_dir(self.segments.directory)
-            os.close(self._fd)
-            self._fd, self._head_segment = new_fd, new_id
-            self._written_offset = self._durable_offset = 0
-            log.info("segment_rolled", segment=new_id)
-        _writev_all(self._fd, chunks, size)
+        except _WriteFailed as e:
+            self._handle_write_error(batch, e.error)
+            return
+        except OSError as e:
+            # after a failed fdatasync nothing written since the last good one can be
+            # trusted: stop taking writes for good
+            self._failure = StorageError(
+                f"fdatasync failed ({e}); this bookie takes no more writes",
+                context={"errno": e.errno or 0},
+            )
+            log.exception("journal_sync_failed", error=str(e))
+            self._fail(batch, self._failure)
+            return
+        self.stats.fdatasync_seconds.append(sync_seconds)
+        self.stats.group_sizes.append(size)
+        self.stats.groups += 1
+        self.stats.bytes += size
+        self._complete(batch, segment_id, offset, size)
+        if self._on_batch is not None:
+            self._on_batch(size)
 
-    # --- the sync stage -------------------------------------------------------------------------
-
-    async def _sync(self) -> None:
-        while True:
-            if not self._unsynced:
-                self._sync_idle.set()
-                if self._closed and (self._task is None or self._task.done()):
-                    return
-                self._sync_wakeup.clear()
-                await self._sync_wakeup.wait()
-                continue
-            group = list(self._unsynced)
-            self._unsynced.clear()
-            started = time.perf_counter()
-            try:
-                await asyncio.to_thread(os.fdatasync, self._fd)
-            except OSError as e:
-                # after a failed fdatasync nothing written since the last good one can be
-                # trusted: stop taking writes for good
-                self._failure = StorageError(
-                    f"fdatasync failed ({e}); this bookie takes no more writes",
-                    context={"errno": e.errno or 0},
+    def _write_and_sync(self, chunks: list[bytes], size: int, roll: bool) -> tuple[int, int, float]:
+        """In the worker thread: (start a new segment,) append, fdatasync. Returns the segment
+        and offset the group went to, and how long the fdatasync took. Nothing else touches the
+        file meanwhile: the event loop awaits this before the next group."""
+        try:
+            if roll:
+                # the old segment is durable (every group was synced before the next began)
+                new_id = self._head_segment + 1
+                new_fd = open_private(
+                    self.segments.path(new_id), os.O_WRONLY | os.O_CREAT | os.O_APPEND
                 )
-                log.exception("journal_sync_failed", error=str(e))
-                for written in group:
-                    self._fail(written.batch, self._failure)
-                self._synced.set()
-                continue
-            size = sum(w.size for w in group)
-            self.stats.fdatasync_seconds.append(time.perf_counter() - started)
-            self.stats.group_sizes.append(size)
-            self.stats.groups += 1
-            self.stats.bytes += size
-            for written in group:
-                self._complete(written)
-            self._synced.set()
-            if self._on_batch is not None:
-                self._on_batch(size)
+                fsync_dir(self.segments.directory)
+                os.close(self._fd)
+                self._fd, self._head_segment = new_fd, new_id
+                self._written_offset = self._durable_offset = 0
+                log.info("segment_rolled", segment=new_id)
+            offset = self._written_offset
+            _writev_all(self._fd, chunks, size)
+        except OSError as e:
+            raise _WriteFailed(e) from e
+        self._written_offset = offset + size
+        started = time.perf_counter()
+        os.fdatasync(self._fd)
+        return self._head_segment, offset, time.perf_counter() - started
 
-    def _complete(self, written: _Written) -> None:
-        offset = written.offset
-        for submission in written.batch:
+    def _complete(self, batch: list[_Submission], segment_id: int, offset: int, size: int) -> None:
+        self._durable_offset = offset + size
+        for submission in batch:
             offsets = []
             for frame in submission.frames:
                 offsets.append(offset)
                 offset += frame_size(frame)
             self.stats.records += len(offsets)
             if submission.on_durable is not None:
-                submission.on_durable(written.segment_id, offsets)
+                submission.on_durable(segment_id, offsets)
             if not submission.future.done():
                 submission.future.set_result(None)
-        self._durable_offset = written.offset + written.size
 
     def _handle_write_error(self, batch: list[_Submission], error: OSError) -> None:
         # Cut whatever part of the group reached the file, so the log stays a clean sequence of
@@ -467,10 +411,6 @@ class Journal:
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        self._sync_wakeup.set()
-        if self._sync_task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sync_task
         for item in self._queue:
             if not item.future.done():
                 item.future.set_exception(StorageClosedError("the storage engine was closed"))

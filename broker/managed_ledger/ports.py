@@ -92,6 +92,11 @@ class LedgerWriter(Protocol):
 
     async def add_async(self, payload: bytes) -> asyncio.Future[int]: ...
 
+    def add_nowait(self, payload: bytes) -> asyncio.Future[int] | None:
+        """``add_async`` without waiting: None, and nothing queued, while the writer's pending
+        limits are reached (then await ``add_async``)."""
+        ...
+
     async def close(self) -> LedgerMetadataView: ...
 
     async def close_confirmed(self) -> LedgerMetadataView:

@@ -231,7 +231,9 @@ class Writer:
             self._life.state is State.WRITING
             and self._unsent
             and (self._pump is None or self._pump.done())
+            and not self._hand_over()
         ):
+            # the ledger's pending window is full: a pump waits for room
             self._pump = self._spawn(self._run_pump(), "pump")
 
     def _roll_reason(self) -> RollReason | None:
@@ -241,28 +243,51 @@ class Writer:
             age_ms=self._clock.time_ms() - self._log_state.ledgers[-1].created_ms,
         )
 
-    async def _run_pump(self) -> None:
-        """Hand queued entries, in order, to the current ledger; roll first when it is due."""
+    def _hand_over(self) -> bool:
+        """Hand queued entries, in order, to the current ledger as far as it takes them without
+        waiting, rolling first when it is due. False when an entry is left that must wait for
+        room (the pump's job); True when nothing is left for a pump (all handed over, or a
+        switch or failure took over). An entry that finds room costs no task."""
         while self._unsent and self._life.state is State.WRITING:
             reason = self._roll_reason()
             if reason is not None:
                 self._start_switch(reason.value)
-                return
+                return True
             handle = self._handle
-            append = self._unsent[0]
             try:
-                confirmed = await handle.add_async(append.payload)
+                confirmed = handle.add_nowait(self._unsent[0].payload)
+            except MagnetarError as e:
+                self._writer_failed(handle, e)
+                return True
+            if confirmed is None:
+                return False
+            self._sent(handle, confirmed)
+        self._roll_if_full()
+        return True
+
+    async def _run_pump(self) -> None:
+        """Hand queued entries, in order, to the current ledger, waiting for room in it."""
+        while not self._hand_over():
+            handle = self._handle
+            try:
+                confirmed = await handle.add_async(self._unsent[0].payload)
             except MagnetarError as e:
                 self._writer_failed(handle, e)
                 return
             if self._life.state is not State.WRITING or not self._unsent:
                 return  # fenced or closed meanwhile; the entry's fate no longer matters
-            self._unsent.popleft()
-            append.ledger_id = handle.ledger_id
-            append.entry_id = self._sent_entries
-            self._sent_entries += 1
-            self._sent_bytes += len(append.payload)
-            confirmed.add_done_callback(functools.partial(self._add_done, handle, append))
+            self._sent(handle, confirmed)
+
+    def _sent(self, handle: LedgerWriter, confirmed: asyncio.Future[int]) -> None:
+        """The head of the unsent queue was handed to ``handle``."""
+        append = self._unsent.popleft()
+        append.ledger_id = handle.ledger_id
+        append.entry_id = self._sent_entries
+        self._sent_entries += 1
+        self._sent_bytes += len(append.payload)
+        confirmed.add_done_callback(functools.partial(self._add_done, handle, append))
+
+    def _roll_if_full(self) -> None:
         if self._life.state is State.WRITING and not self._life.closing and self._sent_entries > 0:
             # full: roll now rather than make the next append wait for it
             reason = self._roll_reason()

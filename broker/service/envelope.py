@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bookie.client.wire import varint
 from broker.managed_ledger import EntryMeta
 from magnetar.common.errors import CorruptionError
 from proto.format.v1 import entry_pb2
@@ -36,9 +37,14 @@ class IncomingBatch:
     ``ENTRY_FORMAT_PULSAR``: a Pulsar producer's ``[metadata_size][MessageMetadata][payload]``."""
 
 
-def build_envelope(
+_BATCH_TAG = bytes(((15 << 3) | 2,))
+"""The key of ``EntryEnvelope.batch`` (field 15, length-delimited): one byte."""
+
+
+def envelope_head(
     producer_name: str, batch: IncomingBatch, first_offset: int, publish_time_ms: int
-) -> bytes:
+) -> entry_pb2.EntryEnvelope:
+    """The entry's envelope, every field but ``batch`` set."""
     return entry_pb2.EntryEnvelope(
         format_version=FORMAT_VERSION,
         producer_name=producer_name,
@@ -52,8 +58,21 @@ def build_envelope(
         key_hashes=batch.key_hashes,
         deliver_at_ms=batch.deliver_at_ms,
         format=batch.format,  # type: ignore[arg-type]
-        batch=batch.batch,
-    ).SerializeToString()
+    )
+
+
+def build_envelope(
+    producer_name: str, batch: IncomingBatch, first_offset: int, publish_time_ms: int
+) -> bytes:
+    """The entry's bytes: the envelope's other fields, serialized by protobuf, then ``batch``
+    (the highest field number, so last in protobuf's own order) as its key, length and the
+    producer's bytes, joined once. The bytes are exactly those of protobuf serializing the
+    whole envelope, without protobuf copying a large batch into a message and out again
+    (~150 us for 128 KiB, where the join costs a few)."""
+    head = envelope_head(producer_name, batch, first_offset, publish_time_ms).SerializeToString()
+    if not batch.batch:
+        return head  # proto3 leaves an empty field out
+    return b"".join((head, _BATCH_TAG, varint(len(batch.batch)), batch.batch))
 
 
 def parse_envelope(payload: bytes) -> entry_pb2.EntryEnvelope:

@@ -229,6 +229,10 @@ class FakeWriter:
         )
 
     async def add_async(self, payload: bytes) -> asyncio.Future[int]:
+        return self.add_nowait(payload)
+
+    def add_nowait(self, payload: bytes) -> asyncio.Future[int]:
+        """Never full: the fake has no pending limits."""
         entry_id = self._next_entry_id
         self._next_entry_id += 1
         previous = self._tail

@@ -74,6 +74,25 @@ async def test_concurrent_appends_get_dense_offsets_in_call_order(
     assert (ml.entries_added, ml.messages_added) == (200, ml.next_offset)
 
 
+@pytest.mark.parametrize("ml_env", ["real"], indirect=True)
+async def test_appends_past_the_ledger_writers_window_wait_for_room_in_order(
+    ml_env: Env,
+) -> None:
+    # appends that find room go to the ledger at once (no task each); the ones past the
+    # writer's window of 3 wait for room, behind them, and every one lands in call order
+    client = await ml_env.new_client(max_pending_adds=3)
+    ml = await ml_env.factory(client).open("public/a/window")
+    bodies = [b"w%d" % i for i in range(60)]
+    results = await append_all(ml, bodies)
+    assert [r.first_offset for r in results] == list(range(60))
+    assert [r.position.entry_id for r in results] == list(range(60))
+    read = await ml.read(ml.first_position, max_entries=100, max_bytes=1 << 20)
+    assert [body_of(e.payload) for e in read] == bodies
+    # and again after the window drained: a lone append goes straight through
+    (last,) = await append_all(ml, [b"alone"])
+    assert last.first_offset == 60
+
+
 async def test_read_limits_and_clamping(ml_env: Env) -> None:
     ml = await ml_env.factory(config=replace(FAST, max_entries_per_ledger=10)).open("t")
     results = await append_all(ml, [bytes(100) for _ in range(25)])

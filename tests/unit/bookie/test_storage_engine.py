@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import time
 from collections.abc import Callable
@@ -12,7 +13,6 @@ from typing import Any
 import pytest
 
 from bookie.entries import entry_checksum
-from bookie.storage import journal
 from bookie.storage.config import StorageConfig
 from bookie.storage.engine import EntryToStore, StorageEngine
 from magnetar.common.errors import (
@@ -21,6 +21,7 @@ from magnetar.common.errors import (
     LedgerFencedError,
     NoSuchEntryError,
     NoSuchLedgerError,
+    StorageError,
 )
 
 SMALL = StorageConfig(
@@ -328,7 +329,7 @@ async def test_a_very_sparse_entry_id_does_not_allocate_a_huge_array(tmp_path: P
     await engine.close()
 
 
-async def test_small_groups_are_written_on_the_loop_and_large_ones_in_a_thread(
+async def test_each_group_commit_is_one_thread_hop_whatever_its_size(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     hops: list[str] = []
@@ -343,13 +344,12 @@ async def test_small_groups_are_written_on_the_loop_and_large_ones_in_a_thread(
     engine = await open_engine(tmp_path, config)
     hops.clear()
     await engine.add_entries([entry(1, 0)])
-    assert hops == ["fdatasync"]  # one thread hop: the write went straight to the page cache
+    assert hops == ["_write_and_sync"]  # write and fdatasync in the same hop
     hops.clear()
-    big = b"x" * (journal.INLINE_WRITE_MAX_BYTES + 1)
+    big = b"x" * (256 * 1024)
     await engine.add_entries([entry(1, 1, big, lac=0)])
-    assert hops == ["_write_chunks", "fdatasync"]
-    # while an fdatasync runs, even a small group is written in a thread (an append can wait
-    # there for the file system's journal commit)
+    assert hops == ["_write_and_sync"]
+    # adds that arrive while a commit runs share the next one: one more hop for all of them
     real_fdatasync = os.fdatasync
 
     def fdatasync(fd: int) -> None:
@@ -360,11 +360,70 @@ async def test_small_groups_are_written_on_the_loop_and_large_ones_in_a_thread(
     hops.clear()
     first = asyncio.ensure_future(engine.add_entries([entry(1, 2, lac=1)]))
     await asyncio.sleep(0.1)  # its fdatasync is running
-    await engine.add_entries([entry(1, 3, lac=2)])
+    await asyncio.gather(*(engine.add_entries([entry(1, e, lac=e - 1)]) for e in range(3, 8)))
     await first
-    assert hops == ["fdatasync", "_write_chunks", "fdatasync"]
+    assert hops == ["_write_and_sync", "_write_and_sync"]
+    assert engine.journal.stats.group_sizes[-1] > engine.journal.stats.group_sizes[-2]
     await engine.close()
     reopened = await open_engine(tmp_path, config)
-    got = [r.payload for r in await reopened.read_entries(1, 0, 3)]
-    assert got == [b"L1E0" * 10, big, b"L1E2" * 10, b"L1E3" * 10]
+    got = [r.payload for r in await reopened.read_entries(1, 0, 7)]
+    assert got == [b"L1E0" * 10, big] + [f"L1E{e}".encode() * 10 for e in range(2, 8)]
+    await reopened.close()
+
+
+async def test_an_add_of_new_entries_is_committed_without_a_task(tmp_path: Path) -> None:
+    engine = await open_engine(tmp_path)
+    adding = engine.try_add_entries([entry(1, 0), entry(1, 1, lac=0)])
+    assert adding is not None
+    assert await adding == [None, None]
+    # a retry of a stored entry compares the stored bytes first, which awaits a read
+    assert engine.try_add_entries([entry(1, 0)]) is None
+    assert await engine.add_entries([entry(1, 0)]) == [None]
+    # a retry of an entry on its way to the disk waits for that write, no read needed
+    first = engine.try_add_entries([entry(1, 2, lac=1)])
+    again = engine.try_add_entries([entry(1, 2, lac=1)])
+    other = engine.try_add_entries([entry(1, 2, b"other", lac=1)])
+    assert first is not None
+    assert again is not None
+    assert other is not None
+    again.cancel()  # giving up an answer cancels no write
+    assert await first == [None]
+    (refused,) = await other
+    assert isinstance(refused, EntryExistsError)
+    assert [r.payload for r in await engine.read_entries(1, 2, 2)] == [b"L1E2" * 10]
+    assert engine.journal.stats.records == 3  # the retries wrote nothing
+    await engine.close()
+
+
+async def test_a_failed_write_is_cut_and_refused_a_failed_fdatasync_stops_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = StorageConfig(max_group_wait_ms=0, gc_interval_s=0)
+    engine = await open_engine(tmp_path, config)
+    await engine.add_entries([entry(1, 0)])
+    real_writev = os.writev
+
+    def half_then_full(fd: int, chunks: list[bytes]) -> int:
+        real_writev(fd, [chunks[0][:10]])  # a torn start of the group reaches the file
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "writev", half_then_full)
+    with pytest.raises(StorageError, match="the disk is full"):
+        await engine.add_entries([entry(1, 1, lac=0)])
+    monkeypatch.setattr(os, "writev", real_writev)
+    # the torn bytes were cut: the journal goes on, and the log reads back clean
+    assert await engine.add_entries([entry(1, 1, lac=0)]) == [None]
+
+    def failing_fdatasync(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", failing_fdatasync)
+    with pytest.raises(StorageError, match="fdatasync failed"):
+        await engine.add_entries([entry(1, 2, lac=1)])
+    with pytest.raises(StorageError, match="takes no more writes"):
+        await engine.add_entries([entry(1, 3, lac=2)])
+    await engine.close(checkpoint=False)
+    monkeypatch.undo()
+    reopened = await open_engine(tmp_path, config)
+    assert [r.entry_id for r in await reopened.read_entries(1, 0, 1)] == [0, 1]
     await reopened.close()
