@@ -37,7 +37,7 @@ import re
 import secrets
 import ssl
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -369,49 +369,21 @@ class SecureCluster(LocalCluster):
                 hosts += [isolated.gateway(link), isolated.inside_address(link)]
         return hosts
 
-    def _new_bookie(
-        self,
-        *,
-        bookie_id: str | None = None,
-        zone: str | None = None,
-        log_path: Path | None = None,
-        extra_args: Sequence[str] = (),
-        env: Mapping[str, str] | None = None,
-    ) -> BookieNode:
-        name = f"bookie-{len(self.bookies)}"
-        cert = self.security.issue(name, "bookie", self.server_hosts())
-        return super()._new_bookie(
-            bookie_id=bookie_id,
-            zone=zone,
-            log_path=log_path,
-            extra_args=[*cert.server_args(), *cert.server_args("http-"), *extra_args],
-            env=env,
-        )
+    def _bookie_own_args(self, index: int) -> list[str]:
+        # its certificate, made when its node is
+        cert = self.security.issue(f"bookie-{index}", "bookie", self.server_hosts())
+        return [*cert.server_args(), *cert.server_args("http-")]
 
-    def _new_broker(
-        self,
-        *,
-        broker_id: str | None = None,
-        log_path: Path | None = None,
-        extra_args: Sequence[str] = (),
-        env: Mapping[str, str] | None = None,
-    ) -> BrokerNode:
-        index = len(self.brokers)
+    def _broker_own_args(self, index: int) -> list[str]:
         cert = self.security.issue(f"broker-{index}", BROKER_ROLE, self.server_hosts())
         tls_port = self._tls_ports.setdefault(index, free_port())
-        return super()._new_broker(
-            broker_id=broker_id,
-            log_path=log_path,
-            extra_args=[
-                *("--port", ""),  # no plaintext listener
-                *("--tls-port", str(tls_port)),
-                *cert.server_args(),
-                *cert.server_args("http-"),
-                *cert.server_args("ledger-"),  # its role towards the bookies
-                *extra_args,
-            ],
-            env=env,
-        )
+        return [
+            *("--port", ""),  # no plaintext listener
+            *("--tls-port", str(tls_port)),
+            *cert.server_args(),
+            *cert.server_args("http-"),
+            *cert.server_args("ledger-"),  # its role towards the bookies
+        ]
 
     async def wait_brokers_registered(
         self, broker_ids: Iterable[str] | None = None, timeout_s: float = 30
