@@ -42,19 +42,22 @@ from harness import (
     RAW_RTT_P99,
     REPO,
     add_output_options,
+    add_quick_and_tag,
     add_raw_s_option,
+    all_ok,
+    bench_main,
+    bench_parser,
     latency_summary,
     machine_cpu_seconds,
     machine_info,
     ms,
+    print_checks,
     proc_cpu_seconds,
-    quiet_logs,
     raw_limits_at,
     raw_limits_table,
     raw_pair,
     report_preamble,
     results_head,
-    run_and_write,
     size_name,
     stop_process,
 )
@@ -660,9 +663,9 @@ def render_markdown(results: dict[str, Any]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="bench/bookie_bench.py",
-        description=(
+    parser, add = bench_parser(
+        "bookie_bench.py",
+        (
             "Benchmark one real bookie process: adds of 100 B, 1 KiB and 64 KiB entries from 1"
             " and 16 concurrent ledgers, each ledger keeping a window of add_entries calls in"
             " flight; entries/s, MB/s, add latency p50/p99/p99.9/max, bookie and client CPU."
@@ -674,47 +677,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             " MISS. Exits 0 whatever the verdicts, 1 if a workload failed (results are written"
             " either way)."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument(
-        "--duration-s", type=float, default=5.0, help="measured seconds per workload"
-    )
-    parser.add_argument(
-        "--warmup-s", type=float, default=1.0, help="unmeasured seconds before each workload"
-    )
-    add_raw_s_option(parser.add_argument)
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="smoke test: 1 s per workload, 0.5 s per raw measurement, only 1 KiB and 64 KiB"
-        " entries from 1 ledger; results go to bookie-<date>-quick.* (unless --tag is given)",
-    )
-    parser.add_argument(
-        "--tag",
-        help="name the results bookie-<date>-<TAG>.*, e.g. for a run with --only, --batch or"
+    add("--duration-s", type=float, default=5.0, help="measured seconds per workload")
+    add("--warmup-s", type=float, default=1.0, help="unmeasured seconds before each workload")
+    add_raw_s_option(add)
+    add_quick_and_tag(
+        add,
+        "bookie",
+        quick="1 s per workload, 0.5 s per raw measurement, only 1 KiB and 64 KiB entries from"
+        " 1 ledger",
+        tag="name the results bookie-<date>-<TAG>.*, e.g. for a run with --only, --batch or"
         " --bookie-arg, so it does not replace the full run's files",
     )
-    parser.add_argument(
+    add(
         "--only",
         action="append",
         metavar="KEY",
         help="run only this workload (repeatable); keys: "
         + ", ".join(w.key for w in FULL_WORKLOADS),
     )
-    parser.add_argument(
-        "--batch", type=int, help="entries per add_entries call, for every workload run"
-    )
-    parser.add_argument(
-        "--window", type=int, help="add_entries calls in flight per ledger, for every workload run"
-    )
+    add("--batch", type=int, help="entries per add_entries call, for every workload run")
+    add("--window", type=int, help="add_entries calls in flight per ledger, for every workload run")
     add_output_options(
-        parser.add_argument,
+        add,
         data_root_help=(
             "a temporary directory is made here for bookie data and the raw disk tests (so both"
             " are on the same file system) and removed at the end"
         ),
     )
-    parser.add_argument(
+    add(
         "--bookie-arg",
         action="append",
         default=[],
@@ -779,17 +770,14 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
     return results
 
 
+def _verdicts(results: dict[str, Any], args: argparse.Namespace) -> bool:
+    print_checks(results["checks"])
+    return all_ok("workloads")(results, args)
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
     # the client logs each add stream it closes; the benchmark's own output is enough
-    quiet_logs()
-    results = run_and_write("bookie", args, argv, bench, render_markdown)
-    if results is None:
-        return 130
-    for c in results["checks"]:
-        print(f"{c['verdict']}: {c['name']}" + (f" ({c['workload']})" if "workload" in c else ""))
-    return 0 if all(w["ok"] for w in results["workloads"]) else 1
+    return bench_main("bookie", argv, parse_args, bench, render_markdown, ok=_verdicts)
 
 
 if __name__ == "__main__":

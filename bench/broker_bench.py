@@ -25,7 +25,6 @@ import json
 import os
 import random
 import statistics
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -43,8 +42,11 @@ from harness import (
     RAW_RTT_P50,
     LogClock,
     add_output_options,
+    add_quick_and_tag,
     add_raw_s_option,
-    configure_logs,
+    all_ok,
+    bench_main,
+    bench_parser,
     latency_summary,
     log_tail,
     machine_cpu_seconds,
@@ -55,7 +57,6 @@ from harness import (
     raw_limits_table,
     report_preamble,
     results_head,
-    run_and_write,
     settle_disk,
     size_name,
     thread_cpu_seconds,
@@ -1315,9 +1316,9 @@ def render_markdown(results: dict[str, Any]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="bench/broker_bench.py",
-        description=(
+    parser, add = bench_parser(
+        "broker_bench.py",
+        (
             "Benchmark brokers as real processes against real etcd and bookie processes."
             " Failover: the owner of a partition a producer writes to is SIGKILLed (crash) or"
             " SIGTERMed (graceful); the time from the signal to the first receipt from a new"
@@ -1329,9 +1330,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             " broker-<date>.json and .md to --out. Exits 0 if every run succeeded and no"
             " acknowledged message was lost, else 1 (results are written either way)."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    add = parser.add_argument
     add("--runs", type=int, default=10, help="failover runs per TTL and kind")
     add(
         "--ttl",
@@ -1369,17 +1368,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_raw_s_option(add, default=1.0)
     add("--no-failover", action="store_true", help="skip the failover runs")
     add("--no-throughput", action="store_true", help="skip the throughput comparison")
-    add(
-        "--quick",
-        action="store_true",
-        help="smoke test: 1 failover run per TTL and kind, 1 s warm-up and 1 s measured per"
-        " throughput workload, 0.5 s per raw measurement; results go to broker-<date>-quick.*"
-        " (unless --tag is given)",
-    )
-    add(
-        "--tag",
-        help="name the results broker-<date>-<TAG>.*, so that a variant run does not replace"
-        " the full run's files",
+    add_quick_and_tag(
+        add,
+        "broker",
+        quick="1 failover run per TTL and kind, 1 s warm-up and 1 s measured per throughput"
+        " workload, 0.5 s per raw measurement",
     )
     add_output_options(
         add,
@@ -1387,12 +1380,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "a temporary directory is made here for the clusters and the raw disk tests and"
             " removed at the end"
         ),
-    )
-    add(
-        "--keep-data",
-        action="store_true",
-        help="leave the temporary directory (the servers' logs, e.g. broker-<i>.log in each"
-        " cluster's directory) in place, and print where it is",
+        keep_data_help=(
+            "leave the temporary directory (the servers' logs, e.g. broker-<i>.log in each"
+            " cluster's directory) in place, and print where it is"
+        ),
     )
     args = parser.parse_args(argv)
     args.ttl = args.ttl or list(DEFAULT_TTLS)
@@ -1620,18 +1611,17 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
     # the client library logs every reconnect: only warnings reach the console; LOG_CLOCK times
     # the events the failover is broken down by
-    configure_logs(LOG_CLOCK)
-    results = run_and_write("broker", args, argv, bench, render_markdown, keep_data=args.keep_data)
-    if results is None:
-        return 130
-    ok = all(r["ok"] for r in results["throughput"]["runs"]) and all(
-        r["ok"] for r in results["failover"]["runs"]
+    return bench_main(
+        "broker",
+        argv,
+        parse_args,
+        bench,
+        render_markdown,
+        ok=all_ok("throughput.runs", "failover.runs"),
+        log_clock=LOG_CLOCK,
     )
-    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -40,7 +40,12 @@ from typing import Any
 # harness.py, delayed_bench.py and failover_bench.py sit next to this script
 from delayed_bench import SUBSCRIPTION, send_delayed, take_fills
 from failover_bench import owner_of
-from harness import REPO, machine_info, quiet_logs, report_preamble, run_and_write
+from harness import (
+    REPO,
+    bench_main,
+    machine_info,
+    report_preamble,
+)
 
 from magnetar.aio import AdminClient, Client
 from magnetar.common.errors import MagnetarError
@@ -203,11 +208,15 @@ def render_markdown(results: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
-    quiet_logs()
-    results = run_and_write("delayed-failover", args, argv, bench, render_markdown)
-    return 130 if results is None else 0
+    # figures only, no verdicts: 0 whenever the run ends
+    return bench_main(
+        "delayed-failover",
+        argv,
+        parse_args,
+        bench,
+        render_markdown,
+        ok=lambda _results, _args: True,
+    )
 
 
 if __name__ == "__main__":

@@ -730,11 +730,51 @@ def add_raw_s_option(add: Callable[..., Any], default: float = 1.5) -> None:
     )
 
 
-def add_output_options(add: Callable[..., Any], *, data_root_help: str) -> None:
+def bench_parser(
+    script: str, description: str
+) -> tuple[argparse.ArgumentParser, Callable[..., Any]]:
+    """The command line of ``bench/<script>``, with every default shown in ``--help``, and its
+    ``add_argument``."""
+    parser = argparse.ArgumentParser(
+        prog=f"bench/{script}",
+        description=description,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    return parser, parser.add_argument
+
+
+def add_quick_and_tag(
+    add: Callable[..., Any], name: str, *, quick: str, tag: str | None = None
+) -> None:
+    """``--quick`` (a smoke test: ``quick`` says what it runs; its results are tagged
+    ``quick``) and ``--tag`` (``tag``, or by default: so that a variant run does not replace
+    the full run's files)."""
+    add(
+        "--quick",
+        action="store_true",
+        help=f"smoke test: {quick}; results go to {name}-<date>-quick.* (unless --tag is given)",
+    )
+    add(
+        "--tag",
+        help=tag
+        or f"name the results {name}-<date>-<TAG>.*, so that a variant run does not replace the"
+        " full run's files",
+    )
+
+
+KEEP_DATA_HELP = "leave the temporary directory (with the logs)"
+
+
+def add_output_options(
+    add: Callable[..., Any], *, data_root_help: str, keep_data_help: str | None = None
+) -> None:
     """``--out`` (where the results go) and ``--data-root`` (where the temporary directory
-    of :func:`run_and_write` is made)."""
+    of :func:`run_and_write` is made); with ``keep_data_help``, ``--keep-data`` (leave that
+    directory)."""
     add("--out", type=Path, default=RESULTS, help="directory for the results")
     add("--data-root", type=Path, default=REPO / "bench", help=data_root_help)
+    if keep_data_help is not None:
+        add("--keep-data", action="store_true", help=keep_data_help)
 
 
 def report_preamble(results: dict[str, Any], *, raw_limits: bool = True) -> list[str]:
@@ -832,3 +872,62 @@ def run_and_write(
     md_path.write_text(render(results))
     print(f"wrote {json_path} and {md_path}")
     return results
+
+
+def bench_main(
+    name: str,
+    argv: list[str] | None,
+    parse_args: Callable[[list[str]], argparse.Namespace],
+    body: BenchBody,
+    render: Callable[[dict[str, Any]], str],
+    *,
+    ok: Callable[[dict[str, Any], argparse.Namespace], bool],
+    log_clock: LogClock | None = None,
+    worker: Callable[[str], int] | None = None,
+    refusal: Callable[[argparse.Namespace], str | None] | None = None,
+) -> int:
+    """A script's ``main``: ``--worker SPEC`` runs ``worker`` (the script as a child process of
+    its own run). Else it parses ``argv`` (None: the command line); prints what ``refusal``
+    says, if anything, and exits 2; keeps the libraries' logs quiet (or timed by
+    ``log_clock``); runs :func:`run_and_write` (keeping the temporary directory when the script
+    has ``--keep-data`` and it is given). The exit status: 130 when interrupted, else 0 if
+    ``ok(results, args)`` (which may print the verdicts first), else 1."""
+    argv = sys.argv[1:] if argv is None else argv
+    if worker is not None and argv[:1] == ["--worker"]:
+        return worker(argv[1])
+    args = parse_args(argv)
+    if refusal is not None and (reason := refusal(args)) is not None:
+        print(reason, file=sys.stderr)
+        return 2
+    if log_clock is None:
+        quiet_logs()
+    else:
+        configure_logs(log_clock)
+    keep_data = bool(getattr(args, "keep_data", False))
+    results = run_and_write(name, args, argv, body, render, keep_data=keep_data)
+    if results is None:
+        return 130
+    return 0 if ok(results, args) else 1
+
+
+def print_checks(checks: Sequence[dict[str, Any]]) -> None:
+    """Each target's verdict on the console: ``PASS: <name>`` (`` (<workload>)`` if it has
+    one)."""
+    for c in checks:
+        print(f"{c['verdict']}: {c['name']}" + (f" ({c['workload']})" if "workload" in c else ""))
+
+
+def all_ok(*groups: str) -> Callable[[dict[str, Any], argparse.Namespace], bool]:
+    """Whether every run in each of these lists of the results (say ``"runs"``, or
+    ``"failover.runs"`` a level down) succeeded."""
+
+    def ok(results: dict[str, Any], _args: argparse.Namespace) -> bool:
+        for group in groups:
+            runs: Any = results
+            for key in group.split("."):
+                runs = runs[key]
+            if not all(run["ok"] for run in runs):
+                return False
+        return True
+
+    return ok

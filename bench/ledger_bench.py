@@ -23,7 +23,6 @@ import dataclasses
 import itertools
 import os
 import statistics
-import sys
 import threading
 import time
 import urllib.request
@@ -44,8 +43,11 @@ from harness import (
     RAW_RTT_P99,
     LogClock,
     add_output_options,
+    add_quick_and_tag,
     add_raw_s_option,
-    configure_logs,
+    all_ok,
+    bench_main,
+    bench_parser,
     latency_summary,
     log_tail,
     machine_cpu_seconds,
@@ -57,7 +59,6 @@ from harness import (
     raw_pair,
     report_preamble,
     results_head,
-    run_and_write,
     size_name,
     thread_cpu_seconds,
     watching,
@@ -1114,9 +1115,9 @@ def render_markdown(results: dict[str, Any]) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     keys = ", ".join(w.key for w in all_workloads(FULL_SIZES))
-    parser = argparse.ArgumentParser(
-        prog="bench/ledger_bench.py",
-        description=(
+    parser, add = bench_parser(
+        "ledger_bench.py",
+        (
             "Benchmark the ledger client against a local cluster of real processes (its own etcd"
             f" and {BOOKIES} bookies, default settings): one pipelined writer per workload,"
             " quorums E1/Qw1/Qa1, E2/Qw2/Qa2 and E3/Qw2/Qa2 side by side, 1 KiB and 64 KiB"
@@ -1128,22 +1129,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             " and end. Writes ledger-<date>.json and .md to --out. Exits 0 if every workload"
             " and failover succeeded, else 1 (results are written either way)."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    add = parser.add_argument
     add("--duration-s", type=float, default=5.0, help="measured seconds per workload")
     add("--warmup-s", type=float, default=1.0, help="unmeasured seconds before each workload")
     add_raw_s_option(add)
-    add(
-        "--quick",
-        action="store_true",
-        help="smoke test: 1 s per workload, 0.5 s per raw measurement, only 1 KiB entries, one"
-        " failover; results go to ledger-<date>-quick.* (unless --tag is given)",
-    )
-    add(
-        "--tag",
-        help="name the results ledger-<date>-<TAG>.*, so that a variant run does not replace"
-        " the full run's files",
+    add_quick_and_tag(
+        add,
+        "ledger",
+        quick="1 s per workload, 0.5 s per raw measurement, only 1 KiB entries, one failover",
     )
     add("--only", action="append", metavar="KEY", help=f"run only this workload; keys: {keys}")
     add("--window", type=int, help="adds in flight for every workload (default: per size)")
@@ -1283,18 +1276,17 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
     # the ledger client logs every ledger it creates and closes: only warnings (a bookie failed)
     # reach the console; LOG_CLOCK times the events the failover is broken down by
-    configure_logs(LOG_CLOCK)
-    results = run_and_write("ledger", args, argv, bench, render_markdown)
-    if results is None:
-        return 130
-    ok = all(w["ok"] for w in results["workloads"] + results["burst_workloads"]) and all(
-        r["ok"] for r in results["failover"]["runs"]
+    return bench_main(
+        "ledger",
+        argv,
+        parse_args,
+        bench,
+        render_markdown,
+        ok=all_ok("workloads", "burst_workloads", "failover.runs"),
+        log_clock=LOG_CLOCK,
     )
-    return 0 if ok else 1
 
 
 if __name__ == "__main__":

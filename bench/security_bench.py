@@ -69,8 +69,12 @@ from typing import Any
 # settings are broker_bench's and the rate a fixed-rate run must reach is the suite's.
 from broker_bench import BROKER_ARGS
 from harness import (
+    KEEP_DATA_HELP,
     PerfOutput,
     add_output_options,
+    all_ok,
+    bench_main,
+    bench_parser,
     failed_runs_section,
     log_tail,
     machine_cpu_seconds,
@@ -80,7 +84,6 @@ from harness import (
     quiet_logs,
     report_preamble,
     results_head,
-    run_and_write,
     spawn_piped,
     spread,
     spread_cell,
@@ -1505,9 +1508,9 @@ def _print_run(run: dict[str, Any]) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="bench/security_bench.py",
-        description=(
+    parser, add = bench_parser(
+        "security_bench.py",
+        (
             "What TLS and authentication + authorization cost: two real servers (auth off and"
             " on, each with a plaintext and a TLS listener; LocalClusters as the suite's, or"
             " standalones), four variants (plaintext, TLS,"
@@ -1517,9 +1520,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             " and .md to --out with PASS/FAIL for each target. Exits 0 if every run succeeded"
             " (whatever the verdicts), else 1 (results are written either way)."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    add = parser.add_argument
     add("--rounds", type=int, default=6, help="rounds; each runs every workload per variant")
     add("--produce-s", type=float, default=4.0, help="measured seconds of a produce run")
     add("--per-message-s", type=float, default=3.0, help="... of a per-message produce run")
@@ -1578,8 +1579,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "a temporary directory is made here for the servers' data, certificates and tokens,"
             " and removed at the end"
         ),
+        keep_data_help=KEEP_DATA_HELP,
     )
-    add("--keep-data", action="store_true", help="leave the temporary directory (with the logs)")
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds = min(args.rounds, 2)
@@ -1600,19 +1601,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--worker"]:
-        return worker_main(argv[1])
-    args = parse_args(argv)
-    # the test kit and the admin client log at info; the benchmark's own output is enough
-    quiet_logs()
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-    results = run_and_write(
-        "security", args, argv, bench, render_markdown, keep_data=args.keep_data
-    )
-    if results is None:
-        return 130
+def _verdicts(results: dict[str, Any], args: argparse.Namespace) -> bool:
     for check in results["checks"]:
         print(f"{check['verdict']}: {check['name']}")
         for row in check["rows"]:
@@ -1621,7 +1610,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"    {row['verdict']} {row['workload']} {row['variant']} vs"
                 f" {row['baseline']}: {value}"
             )
-    return 0 if all(r["ok"] for r in results["runs"]) else 1
+    return all_ok("runs")(results, args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    # the test kit and the admin client log at info; the benchmark's own output is enough
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    return bench_main(
+        "security", argv, parse_args, bench, render_markdown, ok=_verdicts, worker=worker_main
+    )
 
 
 if __name__ == "__main__":

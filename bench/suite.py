@@ -50,14 +50,18 @@ from harness import (
     RAW_RTT_P99,
     PerfOutput,
     add_output_options,
+    add_quick_and_tag,
     add_raw_s_option,
+    all_ok,
+    bench_main,
+    bench_parser,
     log_tail,
     machine_info,
     opt,
     peak_rss_bytes,
+    print_checks,
     proc_cpu_seconds,
     python_path,
-    quiet_logs,
     raw_limits_at,
     raw_limits_table,
     raw_pair,
@@ -65,7 +69,6 @@ from harness import (
     reset_peak_rss,
     results_head,
     rss_bytes,
-    run_and_write,
     settle_disk,
     size_name,
     spawn_piped,
@@ -1620,9 +1623,9 @@ def render_markdown(results: dict[str, Any]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="bench/suite.py",
-        description=(
+    parser, add = bench_parser(
+        "suite.py",
+        (
             "OpenMessaging-Benchmark-style workloads against a real cluster (own etcd, 3 bookie"
             " processes, 1 broker process, E3/Qw2/Qa2, fdatasync on every group commit), each"
             " run by the real `magnetar perf` command on a fresh topic: 1 and 16 partitions,"
@@ -1636,9 +1639,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             " for each target. Exits 0 if every workload ran (whatever the verdicts), 1 if one"
             " failed (results are written either way)."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    add = parser.add_argument
     add("--duration-s", type=float, default=20.0, help="seconds per max-rate or fixed-rate run")
     add(
         "--warmup-s",
@@ -1669,16 +1670,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     add("--grow-message-bytes", type=int, default=KIB, help="message size of the grow part")
     add("--grow-partitions", type=int, default=1, help="partitions of the grow part's topic")
-    add(
-        "--quick",
-        action="store_true",
-        help="smoke test: 2 s per workload, a backlog of 100,000 messages, 0.5 s per raw"
-        " measurement; results go to suite-<date>-quick.* (unless --tag is given)",
-    )
-    add(
-        "--tag",
-        help="name the results suite-<date>-<TAG>.*, so that a variant run does not replace the"
-        " full run's files",
+    add_quick_and_tag(
+        add,
+        "suite",
+        quick="2 s per workload, a backlog of 100,000 messages, 0.5 s per raw measurement",
     )
     add(
         "--only",
@@ -1694,12 +1689,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "a temporary directory is made here for the cluster's data and the raw disk tests (so"
             " both are on the same file system) and removed at the end"
         ),
-    )
-    add(
-        "--keep-data",
-        action="store_true",
-        help="leave the temporary directory (the servers' logs and data; never the grow part's"
-        " data) in place, and print where it is",
+        keep_data_help=(
+            "leave the temporary directory (the servers' logs and data; never the grow part's"
+            " data) in place, and print where it is"
+        ),
     )
     args = parser.parse_args(argv)
     if args.quick:
@@ -1740,25 +1733,32 @@ def disk_refusal(args: argparse.Namespace) -> str | None:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
-    if (reason := disk_refusal(args)) is not None:
-        print(f"bench/suite.py: {reason}", file=sys.stderr)
-        return 2
-    # the test kit and the metadata client log at info; the suite's own output is enough
-    quiet_logs()
-    results = run_and_write("suite", args, argv, bench, render_markdown, keep_data=args.keep_data)
-    if results is None:
-        return 130
+def _refusal(args: argparse.Namespace) -> str | None:
+    reason = disk_refusal(args)
+    return None if reason is None else f"bench/suite.py: {reason}"
+
+
+def _plots_and_verdicts(results: dict[str, Any], args: argparse.Namespace) -> bool:
     for path in write_plots(results, args.out):
         print(f"wrote {path}")
-    for c in results["checks"]:
-        print(f"{c['verdict']}: {c['name']}" + (f" ({c['workload']})" if "workload" in c else ""))
-    ok = all(w["ok"] for w in results["workloads"])
+    print_checks(results["checks"])
+    ok = all_ok("workloads")(results, args)
     if results["grow"] is not None:
         ok = ok and bool(results["grow"].get("ok"))
-    return 0 if ok else 1
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    # the test kit and the metadata client log at info; the suite's own output is enough
+    return bench_main(
+        "suite",
+        argv,
+        parse_args,
+        bench,
+        render_markdown,
+        ok=_plots_and_verdicts,
+        refusal=_refusal,
+    )
 
 
 if __name__ == "__main__":
