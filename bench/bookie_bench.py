@@ -6,10 +6,8 @@ Run from the repository root::
     .venv/bin/python bench/bookie_bench.py              # full run, about a minute
     .venv/bin/python bench/bookie_bench.py --quick      # smoke test, about 10 seconds
 
-It writes ``bench/results/bookie-<date>.json`` (every raw figure) and ``bookie-<date>.md`` (the
-tables); ``--quick`` writes ``bookie-<date>-quick.*`` so a smoke test never replaces a full run.
-See bench/README.md for what each figure means. The machine is shared and noisy: compare figures
-within one run, never across runs.
+Its results: ``bookie-<date>.json`` (every raw figure) and ``.md`` (the tables), written as
+every benchmark writes them (see bench/harness.py); bench/README.md says what each figure means.
 """
 
 from __future__ import annotations
@@ -57,6 +55,7 @@ from harness import (
     raw_limits_table,
     raw_pair,
     report_preamble,
+    report_text,
     results_head,
     size_name,
     stop_process,
@@ -651,12 +650,7 @@ def render_markdown(results: dict[str, Any]) -> str:
                 f" 1 MiB {big1_p50} us; 4 MiB {big4_p50} us |"
             ),
         ]
-    lines += [
-        "",
-        "Raw figures, parameters and machine details: the `.json` file next to this one.",
-        "",
-    ]
-    return "\n".join(lines)
+    return report_text(lines, "Raw figures, parameters and machine details")
 
 
 # --- main -----------------------------------------------------------------------------------------

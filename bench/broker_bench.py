@@ -7,10 +7,9 @@ Run from the repository root::
     .venv/bin/python bench/broker_bench.py              # full run, about five minutes
     .venv/bin/python bench/broker_bench.py --quick      # smoke test, under a minute
 
-It writes ``bench/results/broker-<date>.json`` (every raw figure, every failover run) and
-``broker-<date>.md`` (the tables); ``--quick`` writes ``broker-<date>-quick.*`` so a smoke test
-never replaces a full run. See bench/README.md ("Broker") for what each figure means. The machine
-is shared and noisy: compare figures within one run, never across runs.
+Every raw figure and every failover run go to ``broker-<date>.json``, the tables to ``.md``
+(named and placed as bench/harness.py does for every benchmark); bench/README.md ("Broker")
+explains the figures.
 """
 
 from __future__ import annotations
@@ -56,6 +55,7 @@ from harness import (
     raw_limits_at,
     raw_limits_table,
     report_preamble,
+    report_text,
     results_head,
     settle_disk,
     size_name,
@@ -1301,15 +1301,9 @@ def render_markdown(results: dict[str, Any]) -> str:
     if results["throughput"]["runs"]:
         lines += _throughput_lines(results)
     lines += ["", *raw_limits_table(results, (RAW_4K_OPS, RAW_1M, RAW_4M, RAW_RTT_P50))]
-    lines += [
-        "",
-        (
-            "Raw figures, parameters, per-run breakdowns and machine details: the `.json` file"
-            " next to it."
-        ),
-        "",
-    ]
-    return "\n".join(lines)
+    return report_text(
+        lines, "Raw figures, parameters, per-run breakdowns and machine details", next_to="it"
+    )
 
 
 # --- main -----------------------------------------------------------------------------------------

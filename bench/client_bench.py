@@ -73,6 +73,7 @@ from harness import (
     proc_cpu_seconds,
     quiet_logs,
     report_preamble,
+    report_text,
     results_head,
     spread,
     spread_cell,
@@ -1174,14 +1175,11 @@ def render_markdown(results: dict[str, Any]) -> str:
         "",
     ]
     lines += failed_runs_section(results["runs"], lambda r: f"round {r['round']}, {r['pattern']}")
-    lines += [
-        (
-            "Every run (figures, CPU, the backlog fills' times), parameters and machine"
-            " details: the `.json` file next to this one."
-        ),
-        "",
-    ]
-    return "\n".join(lines)
+    return report_text(
+        lines,
+        "Every run (figures, CPU, the backlog fills' times), parameters and machine details",
+        gap=False,
+    )
 
 
 # --- main -----------------------------------------------------------------------------------------

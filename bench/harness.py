@@ -14,7 +14,9 @@
   SIGTERM, and writes ``<name>-<date>[-<tag>].json`` and ``.md``.
 
 The scripts run as ``python bench/<name>.py``, which puts bench/ on the path, so they import
-this module as ``harness``.
+this module as ``harness``. Each writes its results to ``bench/results/`` (``--out``);
+``--quick`` tags them ``-quick``, so a smoke test never replaces a full run. The machine is
+shared and noisy: compare figures within one run, never across runs.
 """
 
 from __future__ import annotations
@@ -802,6 +804,16 @@ def report_preamble(results: dict[str, Any], *, raw_limits: bool = True) -> list
         if raw_limits
         else data,
     ]
+
+
+def report_text(
+    lines: Sequence[str], json_holds: str, *, next_to: str = "this one", gap: bool = True
+) -> str:
+    """The report: ``lines``, then (after a blank line, unless not ``gap``) the line that says
+    what the ``.json`` file next to it holds (``json_holds``, say "Raw figures, parameters and
+    machine details")."""
+    last = f"{json_holds}: the `.json` file next to {next_to}."
+    return "\n".join([*lines, *([""] if gap else []), last, ""])
 
 
 def failed_runs_section(

@@ -8,10 +8,8 @@ Run from the repository root::
     .venv/bin/python bench/ledger_bench.py              # full run, about two minutes
     .venv/bin/python bench/ledger_bench.py --quick      # smoke test, about 30 seconds
 
-It writes ``bench/results/ledger-<date>.json`` (every raw figure) and ``ledger-<date>.md`` (the
-tables); ``--quick`` writes ``ledger-<date>-quick.*`` so a smoke test never replaces a full run.
-See bench/README.md for what each figure means. The machine is shared and noisy: compare figures
-within one run, never across runs.
+Its results, ``ledger-<date>.json`` with every raw figure and ``.md`` with the tables, go where
+every benchmark's go (bench/harness.py); what each figure means: bench/README.md.
 """
 
 from __future__ import annotations
@@ -58,6 +56,7 @@ from harness import (
     raw_limits_table,
     raw_pair,
     report_preamble,
+    report_text,
     results_head,
     size_name,
     thread_cpu_seconds,
@@ -1102,12 +1101,9 @@ def render_markdown(results: dict[str, Any]) -> str:
 
     if results["failover"]["runs"]:
         lines += _failover_lines(results["failover"])
-    lines += [
-        "",
-        "Raw figures, parameters, per-thread CPU and machine details: the `.json` file next to it.",
-        "",
-    ]
-    return "\n".join(lines)
+    return report_text(
+        lines, "Raw figures, parameters, per-thread CPU and machine details", next_to="it"
+    )
 
 
 # --- main -----------------------------------------------------------------------------------------

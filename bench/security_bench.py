@@ -83,6 +83,7 @@ from harness import (
     proc_cpu_seconds,
     quiet_logs,
     report_preamble,
+    report_text,
     results_head,
     spawn_piped,
     spread,
@@ -1379,14 +1380,12 @@ def render_markdown(results: dict[str, Any]) -> str:
     lines += failed_runs_section(
         results["runs"], lambda r: f"round {r['round']}, {r['workload']}, {r['variant']}"
     )
-    lines += [
-        (
-            "Every run (command, perf's summary and per-second progress, CPU), parameters and"
-            " machine details: the `.json` file next to this one."
-        ),
-        "",
-    ]
-    return "\n".join(lines)
+    return report_text(
+        lines,
+        "Every run (command, perf's summary and per-second progress, CPU), parameters and"
+        " machine details",
+        gap=False,
+    )
 
 
 # --- main -----------------------------------------------------------------------------------------

@@ -55,6 +55,7 @@ from harness import (
     proc_cpu_seconds,
     python_path,
     report_preamble,
+    report_text,
     results_head,
 )
 
@@ -658,14 +659,12 @@ def render_markdown(results: dict[str, Any]) -> str:
             " every module the standalone command imports, timed from spawn to exit: the part"
             " of time to ready that is not starting servers."
         ),
-        "",
-        (
-            "Every run's figures, the ready lines, the state written and machine details: the"
-            " `.json` file next to it."
-        ),
-        "",
     ]
-    return "\n".join(lines)
+    return report_text(
+        lines,
+        "Every run's figures, the ready lines, the state written and machine details",
+        next_to="it",
+    )
 
 
 # --- main -----------------------------------------------------------------------------------------

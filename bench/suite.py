@@ -66,6 +66,7 @@ from harness import (
     raw_limits_table,
     raw_pair,
     report_preamble,
+    report_text,
     reset_peak_rss,
     results_head,
     rss_bytes,
@@ -1608,15 +1609,9 @@ def render_markdown(results: dict[str, Any]) -> str:
         lines += _workload_detail(results, w)
         if not w["ok"] and w.get("broker_log_tail"):
             lines += ["Broker log tail:", "", "```", w["broker_log_tail"], "```", ""]
-    lines += [
-        "",
-        (
-            "Raw figures, perf's per-second progress, parameters and machine details: the"
-            " `.json` file next to this one."
-        ),
-        "",
-    ]
-    return "\n".join(lines)
+    return report_text(
+        lines, "Raw figures, perf's per-second progress, parameters and machine details"
+    )
 
 
 # --- main -----------------------------------------------------------------------------------------
