@@ -23,12 +23,12 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness import (
+    BOOKIE_COUNTERS,
     KIB,
     MB,
     RAW_1M,
@@ -54,9 +54,10 @@ from harness import (
     raw_limits_at,
     raw_limits_table,
     raw_pair,
-    report_preamble,
+    report_head,
     report_text,
     results_head,
+    scrape_counters,
     size_name,
     stop_process,
 )
@@ -197,29 +198,11 @@ class BookieRunner:
         return "(no log)"
 
     async def scrape(self) -> dict[str, float]:
-        """The bookie's journal and add counters, from its /metrics."""
-
-        def fetch() -> str:
-            with urllib.request.urlopen(self.metrics_url, timeout=10) as response:
-                return str(response.read().decode())
-
-        wanted = {
-            "magnetar_bookie_adds_total": "adds",
-            "magnetar_bookie_add_bytes_total": "add_bytes",
-            "magnetar_bookie_adds_refused_total": "adds_refused",
-            "magnetar_bookie_group_commit_bytes_count": "groups",
-            "magnetar_bookie_group_commit_bytes_sum": "group_bytes",
-            "magnetar_bookie_fdatasync_seconds_count": "syncs",
-            "magnetar_bookie_fdatasync_seconds_sum": "sync_seconds",
-        }
-        found: dict[str, float] = {}
-        for line in (await asyncio.to_thread(fetch)).splitlines():
-            if line.startswith("#"):
-                continue
-            name = line.split("{", 1)[0].split(" ", 1)[0]
-            if name in wanted:
-                found[wanted[name]] = float(line.rsplit(" ", 1)[1])
-        return found
+        """The bookie's journal and add counters, and the adds it refused, from its /metrics."""
+        return await scrape_counters(
+            self.metrics_url,
+            {**BOOKIE_COUNTERS, "magnetar_bookie_adds_refused_total": "adds_refused"},
+        )
 
     async def stop(self, grace_s: float = 10.0) -> int | None:
         """SIGTERM, then SIGKILL if it has not ended within ``grace_s``."""
@@ -511,11 +494,8 @@ def render_markdown(results: dict[str, Any]) -> str:
     rtt_p99 = raw_pair(results, "grpc_unary_round_trip", "latency.p99_us")
     cores = m["cpu_count"]
 
-    title_tag = f" ({results['tag']})" if results["tag"] else ""
     lines = [
-        f"# Bookie benchmark, {results['date']}{title_tag}",
-        "",
-        *report_preamble(results),
+        *report_head(results, "Bookie benchmark"),
         "",
         (
             "MB = 10^6 bytes of entry payload. Latency is per `add_entries` call (a batch of"

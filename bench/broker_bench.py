@@ -54,7 +54,7 @@ from harness import (
     proc_cpu_seconds,
     raw_limits_at,
     raw_limits_table,
-    report_preamble,
+    report_head,
     report_text,
     results_head,
     settle_disk,
@@ -1284,11 +1284,8 @@ def _busiest_cell(per_process: dict[str, list[Any]]) -> str:
 
 
 def render_markdown(results: dict[str, Any]) -> str:
-    title_tag = f" ({results['tag']})" if results["tag"] else ""
     lines = [
-        f"# Broker benchmark, {results['date']}{title_tag}",
-        "",
-        *report_preamble(results),
+        *report_head(results, "Broker benchmark"),
         "",
         (
             "Every server is a real process on this machine, like the benchmark process itself,"

@@ -72,7 +72,7 @@ from harness import (
     percentile,
     proc_cpu_seconds,
     quiet_logs,
-    report_preamble,
+    report_head,
     report_text,
     results_head,
     spread,
@@ -1064,11 +1064,8 @@ def _ratio_line(entry: dict[str, Any]) -> str:
 
 
 def render_markdown(results: dict[str, Any]) -> str:
-    title_tag = f" ({results['tag']})" if results["tag"] else ""
     p = results["parameters"]
     cores = results["machine"]["cpu_count"]
-    # the shared preamble's last line speaks of raw limits, which this benchmark does not measure
-    preamble = report_preamble(results, raw_limits=False)
     redis = results["redis"]
     redis_text = (
         f"Redis: {redis['server_version']}, redis-py {redis['redis_py']}."
@@ -1077,9 +1074,7 @@ def render_markdown(results: dict[str, Any]) -> str:
     )
     summary = results["summary"]
     lines = [
-        f"# Client calls benchmark, {results['date']}{title_tag}",
-        "",
-        *preamble,
+        *report_head(results, "Client calls benchmark", raw_limits=False),
         "",
         (
             "One `magnetar standalone` (3 bookies, E3/Qw2/Qa2, every journal write"

@@ -39,8 +39,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -217,6 +218,35 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+BOOKIE_COUNTERS = {
+    "magnetar_bookie_adds_total": "adds",
+    "magnetar_bookie_add_bytes_total": "add_bytes",
+    "magnetar_bookie_group_commit_bytes_count": "groups",
+    "magnetar_bookie_group_commit_bytes_sum": "group_bytes",
+    "magnetar_bookie_fdatasync_seconds_count": "syncs",
+    "magnetar_bookie_fdatasync_seconds_sum": "sync_seconds",
+}
+"""A bookie's add and journal counters in its /metrics, and the names the results give them."""
+
+
+async def scrape_counters(url: str, names: Mapping[str, str] = BOOKIE_COUNTERS) -> dict[str, float]:
+    """The counters ``names`` maps (metric -> name in the results) from a server's /metrics at
+    ``url``; a metric it does not show is left out."""
+
+    def fetch() -> str:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return str(response.read().decode())
+
+    found: dict[str, float] = {}
+    for line in (await asyncio.to_thread(fetch)).splitlines():
+        if line.startswith("#"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in names:
+            found[names[name]] = float(line.rsplit(" ", 1)[1])
+    return found
 
 
 def log_tail(path: Path, lines: int = 15) -> str:
@@ -777,6 +807,17 @@ def add_output_options(
     add("--data-root", type=Path, default=REPO / "bench", help=data_root_help)
     if keep_data_help is not None:
         add("--keep-data", action="store_true", help=keep_data_help)
+
+
+def report_head(results: dict[str, Any], title: str, *, raw_limits: bool = True) -> list[str]:
+    """A report's first lines: ``# <title>, <date>`` (with `` (<tag>)`` after a tagged run), a
+    blank line and the :func:`report_preamble`."""
+    tag = f" ({results['tag']})" if results["tag"] else ""
+    return [
+        f"# {title}, {results['date']}{tag}",
+        "",
+        *report_preamble(results, raw_limits=raw_limits),
+    ]
 
 
 def report_preamble(results: dict[str, Any], *, raw_limits: bool = True) -> list[str]:

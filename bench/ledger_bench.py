@@ -23,7 +23,6 @@ import os
 import statistics
 import threading
 import time
-import urllib.request
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
@@ -55,9 +54,10 @@ from harness import (
     raw_limits_at,
     raw_limits_table,
     raw_pair,
-    report_preamble,
+    report_head,
     report_text,
     results_head,
+    scrape_counters,
     size_name,
     thread_cpu_seconds,
     watching,
@@ -162,32 +162,9 @@ def proc_write_bytes(pid: int) -> int:
     return 0
 
 
-_METRICS = {
-    "magnetar_bookie_adds_total": "adds",
-    "magnetar_bookie_add_bytes_total": "add_bytes",
-    "magnetar_bookie_group_commit_bytes_count": "groups",
-    "magnetar_bookie_group_commit_bytes_sum": "group_bytes",
-    "magnetar_bookie_fdatasync_seconds_count": "syncs",
-    "magnetar_bookie_fdatasync_seconds_sum": "sync_seconds",
-}
-
-
 async def scrape(node: BookieNode) -> dict[str, float]:
     """A bookie's add and journal counters, from its /metrics."""
-    url = f"http://127.0.0.1:{node.http_port}/metrics"
-
-    def fetch() -> str:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return str(response.read().decode())
-
-    found: dict[str, float] = {}
-    for line in (await asyncio.to_thread(fetch)).splitlines():
-        if line.startswith("#"):
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in _METRICS:
-            found[_METRICS[name]] = float(line.rsplit(" ", 1)[1])
-    return found
+    return await scrape_counters(f"http://127.0.0.1:{node.http_port}/metrics")
 
 
 async def wait_for_view(client: LedgerClient, cluster: LocalCluster, timeout_s: float = 30) -> None:
@@ -1006,11 +983,8 @@ def _failover_lines(fo: dict[str, Any]) -> list[str]:
 def render_markdown(results: dict[str, Any]) -> str:
     m = results["machine"]
     cores = m["cpu_count"]
-    title_tag = f" ({results['tag']})" if results["tag"] else ""
     lines = [
-        f"# Ledger-client benchmark, {results['date']}{title_tag}",
-        "",
-        *report_preamble(results),
+        *report_head(results, "Ledger-client benchmark"),
         "",
         (
             f"One `LocalCluster`: its own etcd and {results['parameters']['bookies']} `magnetar"

@@ -82,7 +82,7 @@ from harness import (
     opt,
     proc_cpu_seconds,
     quiet_logs,
-    report_preamble,
+    report_head,
     report_text,
     results_head,
     spawn_piped,
@@ -1265,12 +1265,9 @@ def _setup_text(results: dict[str, Any], servers_text: str) -> str:
 
 
 def render_markdown(results: dict[str, Any]) -> str:
-    title_tag = f" ({results['tag']})" if results["tag"] else ""
     hops = hops_of(results)
     p = results["parameters"]
     cores = results["machine"]["cpu_count"]
-    # the shared preamble's last line speaks of raw limits, which this benchmark does not measure
-    preamble = report_preamble(results, raw_limits=False)
     if p.get("server") == STANDALONE:
         servers_text = (
             f"Two `magnetar standalone` processes ({p['bookies']} bookies each, embedded"
@@ -1306,9 +1303,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         )
     durations = ", ".join(f"{k} {v:g} s" for k, v in p["duration_s"].items())
     lines = [
-        f"# Security benchmark, {results['date']}{title_tag}",
-        "",
-        *preamble,
+        *report_head(results, "Security benchmark", raw_limits=False),
         "",
         _setup_text(results, servers_text),
         "",

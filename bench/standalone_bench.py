@@ -54,7 +54,7 @@ from harness import (
     percentile,
     proc_cpu_seconds,
     python_path,
-    report_preamble,
+    report_head,
     report_text,
     results_head,
 )
@@ -560,16 +560,11 @@ def _fmt(value: float | None, unit: str) -> str:
 
 
 def render_markdown(results: dict[str, Any]) -> str:
-    title_tag = f" ({results['tag']})" if results["tag"] else ""
     s = results["summary"]
     p = results["parameters"]
     imports = results["imports"]
-    # the shared preamble's last line speaks of raw limits, which this benchmark does not measure
-    preamble = report_preamble(results, raw_limits=False)
     lines = [
-        f"# Standalone benchmark, {results['date']}{title_tag}",
-        "",
-        *preamble,
+        *report_head(results, "Standalone benchmark", raw_limits=False),
         "",
         (
             f"`{p['command']}` with default settings ({p['bookies']}), on free ports, {s['runs']}"

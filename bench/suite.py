@@ -65,7 +65,7 @@ from harness import (
     raw_limits_at,
     raw_limits_table,
     raw_pair,
-    report_preamble,
+    report_head,
     report_text,
     reset_peak_rss,
     results_head,
@@ -1547,14 +1547,11 @@ def _grow_lines(results: dict[str, Any]) -> list[str]:
 
 
 def render_markdown(results: dict[str, Any]) -> str:
-    title_tag = f" ({results['tag']})" if results["tag"] else ""
     p = results["parameters"]
     cores = results["machine"]["cpu_count"]
     stem = _stem(results)
     lines = [
-        f"# Benchmark suite, {results['date']}{title_tag}",
-        "",
-        *report_preamble(results),
+        *report_head(results, "Benchmark suite"),
         "",
         (
             f"One `LocalCluster`: its own etcd, {p['bookies']} `magnetar bookie` processes"
