@@ -26,7 +26,7 @@ import random
 import statistics
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -39,6 +39,7 @@ from harness import (
     RAW_4K_OPS,
     RAW_4M,
     RAW_RTT_P50,
+    ClusterSample,
     LogClock,
     add_output_options,
     add_quick_and_tag,
@@ -48,25 +49,25 @@ from harness import (
     bench_parser,
     latency_summary,
     log_tail,
-    machine_cpu_seconds,
+    loop_cpu_over,
     machine_info,
     ms,
-    proc_cpu_seconds,
     raw_limits_at,
     raw_limits_table,
     report_head,
     report_text,
     results_head,
+    sample_cluster,
     settle_disk,
     size_name,
-    thread_cpu_seconds,
+    thread_cpu,
     watching,
 )
 
 # harness.py and ledger_bench.py sit next to this script, so they are importable when it is run
 # as ``python bench/broker_bench.py``. The direct ledger writer is ledger_bench's, so that both
 # benchmarks measure the ledger path the same way.
-from ledger_bench import Writer, scrape, timed_run, wait_for_view
+from ledger_bench import Writer, timed_run, wait_for_view
 
 from bookie.client.config import LedgerClientConfig
 from bookie.client.ledger_client import LedgerClient
@@ -221,52 +222,6 @@ class OwnershipWatch:
 # --- CPU and bookie counters --------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class Usage:
-    """CPU and bookie counters of every process of interest, at one instant."""
-
-    at: float
-    bench_cpu: float
-    bench_loop_cpu: float
-    brokers: dict[str, float]
-    broker_threads: dict[str, dict[str, float]]
-    bookies: dict[str, float]
-    bookie_threads: dict[str, dict[str, float]]
-    etcd: float
-    machine: tuple[float, float, float]
-    metrics: dict[str, dict[str, float]] = field(default_factory=dict)
-
-
-def thread_cpu(tid: int) -> float:
-    """CPU seconds of one thread of this process.
-
-    From /proc/<pid>/task/<tid>/stat: /proc/<tid>/stat of the main thread (tid = pid) would
-    count every thread of the process.
-    """
-    text = Path(f"/proc/{os.getpid()}/task/{tid}/stat").read_text()
-    fields = text[text.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-async def usage(cluster: LocalCluster, loop_tid: int) -> Usage:
-    bookies = [n for n in cluster.bookies if n.pid is not None]
-    brokers = [n for n in cluster.brokers if n.pid is not None]
-    metrics = await asyncio.gather(*(scrape(n) for n in bookies))
-    etcd_pid = getattr(cluster.etcd, "pid", None)
-    return Usage(
-        at=time.perf_counter(),
-        bench_cpu=time.process_time(),
-        bench_loop_cpu=thread_cpu(loop_tid),
-        brokers={str(n.broker_id): proc_cpu_seconds(n.pid or 0) for n in brokers},
-        broker_threads={str(n.broker_id): thread_cpu_seconds(n.pid or 0) for n in brokers},
-        bookies={str(n.bookie_id): proc_cpu_seconds(n.pid or 0) for n in bookies},
-        bookie_threads={str(n.bookie_id): thread_cpu_seconds(n.pid or 0) for n in bookies},
-        etcd=proc_cpu_seconds(etcd_pid) if etcd_pid else 0.0,
-        machine=machine_cpu_seconds(),
-        metrics={str(n.bookie_id): m for n, m in zip(bookies, metrics, strict=True)},
-    )
-
-
 def _busiest(before: dict[str, float], after: dict[str, float], seconds: float) -> list[Any]:
     """[thread, % of a core] of the busiest thread over the window ("main" is the event loop)."""
     pct = {k: 100 * (v - before.get(k, 0.0)) / seconds for k, v in after.items()}
@@ -274,7 +229,7 @@ def _busiest(before: dict[str, float], after: dict[str, float], seconds: float) 
     return [name.partition(":")[0], round(value, 1)]
 
 
-def usage_delta(before: Usage, after: Usage, cores: int) -> dict[str, Any]:
+def usage_delta(before: ClusterSample, after: ClusterSample, cores: int) -> dict[str, Any]:
     seconds = after.at - before.at
     bench = after.bench_cpu - before.bench_cpu
     loop = after.bench_loop_cpu - before.bench_loop_cpu
@@ -458,13 +413,7 @@ async def measure_own_cost(seconds: float, turn: int) -> dict[str, Any]:
     load = WindowProducer(StubProducer(), KIB, 1 << 30, turn)
     task = asyncio.create_task(load.run())
     try:
-        await asyncio.sleep(0.2)
-        tid = threading.get_native_id()
-        before = thread_cpu(tid)
-        load.start = time.perf_counter()
-        load.end = load.start + seconds
-        await asyncio.sleep(seconds)
-        cpu = thread_cpu(tid) - before
+        cpu = await loop_cpu_over(load, seconds, thread_cpu)
     finally:
         load.stop = True
         await asyncio.gather(task, return_exceptions=True)
@@ -521,11 +470,11 @@ async def run_broker_throughput(
         task = asyncio.create_task(load.run(), name="produce")
         loop_tid = threading.get_native_id()
         await watching([task], cluster, warmup_s)
-        before = await usage(cluster, loop_tid)
+        before = await sample_cluster(cluster, loop_tid)
         load.start = time.perf_counter()
         load.end = load.start + duration_s
         await watching([task], cluster, duration_s)
-        after = await usage(cluster, loop_tid)
+        after = await sample_cluster(cluster, loop_tid)
         load.stop = True
         await task
         await asyncio.wait_for(producer.flush(), 120)
@@ -613,7 +562,7 @@ async def run_direct_throughput(
         )
         writer = Writer(handle, entry_bytes, window=window, turn_entries=turn)
         before, after = await timed_run(
-            writer, cluster, warmup_s=warmup_s, duration_s=duration_s, sample=usage
+            writer, cluster, warmup_s=warmup_s, duration_s=duration_s, sample=sample_cluster
         )
         await asyncio.wait_for(handle.close(), 30)
         cpu = usage_delta(before, after, os.cpu_count() or 1)

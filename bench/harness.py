@@ -38,13 +38,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
 import grpc.aio
@@ -180,6 +181,45 @@ def thread_cpu_seconds(pid: int) -> dict[str, float]:
     return out
 
 
+def thread_cpu(tid: int) -> float:
+    """CPU seconds of one thread of this process.
+
+    From /proc/<pid>/task/<tid>/stat: /proc/<tid>/stat of the main thread (tid = pid) would
+    count every thread of the process.
+    """
+    text = Path(f"/proc/{os.getpid()}/task/{tid}/stat").read_text()
+    fields = text[text.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Windowed(Protocol):
+    """A load that counts only what happens between ``start`` and ``end`` (perf_counter)."""
+
+    start: float
+    end: float
+
+
+async def loop_cpu_over(load: Windowed, seconds: float, cpu: Callable[[int], float]) -> float:
+    """CPU seconds of this thread (the event loop), by ``cpu(tid)``, over a window of
+    ``seconds`` that opens 0.2 s after the call and that ``load`` is told to count."""
+    await asyncio.sleep(0.2)
+    tid = threading.get_native_id()
+    before = cpu(tid)
+    load.start = time.perf_counter()
+    load.end = load.start + seconds
+    await asyncio.sleep(seconds)
+    return cpu(tid) - before
+
+
+def proc_write_bytes(pid: int) -> int:
+    """Bytes this process caused to be written to storage (``write_bytes`` of /proc/<pid>/io)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+            if line.startswith("write_bytes:"):
+                return int(line.split()[1])
+    return 0
+
+
 def _status_bytes(pid: int | None, key: str) -> int | None:
     """A ``kB`` line of /proc/<pid>/status in bytes, or None if the process is gone."""
     if pid is None:
@@ -247,6 +287,52 @@ async def scrape_counters(url: str, names: Mapping[str, str] = BOOKIE_COUNTERS) 
         if name in names:
             found[names[name]] = float(line.rsplit(" ", 1)[1])
     return found
+
+
+@dataclass(slots=True)
+class ClusterSample:
+    """CPU, disk writes and bookie counters of every process of a cluster and of this one, at
+    one instant (by bookie or broker id)."""
+
+    at: float
+    bench_cpu: float
+    bench_loop_cpu: float
+    bench_threads: dict[str, float]
+    bookies: dict[str, float]
+    bookie_threads: dict[str, dict[str, float]]
+    bookie_write_bytes: dict[str, int]
+    brokers: dict[str, float]
+    broker_threads: dict[str, dict[str, float]]
+    etcd: float
+    machine: tuple[float, float, float]
+    metrics: dict[str, dict[str, float]]
+
+
+async def sample_cluster(
+    cluster: LocalCluster, loop_tid: int, loop_cpu: Callable[[int], float] = thread_cpu
+) -> ClusterSample:
+    """A :class:`ClusterSample` of ``cluster``'s running servers and this process, whose event
+    loop runs in thread ``loop_tid`` (its CPU by ``loop_cpu``)."""
+    bookies = [n for n in cluster.bookies if n.pid is not None]
+    brokers = [n for n in cluster.brokers if n.pid is not None]
+    metrics = await asyncio.gather(
+        *(scrape_counters(f"http://127.0.0.1:{n.http_port}/metrics") for n in bookies)
+    )
+    etcd_pid = getattr(cluster.etcd, "pid", None)
+    return ClusterSample(
+        at=time.perf_counter(),
+        bench_cpu=time.process_time(),
+        bench_loop_cpu=loop_cpu(loop_tid),
+        bench_threads=thread_cpu_seconds(os.getpid()),
+        bookies={str(n.bookie_id): proc_cpu_seconds(n.pid or 0) for n in bookies},
+        bookie_threads={str(n.bookie_id): thread_cpu_seconds(n.pid or 0) for n in bookies},
+        bookie_write_bytes={str(n.bookie_id): proc_write_bytes(n.pid or 0) for n in bookies},
+        brokers={str(n.broker_id): proc_cpu_seconds(n.pid or 0) for n in brokers},
+        broker_threads={str(n.broker_id): thread_cpu_seconds(n.pid or 0) for n in brokers},
+        etcd=proc_cpu_seconds(etcd_pid) if etcd_pid else 0.0,
+        machine=machine_cpu_seconds(),
+        metrics={str(n.bookie_id): m for n, m in zip(bookies, metrics, strict=True)},
+    )
 
 
 def log_tail(path: Path, lines: int = 15) -> str:

@@ -25,7 +25,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -38,6 +38,7 @@ from harness import (
     RAW_4M,
     RAW_RTT_P50,
     RAW_RTT_P99,
+    ClusterSample,
     LogClock,
     add_output_options,
     add_quick_and_tag,
@@ -47,7 +48,7 @@ from harness import (
     bench_parser,
     latency_summary,
     log_tail,
-    machine_cpu_seconds,
+    loop_cpu_over,
     machine_info,
     ms,
     proc_cpu_seconds,
@@ -57,9 +58,8 @@ from harness import (
     report_head,
     report_text,
     results_head,
-    scrape_counters,
+    sample_cluster,
     size_name,
-    thread_cpu_seconds,
     watching,
 )
 
@@ -151,20 +151,6 @@ def all_workloads(sizes: tuple[int, ...]) -> list[Workload]:
 
 
 # --- small helpers --------------------------------------------------------------------------------
-
-
-def proc_write_bytes(pid: int) -> int:
-    """Bytes this process caused to be written to storage (``write_bytes`` of /proc/<pid>/io)."""
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path(f"/proc/{pid}/io").read_text().splitlines():
-            if line.startswith("write_bytes:"):
-                return int(line.split()[1])
-    return 0
-
-
-async def scrape(node: BookieNode) -> dict[str, float]:
-    """A bookie's add and journal counters, from its /metrics."""
-    return await scrape_counters(f"http://127.0.0.1:{node.http_port}/metrics")
 
 
 async def wait_for_view(client: LedgerClient, cluster: LocalCluster, timeout_s: float = 30) -> None:
@@ -337,13 +323,7 @@ async def measure_writer_cost(seconds: float, turn_entries: int) -> dict[str, An
     writer = Writer(StubHandle(), KIB, window=1 << 30, turn_entries=turn_entries)
     tasks = [asyncio.create_task(writer.produce()), asyncio.create_task(writer.reap())]
     try:
-        await asyncio.sleep(0.2)
-        tid = threading.get_native_id()
-        cpu_before = proc_cpu_seconds(tid)
-        writer.start = time.perf_counter()
-        writer.end = writer.start + seconds
-        await asyncio.sleep(seconds)
-        cpu = proc_cpu_seconds(tid) - cpu_before
+        cpu = await loop_cpu_over(writer, seconds, proc_cpu_seconds)
     finally:
         for task in tasks:
             task.cancel()
@@ -389,39 +369,9 @@ async def timed_run(
     return before, after
 
 
-@dataclass(slots=True)
-class Snapshot:
-    """CPU and disk counters of every process of interest, at one instant."""
-
-    at: float
-    bench_cpu: float
-    bench_loop_cpu: float
-    bench_threads: dict[str, float]
-    bookie_cpu: dict[str, float]
-    bookie_threads: dict[str, dict[str, float]]
-    bookie_write_bytes: dict[str, int]
-    etcd_cpu: float
-    machine: tuple[float, float, float]
-    metrics: dict[str, dict[str, float]] = field(default_factory=dict)
-
-
-async def snapshot(cluster: LocalCluster, loop_tid: int) -> Snapshot:
-    nodes = [n for n in cluster.bookies if n.pid is not None]
-    metrics = await asyncio.gather(*(scrape(n) for n in nodes))
-    etcd = cluster.etcd
-    etcd_pid = getattr(etcd, "pid", None)
-    return Snapshot(
-        at=time.perf_counter(),
-        bench_cpu=time.process_time(),
-        bench_loop_cpu=proc_cpu_seconds(loop_tid),
-        bench_threads=thread_cpu_seconds(os.getpid()),
-        bookie_cpu={str(n.bookie_id): proc_cpu_seconds(n.pid or 0) for n in nodes},
-        bookie_threads={str(n.bookie_id): thread_cpu_seconds(n.pid or 0) for n in nodes},
-        bookie_write_bytes={str(n.bookie_id): proc_write_bytes(n.pid or 0) for n in nodes},
-        etcd_cpu=proc_cpu_seconds(etcd_pid) if etcd_pid else 0.0,
-        machine=machine_cpu_seconds(),
-        metrics={str(n.bookie_id): m for n, m in zip(nodes, metrics, strict=True)},
-    )
+async def snapshot(cluster: LocalCluster, loop_tid: int) -> ClusterSample:
+    # the event loop's CPU as this benchmark has always read it: /proc/<tid>/stat
+    return await sample_cluster(cluster, loop_tid, loop_cpu=proc_cpu_seconds)
 
 
 def _thread_deltas(
@@ -435,18 +385,18 @@ def _thread_deltas(
 
 
 def cpu_and_disk(
-    before: Snapshot, after: Snapshot, payload_bytes: int, cores: int
+    before: ClusterSample, after: ClusterSample, payload_bytes: int, cores: int
 ) -> dict[str, Any]:
     seconds = after.at - before.at
     bench = after.bench_cpu - before.bench_cpu
     loop = after.bench_loop_cpu - before.bench_loop_cpu
-    bookies = {b: after.bookie_cpu[b] - before.bookie_cpu.get(b, 0.0) for b in after.bookie_cpu}
+    bookies = {b: after.bookies[b] - before.bookies.get(b, 0.0) for b in after.bookies}
     bookie_sum = sum(bookies.values())
-    etcd = after.etcd_cpu - before.etcd_cpu
+    etcd = after.etcd - before.etcd
     busy = after.machine[0] - before.machine[0]
     steal = after.machine[1] - before.machine[1]
     per_bookie: dict[str, dict[str, Any]] = {}
-    for b in after.bookie_cpu:
+    for b in after.bookies:
         m0, m1 = before.metrics.get(b, {}), after.metrics.get(b, {})
         delta = {k: m1.get(k, 0.0) - m0.get(k, 0.0) for k in m1}
         threads = _thread_deltas(before.bookie_threads.get(b, {}), after.bookie_threads[b], seconds)

@@ -38,7 +38,7 @@ from typing import Any
 # harness.py and broker_bench.py sit next to this script, so they are importable when it is run
 # as ``python bench/suite.py``. The cluster's settings and its CPU accounting are broker_bench's,
 # so that both benchmarks measure the cluster the same way.
-from broker_bench import BOOKIES, BROKER_ARGS, QUORUM, Usage, limits, usage, usage_delta
+from broker_bench import BOOKIES, BROKER_ARGS, QUORUM, limits, usage_delta
 from harness import (
     KIB,
     MIB,
@@ -48,6 +48,7 @@ from harness import (
     RAW_4M,
     RAW_RTT_P50,
     RAW_RTT_P99,
+    ClusterSample,
     PerfOutput,
     add_output_options,
     add_quick_and_tag,
@@ -70,6 +71,7 @@ from harness import (
     reset_peak_rss,
     results_head,
     rss_bytes,
+    sample_cluster,
     settle_disk,
     size_name,
     spawn_piped,
@@ -546,7 +548,7 @@ def _grow_check(grow: dict[str, Any] | None) -> dict[str, Any]:
 class Snapshot:
     """The cluster's CPU and counters (``broker_bench.usage``) and the perf process's CPU."""
 
-    cluster: Usage
+    cluster: ClusterSample
     perf_cpu: float | None
     perf_threads: dict[str, float]
 
@@ -557,7 +559,7 @@ async def snapshot(cluster: LocalCluster, loop_tid: int, perf_pid: int) -> Snaps
     with contextlib.suppress(OSError, ValueError, IndexError):
         perf_cpu = proc_cpu_seconds(perf_pid)
     threads = thread_cpu_seconds(perf_pid)
-    return Snapshot(await usage(cluster, loop_tid), perf_cpu, threads)
+    return Snapshot(await sample_cluster(cluster, loop_tid), perf_cpu, threads)
 
 
 def cpu_between(before: Snapshot, after: Snapshot, cores: int) -> dict[str, Any]:
