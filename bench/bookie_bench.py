@@ -41,7 +41,7 @@ from harness import (
     REPO,
     add_output_options,
     add_quick_and_tag,
-    add_raw_s_option,
+    add_workload_time_options,
     all_ok,
     bench_main,
     bench_parser,
@@ -652,9 +652,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             " either way)."
         ),
     )
-    add("--duration-s", type=float, default=5.0, help="measured seconds per workload")
-    add("--warmup-s", type=float, default=1.0, help="unmeasured seconds before each workload")
-    add_raw_s_option(add)
+    add_workload_time_options(add)
     add_quick_and_tag(
         add,
         "bookie",

@@ -47,6 +47,7 @@ from harness import (
     all_ok,
     bench_main,
     bench_parser,
+    busiest_cell,
     latency_summary,
     log_tail,
     loop_cpu_over,
@@ -1161,9 +1162,9 @@ def _throughput_lines(results: dict[str, Any]) -> list[str]:
         ("of it, the benchmark's own bookkeeping", lambda r: (
             f"~{r['messages_per_s'] * own / 1e4:.0f}%" if r["path"] == "broker" else "-")),
         ("broker process CPU", lambda r: f"{r['cpu']['broker_pct']:.0f}%"),
-        ("broker's busiest thread", lambda r: _busiest_cell(r["cpu"]["broker_busiest_thread"])),
+        ("broker's busiest thread", lambda r: busiest_cell(r["cpu"]["broker_busiest_thread"])),
         ("bookie processes CPU (sum of 3)", lambda r: f"{r['cpu']['bookies_pct']:.0f}%"),
-        ("busiest bookie thread", lambda r: _busiest_cell(r["cpu"]["bookie_busiest_thread"])),
+        ("busiest bookie thread", lambda r: busiest_cell(r["cpu"]["bookie_busiest_thread"])),
         ("etcd CPU", lambda r: f"{r['cpu']['etcd_pct']:.0f}%"),
         ("machine busy (other; stolen)", lambda r: (
             f"{r['cpu']['machine_busy_pct']:.0f}% ({r['cpu']['other_pct']:.0f}%;"
@@ -1223,13 +1224,6 @@ def _throughput_lines(results: dict[str, Any]) -> list[str]:
         ),
     ]
     return lines
-
-
-def _busiest_cell(per_process: dict[str, list[Any]]) -> str:
-    if not per_process:
-        return "-"
-    who, (name, pct) = max(per_process.items(), key=lambda kv: kv[1][1])
-    return f"{pct:.0f}% ({who}, {'event loop' if name == 'main' else 'thread ' + name})"
 
 
 def render_markdown(results: dict[str, Any]) -> str:
@@ -1553,14 +1547,9 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
 def main(argv: list[str] | None = None) -> int:
     # the client library logs every reconnect: only warnings reach the console; LOG_CLOCK times
     # the events the failover is broken down by
+    ok = all_ok("throughput.runs", "failover.runs")
     return bench_main(
-        "broker",
-        argv,
-        parse_args,
-        bench,
-        render_markdown,
-        ok=all_ok("throughput.runs", "failover.runs"),
-        log_clock=LOG_CLOCK,
+        "broker", argv, parse_args, bench, render_markdown, ok=ok, log_clock=LOG_CLOCK
     )
 
 

@@ -31,19 +31,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 # harness.py, delayed_bench.py and failover_bench.py sit next to this script
-from delayed_bench import SUBSCRIPTION, send_delayed, take_fills
+from delayed_bench import SUBSCRIPTION, add_run_options, results_start, send_delayed, take_fills
 from failover_bench import owner_of
 from harness import (
-    REPO,
     bench_main,
-    machine_info,
     report_preamble,
 )
 
@@ -61,9 +58,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--delayed", type=int, default=100_000, help="delayed messages pending")
     parser.add_argument("--window", type=int, default=1_000, help="unconfirmed sends at most")
     parser.add_argument("--quick", action="store_true", help="10,000 delayed")
-    parser.add_argument("--data-root", type=Path, default=REPO / "bench")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
-    parser.add_argument("--tag", default="")
+    add_run_options(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.delayed = min(args.delayed, 10_000)
@@ -171,10 +166,7 @@ async def one_cluster(root: Path, args: argparse.Namespace, *, index: bool) -> d
 async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[str, Any]:
     started = time.time()
     results: dict[str, Any] = {
-        "command": " ".join([".venv/bin/python", "bench/delayed_failover_bench.py", *argv]),
-        "date": dt.date.today().isoformat(),
-        "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "machine": machine_info(root),
+        **results_start("delayed_failover_bench.py", argv, root),
         "runs": [await one_cluster(root, args, index=i) for i in (True, False)],
     }
     results["elapsed_s"] = time.time() - started

@@ -106,6 +106,17 @@ def latency_summary(seconds: list[float]) -> dict[str, Any]:
     }
 
 
+def busiest_cell(per_process: dict[str, list[Any]], *, who: bool = True) -> str:
+    """The busiest of the processes' busiest threads (``{process: [thread, % of a core]}``) as
+    a report cell: ``85% (broker-0, event loop)``, or without ``who`` ``85% event loop``; ``-``
+    when there is none."""
+    if not per_process:
+        return "-"
+    process, (name, pct) = max(per_process.items(), key=lambda kv: kv[1][1])
+    thread = "event loop" if name == "main" else "thread " + name
+    return f"{pct:.0f}% ({process}, {thread})" if who else f"{pct:.0f}% {thread}"
+
+
 def spread(values: Sequence[float | None]) -> dict[str, Any]:
     """Median, min and max of the values that exist (say, one per round), with their count;
     None figures when none do."""
@@ -836,6 +847,13 @@ def results_head(
         "quick": args.quick,
         "tag": args.tag,
     }
+
+
+def add_workload_time_options(add: Callable[..., Any]) -> None:
+    """``--duration-s`` and ``--warmup-s`` of each workload, and ``--raw-s``."""
+    add("--duration-s", type=float, default=5.0, help="measured seconds per workload")
+    add("--warmup-s", type=float, default=1.0, help="unmeasured seconds before each workload")
+    add_raw_s_option(add)
 
 
 def add_raw_s_option(add: Callable[..., Any], default: float = 1.5) -> None:

@@ -42,7 +42,7 @@ from harness import (
     LogClock,
     add_output_options,
     add_quick_and_tag,
-    add_raw_s_option,
+    add_workload_time_options,
     all_ok,
     bench_main,
     bench_parser,
@@ -1050,9 +1050,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             " and failover succeeded, else 1 (results are written either way)."
         ),
     )
-    add("--duration-s", type=float, default=5.0, help="measured seconds per workload")
-    add("--warmup-s", type=float, default=1.0, help="unmeasured seconds before each workload")
-    add_raw_s_option(add)
+    add_workload_time_options(add)
     add_quick_and_tag(
         add,
         "ledger",
@@ -1198,14 +1196,9 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
 def main(argv: list[str] | None = None) -> int:
     # the ledger client logs every ledger it creates and closes: only warnings (a bookie failed)
     # reach the console; LOG_CLOCK times the events the failover is broken down by
+    ok = all_ok("workloads", "burst_workloads", "failover.runs")
     return bench_main(
-        "ledger",
-        argv,
-        parse_args,
-        bench,
-        render_markdown,
-        ok=all_ok("workloads", "burst_workloads", "failover.runs"),
-        log_clock=LOG_CLOCK,
+        "ledger", argv, parse_args, bench, render_markdown, ok=ok, log_clock=LOG_CLOCK
     )
 
 

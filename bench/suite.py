@@ -56,6 +56,7 @@ from harness import (
     all_ok,
     bench_main,
     bench_parser,
+    busiest_cell,
     log_tail,
     machine_info,
     opt,
@@ -1475,11 +1476,12 @@ def _workload_detail(results: dict[str, Any], w: dict[str, Any]) -> list[str]:
             f" bound {results['parameters']['rss_bound_mib']:g} MiB |"
         )
         if cpu:
+            busiest = busiest_cell(cpu["broker_busiest_thread"], who=False)
             lines += [
                 (
                     f"| CPU: perf (its event loop) / broker (busiest thread) / bookies / etcd |"
                     f" {_pct(cpu['perf_pct'])} ({_pct(cpu['perf_event_loop_pct'])}) /"
-                    f" {_pct(cpu['broker_pct'])} ({_busiest(cpu['broker_busiest_thread'])}) /"
+                    f" {_pct(cpu['broker_pct'])} ({busiest}) /"
                     f" {_pct(cpu['bookies_pct'])} / {_pct(cpu['etcd_pct'])} |"
                     f" {100 * results['machine']['cpu_count']}% = all cores |"
                 ),
@@ -1491,13 +1493,6 @@ def _workload_detail(results: dict[str, Any], w: dict[str, Any]) -> list[str]:
             ]
         lines.append("")
     return lines
-
-
-def _busiest(per_process: dict[str, list[Any]]) -> str:
-    if not per_process:
-        return "-"
-    _, (name, pct) = max(per_process.items(), key=lambda kv: kv[1][1])
-    return f"{pct:.0f}% {'event loop' if name == 'main' else 'thread ' + name}"
 
 
 def _grow_lines(results: dict[str, Any]) -> list[str]:
@@ -1744,15 +1739,8 @@ def _plots_and_verdicts(results: dict[str, Any], args: argparse.Namespace) -> bo
 
 def main(argv: list[str] | None = None) -> int:
     # the test kit and the metadata client log at info; the suite's own output is enough
-    return bench_main(
-        "suite",
-        argv,
-        parse_args,
-        bench,
-        render_markdown,
-        ok=_plots_and_verdicts,
-        refusal=_refusal,
-    )
+    ok = _plots_and_verdicts
+    return bench_main("suite", argv, parse_args, bench, render_markdown, ok=ok, refusal=_refusal)
 
 
 if __name__ == "__main__":
