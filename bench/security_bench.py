@@ -982,29 +982,10 @@ def checks(
     both transports for auth; both produce patterns for throughput): PASS only if every row
     passes. Each row's figure is the median over the rounds of that round's ratio or
     difference. ``--hops every`` has the two TLS targets only, on its one pair."""
-    produce = [w for w in WORKLOADS if w.mode == PRODUCE]
     latency = next(w for w in WORKLOADS if w.mode == END_TO_END)
     min_ratio, max_increase = hops.tls_min_throughput_ratio, hops.tls_max_p99_increase_ms
-    out: list[dict[str, Any]] = []
-
-    rows = []
-    for pair in hops.tls_pairs:
-        for workload in produce:
-            row = _row(
-                _find(found, "tls", workload.key, pair),
-                "throughput_ratio",
-                lambda v: v >= min_ratio,
-            )
-            rows.append({"workload": workload.key, "baseline": pair[0], "variant": pair[1], **row})
-    out.append(
-        {
-            "key": "tls-throughput",
-            "name": f"{hops.tls_label}: produce throughput >= {min_ratio:.0%} of plaintext",
-            "figure": "throughput_ratio",
-            "rows": rows,
-            "verdict": _verdict(all(r["verdict"] == "PASS" for r in rows)),
-        }
-    )
+    tls_name = f"{hops.tls_label}: produce throughput >= {min_ratio:.0%} of plaintext"
+    out = [_throughput_check(found, "tls", hops.tls_pairs, min_ratio, tls_name)]
 
     rows = []
     for pair in hops.tls_pairs:
@@ -1024,44 +1005,58 @@ def checks(
             row["verdict"] = "FAIL"
         if short:
             row["why"] = "; ".join(short)
-        rows.append({"workload": latency.key, "baseline": pair[0], "variant": pair[1], **row})
-    out.append(
-        {
-            "key": "tls-latency",
-            "name": (
-                f"{hops.tls_label}: end-to-end p99 at {latency.rate:,} msg/s <= plaintext's +"
-                f" {max_increase:g} ms"
-            ),
-            "figure": "p99_ms_increase",
-            "rows": rows,
-            "verdict": _verdict(all(r["verdict"] == "PASS" for r in rows)),
-        }
+        rows.append(_pair_row(latency.key, pair, row))
+    name = (
+        f"{hops.tls_label}: end-to-end p99 at {latency.rate:,} msg/s <= plaintext's +"
+        f" {max_increase:g} ms"
     )
+    out.append(_check("tls-latency", name, "p99_ms_increase", rows))
     if not hops.auth_pairs:
         return out
-
-    rows = []
-    for pair in hops.auth_pairs:
-        for workload in produce:
-            row = _row(
-                _find(found, "auth", workload.key, pair),
-                "throughput_ratio",
-                lambda v: v >= AUTH_MIN_THROUGHPUT_RATIO,
-            )
-            rows.append({"workload": workload.key, "baseline": pair[0], "variant": pair[1], **row})
     out.append(
-        {
-            "key": "auth-throughput",
-            "name": (
-                "authentication + authorization on: produce throughput >="
-                f" {AUTH_MIN_THROUGHPUT_RATIO:.0%} of off"
-            ),
-            "figure": "throughput_ratio",
-            "rows": rows,
-            "verdict": _verdict(all(r["verdict"] == "PASS" for r in rows)),
-        }
+        _throughput_check(
+            found,
+            "auth",
+            hops.auth_pairs,
+            AUTH_MIN_THROUGHPUT_RATIO,
+            "authentication + authorization on: produce throughput >="
+            f" {AUTH_MIN_THROUGHPUT_RATIO:.0%} of off",
+        )
     )
     return out
+
+
+def _pair_row(workload: str, pair: tuple[str, str], row: dict[str, Any]) -> dict[str, Any]:
+    return {"workload": workload, "baseline": pair[0], "variant": pair[1], **row}
+
+
+def _check(key: str, name: str, figure: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A target: PASS only if every row passes."""
+    verdict = _verdict(all(r["verdict"] == "PASS" for r in rows))
+    return {"key": key, "name": name, "figure": figure, "rows": rows, "verdict": verdict}
+
+
+def _throughput_check(
+    found: Sequence[dict[str, Any]],
+    kind: str,
+    pairs: Sequence[tuple[str, str]],
+    min_ratio: float,
+    name: str,
+) -> dict[str, Any]:
+    """The ``<kind>-throughput`` target: each produce workload of each pair at ``min_ratio``
+    of its baseline's throughput at least."""
+    rows = []
+    for pair in pairs:
+        for workload in WORKLOADS:
+            if workload.mode != PRODUCE:
+                continue
+            row = _row(
+                _find(found, kind, workload.key, pair),
+                "throughput_ratio",
+                lambda v: v >= min_ratio,
+            )
+            rows.append(_pair_row(workload.key, pair, row))
+    return _check(f"{kind}-throughput", name, "throughput_ratio", rows)
 
 
 # --- the report -----------------------------------------------------------------------------------
