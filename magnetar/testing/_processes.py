@@ -20,7 +20,6 @@ import time
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import ClassVar, Self
 
 KILL_WAIT_S = 10.0
@@ -87,12 +86,7 @@ class AsyncLifecycle(abc.ABC):
         await self.start()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
 
