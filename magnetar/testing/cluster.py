@@ -95,14 +95,17 @@ class _Registry:
     kind: str
     prefix: str
     published: Callable[[bytes], str]
+    skip_empty: bool = False
+    """Leave out a registration that published nothing (say, no TLS URL)."""
 
     async def read(self, store: MetadataStore) -> dict[str, str]:
         """id -> what it published, for every registration under :attr:`prefix`."""
         listing = await store.list(self.prefix)
-        return {
+        found = {
             record.key.removeprefix(self.prefix): self.published(record.value)
             for record in listing.records
         }
+        return {k: v for k, v in found.items() if v} if self.skip_empty else found
 
 
 _BOOKIES = _Registry(
@@ -869,6 +872,9 @@ class LocalCluster(AsyncLifecycle):
       links healed) by :meth:`stop`, and removed by :meth:`aclose`.
     """
 
+    _broker_registry: ClassVar[_Registry] = _BROKERS
+    """Where :meth:`wait_brokers_registered` finds the brokers, and what it reads of each."""
+
     def __init__(
         self,
         root: Path,
@@ -1131,7 +1137,7 @@ class LocalCluster(AsyncLifecycle):
         a registration a killed incarnation left behind does not count.
         """
         await self._wait_present(
-            _BROKERS, self._brokers, broker_ids, lambda node: node.service_url, timeout_s
+            self._broker_registry, self._brokers, broker_ids, self._published_by, timeout_s
         )
 
     async def wait_broker_unregistered(self, broker_id: str, timeout_s: float = 30) -> None:
@@ -1253,6 +1259,10 @@ class LocalCluster(AsyncLifecycle):
         if isolated:
             self._isolated_broker = node
         return node
+
+    def _published_by(self, node: BrokerNode) -> str:
+        """What a running broker of this cluster publishes (:attr:`_broker_registry`)."""
+        return node.service_url
 
     def _bookie_own_args(self, index: int) -> Sequence[str]:  # noqa: ARG002 - a hook
         """Flags of bookie ``index`` alone (a subclass's: say its certificate), after the

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import re
 import secrets
 import ssl
@@ -45,7 +46,6 @@ from typing import TYPE_CHECKING, Any
 from magnetar.testing import BookieNode, BrokerNode, LocalCluster
 from magnetar.testing.etcd import HOST, EtcdCluster, EtcdServer, EtcdTls, free_port
 from magnetar.testing.netns import LINKS
-from metadata import layout
 from proto.format.v1 import cluster_pb2
 
 if TYPE_CHECKING:
@@ -336,6 +336,13 @@ class SecureCluster(LocalCluster):
     valid as brokers die and come back.
     """
 
+    # the brokers publish no plaintext service URL: they are waited for by their TLS one
+    _broker_registry = dataclasses.replace(
+        LocalCluster._broker_registry,
+        published=lambda value: cluster_pb2.BrokerRegistration.FromString(value).service_url_tls,
+        skip_empty=True,
+    )
+
     def __init__(
         self,
         root: Path,
@@ -385,43 +392,8 @@ class SecureCluster(LocalCluster):
             *cert.server_args("ledger-"),  # its role towards the bookies
         ]
 
-    async def wait_brokers_registered(
-        self, broker_ids: Iterable[str] | None = None, timeout_s: float = 30
-    ) -> None:
-        """As :meth:`LocalCluster.wait_brokers_registered`, by the brokers' TLS service URLs
-        (they publish no plaintext one)."""
-        running = {
-            b.broker_id: b.tls_service_url
-            for b in self.brokers
-            if b.is_running and b.broker_id is not None
-        }
-        wanted = set(running) if broker_ids is None else set(broker_ids)
-        store = await self.open_store()
-        try:
-            deadline = time.monotonic() + timeout_s
-            while True:
-                listing = await store.list(layout.BROKERS)
-                found = {
-                    r.key.removeprefix(layout.BROKERS): cluster_pb2.BrokerRegistration.FromString(
-                        r.value
-                    ).service_url_tls
-                    for r in listing.records
-                }
-                missing = {
-                    i
-                    for i in wanted
-                    if not found.get(i) or (i in running and found[i] != running[i])
-                }
-                if not missing:
-                    return
-                if time.monotonic() >= deadline:
-                    raise TimeoutError(
-                        f"brokers {sorted(missing)} were not registered within"
-                        f" {timeout_s}s; registered now: {found}"
-                    )
-                await asyncio.sleep(0.1)
-        finally:
-            await store.close()
+    def _published_by(self, node: BrokerNode) -> str:
+        return node.tls_service_url
 
 
 # --- which certificate each server presents ---------------------------------------------------
