@@ -6,10 +6,8 @@ Run from the repository root::
     .venv/bin/python bench/bookie_bench.py              # full run, about a minute
     .venv/bin/python bench/bookie_bench.py --quick      # smoke test, about 10 seconds
 
-It writes ``bench/results/bookie-<date>.json`` (every raw figure) and ``bookie-<date>.md`` (the
-tables); ``--quick`` writes ``bookie-<date>-quick.*`` so a smoke test never replaces a full run.
-See bench/README.md for what each figure means. The machine is shared and noisy: compare figures
-within one run, never across runs.
+Its results: ``bookie-<date>.json`` (every raw figure) and ``.md`` (the tables), written as
+every benchmark writes them (see bench/harness.py); bench/README.md says what each figure means.
 """
 
 from __future__ import annotations
@@ -25,12 +23,12 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness import (
+    BOOKIE_COUNTERS,
     KIB,
     MB,
     RAW_1M,
@@ -42,19 +40,24 @@ from harness import (
     RAW_RTT_P99,
     REPO,
     add_output_options,
-    add_raw_s_option,
+    add_quick_and_tag,
+    add_workload_time_options,
+    all_ok,
+    bench_main,
+    bench_parser,
     latency_summary,
     machine_cpu_seconds,
     machine_info,
     ms,
+    print_checks,
     proc_cpu_seconds,
-    quiet_logs,
     raw_limits_at,
     raw_limits_table,
     raw_pair,
-    report_preamble,
+    report_head,
+    report_text,
     results_head,
-    run_and_write,
+    scrape_counters,
     size_name,
     stop_process,
 )
@@ -195,29 +198,11 @@ class BookieRunner:
         return "(no log)"
 
     async def scrape(self) -> dict[str, float]:
-        """The bookie's journal and add counters, from its /metrics."""
-
-        def fetch() -> str:
-            with urllib.request.urlopen(self.metrics_url, timeout=10) as response:
-                return str(response.read().decode())
-
-        wanted = {
-            "magnetar_bookie_adds_total": "adds",
-            "magnetar_bookie_add_bytes_total": "add_bytes",
-            "magnetar_bookie_adds_refused_total": "adds_refused",
-            "magnetar_bookie_group_commit_bytes_count": "groups",
-            "magnetar_bookie_group_commit_bytes_sum": "group_bytes",
-            "magnetar_bookie_fdatasync_seconds_count": "syncs",
-            "magnetar_bookie_fdatasync_seconds_sum": "sync_seconds",
-        }
-        found: dict[str, float] = {}
-        for line in (await asyncio.to_thread(fetch)).splitlines():
-            if line.startswith("#"):
-                continue
-            name = line.split("{", 1)[0].split(" ", 1)[0]
-            if name in wanted:
-                found[wanted[name]] = float(line.rsplit(" ", 1)[1])
-        return found
+        """The bookie's journal and add counters, and the adds it refused, from its /metrics."""
+        return await scrape_counters(
+            self.metrics_url,
+            {**BOOKIE_COUNTERS, "magnetar_bookie_adds_refused_total": "adds_refused"},
+        )
 
     async def stop(self, grace_s: float = 10.0) -> int | None:
         """SIGTERM, then SIGKILL if it has not ended within ``grace_s``."""
@@ -509,11 +494,8 @@ def render_markdown(results: dict[str, Any]) -> str:
     rtt_p99 = raw_pair(results, "grpc_unary_round_trip", "latency.p99_us")
     cores = m["cpu_count"]
 
-    title_tag = f" ({results['tag']})" if results["tag"] else ""
     lines = [
-        f"# Bookie benchmark, {results['date']}{title_tag}",
-        "",
-        *report_preamble(results),
+        *report_head(results, "Bookie benchmark"),
         "",
         (
             "MB = 10^6 bytes of entry payload. Latency is per `add_entries` call (a batch of"
@@ -648,21 +630,16 @@ def render_markdown(results: dict[str, Any]) -> str:
                 f" 1 MiB {big1_p50} us; 4 MiB {big4_p50} us |"
             ),
         ]
-    lines += [
-        "",
-        "Raw figures, parameters and machine details: the `.json` file next to this one.",
-        "",
-    ]
-    return "\n".join(lines)
+    return report_text(lines, "Raw figures, parameters and machine details")
 
 
 # --- main -----------------------------------------------------------------------------------------
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="bench/bookie_bench.py",
-        description=(
+    parser, add = bench_parser(
+        "bookie_bench.py",
+        (
             "Benchmark one real bookie process: adds of 100 B, 1 KiB and 64 KiB entries from 1"
             " and 16 concurrent ledgers, each ledger keeping a window of add_entries calls in"
             " flight; entries/s, MB/s, add latency p50/p99/p99.9/max, bookie and client CPU."
@@ -674,47 +651,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             " MISS. Exits 0 whatever the verdicts, 1 if a workload failed (results are written"
             " either way)."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument(
-        "--duration-s", type=float, default=5.0, help="measured seconds per workload"
-    )
-    parser.add_argument(
-        "--warmup-s", type=float, default=1.0, help="unmeasured seconds before each workload"
-    )
-    add_raw_s_option(parser.add_argument)
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="smoke test: 1 s per workload, 0.5 s per raw measurement, only 1 KiB and 64 KiB"
-        " entries from 1 ledger; results go to bookie-<date>-quick.* (unless --tag is given)",
-    )
-    parser.add_argument(
-        "--tag",
-        help="name the results bookie-<date>-<TAG>.*, e.g. for a run with --only, --batch or"
+    add_workload_time_options(add)
+    add_quick_and_tag(
+        add,
+        "bookie",
+        quick="1 s per workload, 0.5 s per raw measurement, only 1 KiB and 64 KiB entries from"
+        " 1 ledger",
+        tag="name the results bookie-<date>-<TAG>.*, e.g. for a run with --only, --batch or"
         " --bookie-arg, so it does not replace the full run's files",
     )
-    parser.add_argument(
+    add(
         "--only",
         action="append",
         metavar="KEY",
         help="run only this workload (repeatable); keys: "
         + ", ".join(w.key for w in FULL_WORKLOADS),
     )
-    parser.add_argument(
-        "--batch", type=int, help="entries per add_entries call, for every workload run"
-    )
-    parser.add_argument(
-        "--window", type=int, help="add_entries calls in flight per ledger, for every workload run"
-    )
+    add("--batch", type=int, help="entries per add_entries call, for every workload run")
+    add("--window", type=int, help="add_entries calls in flight per ledger, for every workload run")
     add_output_options(
-        parser.add_argument,
+        add,
         data_root_help=(
             "a temporary directory is made here for bookie data and the raw disk tests (so both"
             " are on the same file system) and removed at the end"
         ),
     )
-    parser.add_argument(
+    add(
         "--bookie-arg",
         action="append",
         default=[],
@@ -779,17 +742,14 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
     return results
 
 
+def _verdicts(results: dict[str, Any], args: argparse.Namespace) -> bool:
+    print_checks(results["checks"])
+    return all_ok("workloads")(results, args)
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
     # the client logs each add stream it closes; the benchmark's own output is enough
-    quiet_logs()
-    results = run_and_write("bookie", args, argv, bench, render_markdown)
-    if results is None:
-        return 130
-    for c in results["checks"]:
-        print(f"{c['verdict']}: {c['name']}" + (f" ({c['workload']})" if "workload" in c else ""))
-    return 0 if all(w["ok"] for w in results["workloads"]) else 1
+    return bench_main("bookie", argv, parse_args, bench, render_markdown, ok=_verdicts)
 
 
 if __name__ == "__main__":

@@ -99,6 +99,32 @@ class Result:
     def rss_growth_bytes(self) -> int:
         return self.rss_after_bytes - self.rss_before_bytes
 
+    @classmethod
+    def of(
+        cls,
+        workload: Workload,
+        ids: list[int],
+        rss: tuple[int, int],
+        accounted: int | None,
+        seconds: float,
+        *,
+        skipped: str = "",
+    ) -> Result:
+        """What ``workload`` measured: its ``ids`` stored in ``seconds``, the RSS before and
+        after, and what the index says it holds (None: it does not say)."""
+        before, after = rss
+        return cls(
+            workload.key,
+            workload.what,
+            len(ids),
+            ids[-1] + 1,
+            before,
+            after,
+            accounted,
+            seconds / len(ids) * 1e9,
+            skipped,
+        )
+
 
 def rss_bytes() -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -127,33 +153,16 @@ def run_index(workload: Workload) -> Result:
     index = Index()
     accounted = getattr(index, "memory_bytes", None)
     if accounted is None and ids[-1] > OLD_CODE_LIMIT_IDS:
-        return Result(
-            workload.key,
-            workload.what,
-            len(ids),
-            ids[-1] + 1,
-            0,
-            0,
-            None,
-            0.0,
-            skipped="an index without accounting would allocate GiBs",
-        )
+        skipped = "an index without accounting would allocate GiBs"
+        return Result.of(workload, ids, (0, 0), None, 0.0, skipped=skipped)
     before = rss_bytes()
     started = time.perf_counter()
     for n, entry_id in enumerate(ids):
         index.put_entry(1, entry_id, entry_id - 1, 1, n * 64, 64)
     elapsed = time.perf_counter() - started
     after = rss_bytes()
-    return Result(
-        workload.key,
-        workload.what,
-        len(ids),
-        ids[-1] + 1,
-        before,
-        after,
-        index.memory_bytes() if accounted is not None else None,
-        elapsed / len(ids) * 1e9,
-    )
+    memory = index.memory_bytes() if accounted is not None else None
+    return Result.of(workload, ids, (before, after), memory, elapsed)
 
 
 def run_engine(workload: Workload) -> Result:
@@ -174,16 +183,8 @@ def run_engine(workload: Workload) -> Result:
         after = rss_bytes()
         accounted = getattr(engine.index, "memory_bytes", None)
         await engine.close()
-        return Result(
-            workload.key,
-            workload.what,
-            len(ids),
-            ids[-1] + 1,
-            before,
-            after,
-            accounted() if accounted is not None else None,
-            elapsed / len(ids) * 1e9,
-        )
+        memory = accounted() if accounted is not None else None
+        return Result.of(workload, ids, (before, after), memory, elapsed)
 
     with tempfile.TemporaryDirectory(prefix="magnetar-index-bench-") as tmp:
         return asyncio.run(run(Path(tmp)))

@@ -7,10 +7,9 @@ Run from the repository root::
     .venv/bin/python bench/broker_bench.py              # full run, about five minutes
     .venv/bin/python bench/broker_bench.py --quick      # smoke test, under a minute
 
-It writes ``bench/results/broker-<date>.json`` (every raw figure, every failover run) and
-``broker-<date>.md`` (the tables); ``--quick`` writes ``broker-<date>-quick.*`` so a smoke test
-never replaces a full run. See bench/README.md ("Broker") for what each figure means. The machine
-is shared and noisy: compare figures within one run, never across runs.
+Every raw figure and every failover run go to ``broker-<date>.json``, the tables to ``.md``
+(named and placed as bench/harness.py does for every benchmark); bench/README.md ("Broker")
+explains the figures.
 """
 
 from __future__ import annotations
@@ -25,10 +24,9 @@ import json
 import os
 import random
 import statistics
-import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -41,31 +39,36 @@ from harness import (
     RAW_4K_OPS,
     RAW_4M,
     RAW_RTT_P50,
+    ClusterSample,
     LogClock,
     add_output_options,
+    add_quick_and_tag,
     add_raw_s_option,
-    configure_logs,
+    all_ok,
+    bench_main,
+    bench_parser,
+    busiest_cell,
     latency_summary,
     log_tail,
-    machine_cpu_seconds,
+    loop_cpu_over,
     machine_info,
     ms,
-    proc_cpu_seconds,
     raw_limits_at,
     raw_limits_table,
-    report_preamble,
+    report_head,
+    report_text,
     results_head,
-    run_and_write,
+    sample_cluster,
     settle_disk,
     size_name,
-    thread_cpu_seconds,
+    thread_cpu,
     watching,
 )
 
 # harness.py and ledger_bench.py sit next to this script, so they are importable when it is run
 # as ``python bench/broker_bench.py``. The direct ledger writer is ledger_bench's, so that both
 # benchmarks measure the ledger path the same way.
-from ledger_bench import Writer, scrape, timed_run, wait_for_view
+from ledger_bench import Writer, timed_run, wait_for_view
 
 from bookie.client.config import LedgerClientConfig
 from bookie.client.ledger_client import LedgerClient
@@ -220,52 +223,6 @@ class OwnershipWatch:
 # --- CPU and bookie counters --------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class Usage:
-    """CPU and bookie counters of every process of interest, at one instant."""
-
-    at: float
-    bench_cpu: float
-    bench_loop_cpu: float
-    brokers: dict[str, float]
-    broker_threads: dict[str, dict[str, float]]
-    bookies: dict[str, float]
-    bookie_threads: dict[str, dict[str, float]]
-    etcd: float
-    machine: tuple[float, float, float]
-    metrics: dict[str, dict[str, float]] = field(default_factory=dict)
-
-
-def thread_cpu(tid: int) -> float:
-    """CPU seconds of one thread of this process.
-
-    From /proc/<pid>/task/<tid>/stat: /proc/<tid>/stat of the main thread (tid = pid) would
-    count every thread of the process.
-    """
-    text = Path(f"/proc/{os.getpid()}/task/{tid}/stat").read_text()
-    fields = text[text.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-async def usage(cluster: LocalCluster, loop_tid: int) -> Usage:
-    bookies = [n for n in cluster.bookies if n.pid is not None]
-    brokers = [n for n in cluster.brokers if n.pid is not None]
-    metrics = await asyncio.gather(*(scrape(n) for n in bookies))
-    etcd_pid = getattr(cluster.etcd, "pid", None)
-    return Usage(
-        at=time.perf_counter(),
-        bench_cpu=time.process_time(),
-        bench_loop_cpu=thread_cpu(loop_tid),
-        brokers={str(n.broker_id): proc_cpu_seconds(n.pid or 0) for n in brokers},
-        broker_threads={str(n.broker_id): thread_cpu_seconds(n.pid or 0) for n in brokers},
-        bookies={str(n.bookie_id): proc_cpu_seconds(n.pid or 0) for n in bookies},
-        bookie_threads={str(n.bookie_id): thread_cpu_seconds(n.pid or 0) for n in bookies},
-        etcd=proc_cpu_seconds(etcd_pid) if etcd_pid else 0.0,
-        machine=machine_cpu_seconds(),
-        metrics={str(n.bookie_id): m for n, m in zip(bookies, metrics, strict=True)},
-    )
-
-
 def _busiest(before: dict[str, float], after: dict[str, float], seconds: float) -> list[Any]:
     """[thread, % of a core] of the busiest thread over the window ("main" is the event loop)."""
     pct = {k: 100 * (v - before.get(k, 0.0)) / seconds for k, v in after.items()}
@@ -273,7 +230,7 @@ def _busiest(before: dict[str, float], after: dict[str, float], seconds: float) 
     return [name.partition(":")[0], round(value, 1)]
 
 
-def usage_delta(before: Usage, after: Usage, cores: int) -> dict[str, Any]:
+def usage_delta(before: ClusterSample, after: ClusterSample, cores: int) -> dict[str, Any]:
     seconds = after.at - before.at
     bench = after.bench_cpu - before.bench_cpu
     loop = after.bench_loop_cpu - before.bench_loop_cpu
@@ -457,13 +414,7 @@ async def measure_own_cost(seconds: float, turn: int) -> dict[str, Any]:
     load = WindowProducer(StubProducer(), KIB, 1 << 30, turn)
     task = asyncio.create_task(load.run())
     try:
-        await asyncio.sleep(0.2)
-        tid = threading.get_native_id()
-        before = thread_cpu(tid)
-        load.start = time.perf_counter()
-        load.end = load.start + seconds
-        await asyncio.sleep(seconds)
-        cpu = thread_cpu(tid) - before
+        cpu = await loop_cpu_over(load, seconds, thread_cpu)
     finally:
         load.stop = True
         await asyncio.gather(task, return_exceptions=True)
@@ -520,11 +471,11 @@ async def run_broker_throughput(
         task = asyncio.create_task(load.run(), name="produce")
         loop_tid = threading.get_native_id()
         await watching([task], cluster, warmup_s)
-        before = await usage(cluster, loop_tid)
+        before = await sample_cluster(cluster, loop_tid)
         load.start = time.perf_counter()
         load.end = load.start + duration_s
         await watching([task], cluster, duration_s)
-        after = await usage(cluster, loop_tid)
+        after = await sample_cluster(cluster, loop_tid)
         load.stop = True
         await task
         await asyncio.wait_for(producer.flush(), 120)
@@ -612,7 +563,7 @@ async def run_direct_throughput(
         )
         writer = Writer(handle, entry_bytes, window=window, turn_entries=turn)
         before, after = await timed_run(
-            writer, cluster, warmup_s=warmup_s, duration_s=duration_s, sample=usage
+            writer, cluster, warmup_s=warmup_s, duration_s=duration_s, sample=sample_cluster
         )
         await asyncio.wait_for(handle.close(), 30)
         cpu = usage_delta(before, after, os.cpu_count() or 1)
@@ -1211,9 +1162,9 @@ def _throughput_lines(results: dict[str, Any]) -> list[str]:
         ("of it, the benchmark's own bookkeeping", lambda r: (
             f"~{r['messages_per_s'] * own / 1e4:.0f}%" if r["path"] == "broker" else "-")),
         ("broker process CPU", lambda r: f"{r['cpu']['broker_pct']:.0f}%"),
-        ("broker's busiest thread", lambda r: _busiest_cell(r["cpu"]["broker_busiest_thread"])),
+        ("broker's busiest thread", lambda r: busiest_cell(r["cpu"]["broker_busiest_thread"])),
         ("bookie processes CPU (sum of 3)", lambda r: f"{r['cpu']['bookies_pct']:.0f}%"),
-        ("busiest bookie thread", lambda r: _busiest_cell(r["cpu"]["bookie_busiest_thread"])),
+        ("busiest bookie thread", lambda r: busiest_cell(r["cpu"]["bookie_busiest_thread"])),
         ("etcd CPU", lambda r: f"{r['cpu']['etcd_pct']:.0f}%"),
         ("machine busy (other; stolen)", lambda r: (
             f"{r['cpu']['machine_busy_pct']:.0f}% ({r['cpu']['other_pct']:.0f}%;"
@@ -1275,19 +1226,9 @@ def _throughput_lines(results: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _busiest_cell(per_process: dict[str, list[Any]]) -> str:
-    if not per_process:
-        return "-"
-    who, (name, pct) = max(per_process.items(), key=lambda kv: kv[1][1])
-    return f"{pct:.0f}% ({who}, {'event loop' if name == 'main' else 'thread ' + name})"
-
-
 def render_markdown(results: dict[str, Any]) -> str:
-    title_tag = f" ({results['tag']})" if results["tag"] else ""
     lines = [
-        f"# Broker benchmark, {results['date']}{title_tag}",
-        "",
-        *report_preamble(results),
+        *report_head(results, "Broker benchmark"),
         "",
         (
             "Every server is a real process on this machine, like the benchmark process itself,"
@@ -1300,24 +1241,18 @@ def render_markdown(results: dict[str, Any]) -> str:
     if results["throughput"]["runs"]:
         lines += _throughput_lines(results)
     lines += ["", *raw_limits_table(results, (RAW_4K_OPS, RAW_1M, RAW_4M, RAW_RTT_P50))]
-    lines += [
-        "",
-        (
-            "Raw figures, parameters, per-run breakdowns and machine details: the `.json` file"
-            " next to it."
-        ),
-        "",
-    ]
-    return "\n".join(lines)
+    return report_text(
+        lines, "Raw figures, parameters, per-run breakdowns and machine details", next_to="it"
+    )
 
 
 # --- main -----------------------------------------------------------------------------------------
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="bench/broker_bench.py",
-        description=(
+    parser, add = bench_parser(
+        "broker_bench.py",
+        (
             "Benchmark brokers as real processes against real etcd and bookie processes."
             " Failover: the owner of a partition a producer writes to is SIGKILLed (crash) or"
             " SIGTERMed (graceful); the time from the signal to the first receipt from a new"
@@ -1329,9 +1264,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             " broker-<date>.json and .md to --out. Exits 0 if every run succeeded and no"
             " acknowledged message was lost, else 1 (results are written either way)."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    add = parser.add_argument
     add("--runs", type=int, default=10, help="failover runs per TTL and kind")
     add(
         "--ttl",
@@ -1369,17 +1302,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_raw_s_option(add, default=1.0)
     add("--no-failover", action="store_true", help="skip the failover runs")
     add("--no-throughput", action="store_true", help="skip the throughput comparison")
-    add(
-        "--quick",
-        action="store_true",
-        help="smoke test: 1 failover run per TTL and kind, 1 s warm-up and 1 s measured per"
-        " throughput workload, 0.5 s per raw measurement; results go to broker-<date>-quick.*"
-        " (unless --tag is given)",
-    )
-    add(
-        "--tag",
-        help="name the results broker-<date>-<TAG>.*, so that a variant run does not replace"
-        " the full run's files",
+    add_quick_and_tag(
+        add,
+        "broker",
+        quick="1 failover run per TTL and kind, 1 s warm-up and 1 s measured per throughput"
+        " workload, 0.5 s per raw measurement",
     )
     add_output_options(
         add,
@@ -1387,12 +1314,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "a temporary directory is made here for the clusters and the raw disk tests and"
             " removed at the end"
         ),
-    )
-    add(
-        "--keep-data",
-        action="store_true",
-        help="leave the temporary directory (the servers' logs, e.g. broker-<i>.log in each"
-        " cluster's directory) in place, and print where it is",
+        keep_data_help=(
+            "leave the temporary directory (the servers' logs, e.g. broker-<i>.log in each"
+            " cluster's directory) in place, and print where it is"
+        ),
     )
     args = parser.parse_args(argv)
     args.ttl = args.ttl or list(DEFAULT_TTLS)
@@ -1620,18 +1545,12 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
     # the client library logs every reconnect: only warnings reach the console; LOG_CLOCK times
     # the events the failover is broken down by
-    configure_logs(LOG_CLOCK)
-    results = run_and_write("broker", args, argv, bench, render_markdown, keep_data=args.keep_data)
-    if results is None:
-        return 130
-    ok = all(r["ok"] for r in results["throughput"]["runs"]) and all(
-        r["ok"] for r in results["failover"]["runs"]
+    ok = all_ok("throughput.runs", "failover.runs")
+    return bench_main(
+        "broker", argv, parse_args, bench, render_markdown, ok=ok, log_clock=LOG_CLOCK
     )
-    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -57,8 +57,13 @@ from typing import Any
 # harness.py sits next to this script, so it is importable when it is run as
 # ``python bench/client_bench.py``: machine details, CPU accounting and the results harness.
 from harness import (
+    KEEP_DATA_HELP,
     REPO,
     add_output_options,
+    add_quick_and_tag,
+    all_ok,
+    bench_main,
+    bench_parser,
     failed_runs_section,
     free_port,
     log_tail,
@@ -67,9 +72,9 @@ from harness import (
     percentile,
     proc_cpu_seconds,
     quiet_logs,
-    report_preamble,
+    report_head,
+    report_text,
     results_head,
-    run_and_write,
     spread,
     spread_cell,
     stop_process,
@@ -1059,11 +1064,8 @@ def _ratio_line(entry: dict[str, Any]) -> str:
 
 
 def render_markdown(results: dict[str, Any]) -> str:
-    title_tag = f" ({results['tag']})" if results["tag"] else ""
     p = results["parameters"]
     cores = results["machine"]["cpu_count"]
-    # the shared preamble's last line speaks of raw limits, which this benchmark does not measure
-    preamble = report_preamble(results, raw_limits=False)
     redis = results["redis"]
     redis_text = (
         f"Redis: {redis['server_version']}, redis-py {redis['redis_py']}."
@@ -1072,9 +1074,7 @@ def render_markdown(results: dict[str, Any]) -> str:
     )
     summary = results["summary"]
     lines = [
-        f"# Client calls benchmark, {results['date']}{title_tag}",
-        "",
-        *preamble,
+        *report_head(results, "Client calls benchmark", raw_limits=False),
         "",
         (
             "One `magnetar standalone` (3 bookies, E3/Qw2/Qa2, every journal write"
@@ -1170,14 +1170,11 @@ def render_markdown(results: dict[str, Any]) -> str:
         "",
     ]
     lines += failed_runs_section(results["runs"], lambda r: f"round {r['round']}, {r['pattern']}")
-    lines += [
-        (
-            "Every run (figures, CPU, the backlog fills' times), parameters and machine"
-            " details: the `.json` file next to this one."
-        ),
-        "",
-    ]
-    return "\n".join(lines)
+    return report_text(
+        lines,
+        "Every run (figures, CPU, the backlog fills' times), parameters and machine details",
+        gap=False,
+    )
 
 
 # --- main -----------------------------------------------------------------------------------------
@@ -1277,9 +1274,9 @@ def _print_run(run: dict[str, Any]) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="bench/client_bench.py",
-        description=(
+    parser, add = bench_parser(
+        "client_bench.py",
+        (
             "The client calls users write (send_async in a loop, receive + acknowledge, a"
             " message listener) against the batch calls (send_many, batch_receive), sync and"
             " asyncio, on one magnetar standalone, with Redis Streams (appendfsync always,"
@@ -1287,9 +1284,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             " the ratios issue 22 targets with PASS/FAIL. Writes client-<date>.json and .md to"
             " --out. Exits 0 if every run succeeded (whatever the verdicts), else 1."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    add = parser.add_argument
     add("--messages", type=int, default=200_000, help="messages per pattern and round")
     add("--rounds", type=int, default=3, help="rounds; each runs every pattern once")
     add("--send-count", type=int, default=300, help="sequential sends of the sync send pattern")
@@ -1320,20 +1315,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="do not install redis-server (apt-get) or redis-py (pip, into this venv) when"
         " missing: Redis is then skipped with a note",
     )
-    add(
-        "--quick",
-        action="store_true",
-        help="smoke test: 2 rounds of 20,000 messages, 100 sequential sends; results go to"
-        " client-<date>-quick.* (unless --tag is given)",
+    add_quick_and_tag(
+        add,
+        "client",
+        quick="2 rounds of 20,000 messages, 100 sequential sends",
+        tag="name the results client-<date>-<TAG>.*",
     )
-    add("--tag", help="name the results client-<date>-<TAG>.*")
     add_output_options(
         add,
         data_root_help=(
             "a temporary directory is made here for the servers' data, and removed at the end"
         ),
+        keep_data_help=KEEP_DATA_HELP,
     )
-    add("--keep-data", action="store_true", help="leave the temporary directory (with the logs)")
     args = parser.parse_args(argv)
     if args.quick:
         args.messages = min(args.messages, 20_000)
@@ -1352,21 +1346,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--worker"]:
-        return worker_main(argv[1])
-    args = parse_args(argv)
-    # the admin client logs at info; the benchmark's own output is enough
-    quiet_logs()
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-    results = run_and_write("client", args, argv, bench, render_markdown, keep_data=args.keep_data)
-    if results is None:
-        return 130
+def _verdicts(results: dict[str, Any], args: argparse.Namespace) -> bool:
     for entry in results["ratios"]:
         value = "-" if entry["median"] is None else f"{entry['median']:.3f}"
         print(f"{entry['verdict']}: {entry['name']}: {value}")
-    return 0 if all(r["ok"] for r in results["runs"]) else 1
+    return all_ok("runs")(results, args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    # the admin client logs at info; the benchmark's own output is enough
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    return bench_main(
+        "client", argv, parse_args, bench, render_markdown, ok=_verdicts, worker=worker_main
+    )
 
 
 if __name__ == "__main__":

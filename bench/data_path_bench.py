@@ -44,7 +44,6 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +53,7 @@ import structlog
 from bookie_bench import BookieRunner
 from harness import latency_summary, machine_cpu_seconds, proc_cpu_seconds
 
-from bookie.client.bookie_client import BookieClient
+from bookie.client.bookie_client import BookieClient, PendingAdd, take_message
 from bookie.client.wire import encode_add_request
 from bookie.entries import AddEntry, AddFailure, entry_checksum
 from magnetar.common.grpc_errors import error_from_detail
@@ -63,15 +62,6 @@ from proto.bookie.v1 import bookie_pb2 as pb
 REPO = Path(__file__).resolve().parent.parent
 PAYLOAD = b"x" * 100
 WINDOW = 256
-
-
-@dataclass(slots=True)
-class _Pending:
-    entries: Sequence[AddEntry]
-    future: asyncio.Future[list[AddFailure]]
-    sent: int = 0
-    parts_out: int = 0
-    failures: list[AddFailure] = field(default_factory=list)
 
 
 class GrpcAdds:
@@ -91,16 +81,16 @@ class GrpcAdds:
             request_serializer=None,
             response_deserializer=pb.AddEntriesResponse.FromString,
         )()
-        self.outbox: deque[_Pending] = deque()
+        self.outbox: deque[PendingAdd] = deque()
         self.ready = asyncio.Event()
-        self.in_flight: dict[int, list[tuple[_Pending, Sequence[AddEntry]]]] = {}
+        self.in_flight: dict[int, list[tuple[PendingAdd, Sequence[AddEntry]]]] = {}
         self.ids = itertools.count(1)
         self.messages_sent = 0
         self.tasks = [asyncio.create_task(self._send()), asyncio.create_task(self._receive())]
 
     def add_entries_nowait(self, entries: Sequence[AddEntry]) -> asyncio.Future[list[AddFailure]]:
         future: asyncio.Future[list[AddFailure]] = asyncio.get_running_loop().create_future()
-        self.outbox.append(_Pending(entries, future))
+        self.outbox.append(PendingAdd(entries, future))
         self.ready.set()
         return future
 
@@ -110,25 +100,7 @@ class GrpcAdds:
             await self.ready.wait()
             self.ready.clear()
             while self.outbox:
-                parts: list[tuple[_Pending, Sequence[AddEntry]]] = []
-                entries: list[AddEntry] = []
-                size = 0
-                while self.outbox:
-                    pending = self.outbox[0]
-                    start = pending.sent
-                    while pending.sent < len(pending.entries):
-                        entry = pending.entries[pending.sent]
-                        if entries and size + len(entry.payload) > limit:
-                            break
-                        entries.append(entry)
-                        size += len(entry.payload)
-                        pending.sent += 1
-                    if pending.sent > start:
-                        parts.append((pending, pending.entries[start : pending.sent]))
-                        pending.parts_out += 1
-                    if pending.sent < len(pending.entries):
-                        break
-                    self.outbox.popleft()
+                parts, entries = take_message(self.outbox, limit)
                 request_id = next(self.ids)
                 self.in_flight[request_id] = parts
                 await self.call.write(encode_add_request(request_id, entries))
@@ -257,32 +229,22 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             found: dict[str, Any] = {}
             for transport in order:
                 for workload, window in (("serial", 1), ("window", WINDOW)):
-                    if transport == "grpc":
-                        grpc_client = GrpcAdds(bookie.address)
-                        adder = Adder(
-                            grpc_client.add_entries_nowait,
-                            next(ledger_ids),
-                            functools.partial(getattr, grpc_client, "messages_sent"),
+                    client: GrpcAdds | BookieClient = (
+                        GrpcAdds(bookie.address)
+                        if transport == "grpc"
+                        else BookieClient(bookie.data_address)
+                    )
+                    adder = Adder(
+                        client.add_entries_nowait,
+                        next(ledger_ids),
+                        functools.partial(getattr, client, "messages_sent"),
+                    )
+                    try:
+                        found[f"{transport}/{workload}"] = await run_case(
+                            adder, window, args.seconds, bookie.pid
                         )
-                        try:
-                            found[f"{transport}/{workload}"] = await run_case(
-                                adder, window, args.seconds, bookie.pid
-                            )
-                        finally:
-                            await grpc_client.close()
-                    else:
-                        framed = BookieClient(bookie.data_address)
-                        adder = Adder(
-                            framed.add_entries_nowait,
-                            next(ledger_ids),
-                            functools.partial(getattr, framed, "messages_sent"),
-                        )
-                        try:
-                            found[f"{transport}/{workload}"] = await run_case(
-                                adder, window, args.seconds, bookie.pid
-                            )
-                        finally:
-                            await framed.close()
+                    finally:
+                        await client.close()
                     case = found[f"{transport}/{workload}"]
                     latency = case["latency"]
                     print(

@@ -38,12 +38,11 @@ from typing import Any
 # harness.py sits next to this script (importable when run as ``python bench/...``)
 from harness import (
     REPO,
+    bench_main,
     latency_summary,
     machine_info,
-    quiet_logs,
     report_preamble,
     rss_bytes,
-    run_and_write,
 )
 
 import magnetar
@@ -54,15 +53,30 @@ HOUR_MS = 3_600_000
 SUBSCRIPTION = "work"
 
 
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """``--data-root``, ``--out`` and ``--tag``, as both delayed-delivery benchmarks take them."""
+    parser.add_argument("--data-root", type=Path, default=REPO / "bench")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    parser.add_argument("--tag", default="")
+
+
+def results_start(script: str, argv: list[str], root: Path) -> dict[str, Any]:
+    """The keys that open the results of both delayed-delivery benchmarks (``bench/<script>``)."""
+    return {
+        "command": " ".join([".venv/bin/python", f"bench/{script}", *argv]),
+        "date": dt.date.today().isoformat(),
+        "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": machine_info(root),
+    }
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--delayed", type=int, default=100_000, help="delayed messages pending")
     parser.add_argument("--messages", type=int, default=20_000, help="normal messages measured")
     parser.add_argument("--window", type=int, default=1_000, help="unconfirmed sends at most")
     parser.add_argument("--quick", action="store_true", help="10,000 delayed, 5,000 measured")
-    parser.add_argument("--data-root", type=Path, default=REPO / "bench")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
-    parser.add_argument("--tag", default="")
+    add_run_options(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.delayed, args.messages = min(args.delayed, 10_000), min(args.messages, 5_000)
@@ -155,13 +169,7 @@ async def one_run(cluster: LocalCluster, delayed: int, args: argparse.Namespace)
 
 async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[str, Any]:
     started = time.time()
-    results: dict[str, Any] = {
-        "command": " ".join([".venv/bin/python", "bench/delayed_bench.py", *argv]),
-        "date": dt.date.today().isoformat(),
-        "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "machine": machine_info(root),
-        "runs": [],
-    }
+    results: dict[str, Any] = {**results_start("delayed_bench.py", argv, root), "runs": []}
     async with LocalCluster(root / "cluster", bookies=3, brokers=1) as cluster:
         await cluster.wait_brokers_registered()
         # a first topic pays for connections, lookups and ledger creation: not recorded
@@ -210,11 +218,10 @@ def render_markdown(results: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
-    quiet_logs()
-    results = run_and_write("delayed", args, argv, bench, render_markdown)
-    return 130 if results is None else 0
+    # figures only, no verdicts: 0 whenever the run ends
+    return bench_main(
+        "delayed", argv, parse_args, bench, render_markdown, ok=lambda _results, _args: True
+    )
 
 
 if __name__ == "__main__":

@@ -31,16 +31,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 # harness.py, delayed_bench.py and failover_bench.py sit next to this script
-from delayed_bench import SUBSCRIPTION, send_delayed, take_fills
+from delayed_bench import SUBSCRIPTION, add_run_options, results_start, send_delayed, take_fills
 from failover_bench import owner_of
-from harness import REPO, machine_info, quiet_logs, report_preamble, run_and_write
+from harness import (
+    bench_main,
+    report_preamble,
+)
 
 from magnetar.aio import AdminClient, Client
 from magnetar.common.errors import MagnetarError
@@ -56,9 +58,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--delayed", type=int, default=100_000, help="delayed messages pending")
     parser.add_argument("--window", type=int, default=1_000, help="unconfirmed sends at most")
     parser.add_argument("--quick", action="store_true", help="10,000 delayed")
-    parser.add_argument("--data-root", type=Path, default=REPO / "bench")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
-    parser.add_argument("--tag", default="")
+    add_run_options(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.delayed = min(args.delayed, 10_000)
@@ -166,10 +166,7 @@ async def one_cluster(root: Path, args: argparse.Namespace, *, index: bool) -> d
 async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[str, Any]:
     started = time.time()
     results: dict[str, Any] = {
-        "command": " ".join([".venv/bin/python", "bench/delayed_failover_bench.py", *argv]),
-        "date": dt.date.today().isoformat(),
-        "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "machine": machine_info(root),
+        **results_start("delayed_failover_bench.py", argv, root),
         "runs": [await one_cluster(root, args, index=i) for i in (True, False)],
     }
     results["elapsed_s"] = time.time() - started
@@ -203,11 +200,15 @@ def render_markdown(results: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
-    quiet_logs()
-    results = run_and_write("delayed-failover", args, argv, bench, render_markdown)
-    return 130 if results is None else 0
+    # figures only, no verdicts: 0 whenever the run ends
+    return bench_main(
+        "delayed-failover",
+        argv,
+        parse_args,
+        bench,
+        render_markdown,
+        ok=lambda _results, _args: True,
+    )
 
 
 if __name__ == "__main__":

@@ -14,7 +14,9 @@
   SIGTERM, and writes ``<name>-<date>[-<tag>].json`` and ``.md``.
 
 The scripts run as ``python bench/<name>.py``, which puts bench/ on the path, so they import
-this module as ``harness``.
+this module as ``harness``. Each writes its results to ``bench/results/`` (``--out``);
+``--quick`` tags them ``-quick``, so a smoke test never replaces a full run. The machine is
+shared and noisy: compare figures within one run, never across runs.
 """
 
 from __future__ import annotations
@@ -36,12 +38,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
 import grpc.aio
@@ -100,6 +104,17 @@ def latency_summary(seconds: list[float]) -> dict[str, Any]:
         "max_us": (values[-1] * us) if values else float("nan"),
         "mean_us": (sum(values) / len(values) * us) if values else float("nan"),
     }
+
+
+def busiest_cell(per_process: dict[str, list[Any]], *, who: bool = True) -> str:
+    """The busiest of the processes' busiest threads (``{process: [thread, % of a core]}``) as
+    a report cell: ``85% (broker-0, event loop)``, or without ``who`` ``85% event loop``; ``-``
+    when there is none."""
+    if not per_process:
+        return "-"
+    process, (name, pct) = max(per_process.items(), key=lambda kv: kv[1][1])
+    thread = "event loop" if name == "main" else "thread " + name
+    return f"{pct:.0f}% ({process}, {thread})" if who else f"{pct:.0f}% {thread}"
 
 
 def spread(values: Sequence[float | None]) -> dict[str, Any]:
@@ -177,6 +192,45 @@ def thread_cpu_seconds(pid: int) -> dict[str, float]:
     return out
 
 
+def thread_cpu(tid: int) -> float:
+    """CPU seconds of one thread of this process.
+
+    From /proc/<pid>/task/<tid>/stat: /proc/<tid>/stat of the main thread (tid = pid) would
+    count every thread of the process.
+    """
+    text = Path(f"/proc/{os.getpid()}/task/{tid}/stat").read_text()
+    fields = text[text.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Windowed(Protocol):
+    """A load that counts only what happens between ``start`` and ``end`` (perf_counter)."""
+
+    start: float
+    end: float
+
+
+async def loop_cpu_over(load: Windowed, seconds: float, cpu: Callable[[int], float]) -> float:
+    """CPU seconds of this thread (the event loop), by ``cpu(tid)``, over a window of
+    ``seconds`` that opens 0.2 s after the call and that ``load`` is told to count."""
+    await asyncio.sleep(0.2)
+    tid = threading.get_native_id()
+    before = cpu(tid)
+    load.start = time.perf_counter()
+    load.end = load.start + seconds
+    await asyncio.sleep(seconds)
+    return cpu(tid) - before
+
+
+def proc_write_bytes(pid: int) -> int:
+    """Bytes this process caused to be written to storage (``write_bytes`` of /proc/<pid>/io)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+            if line.startswith("write_bytes:"):
+                return int(line.split()[1])
+    return 0
+
+
 def _status_bytes(pid: int | None, key: str) -> int | None:
     """A ``kB`` line of /proc/<pid>/status in bytes, or None if the process is gone."""
     if pid is None:
@@ -215,6 +269,81 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+BOOKIE_COUNTERS = {
+    "magnetar_bookie_adds_total": "adds",
+    "magnetar_bookie_add_bytes_total": "add_bytes",
+    "magnetar_bookie_group_commit_bytes_count": "groups",
+    "magnetar_bookie_group_commit_bytes_sum": "group_bytes",
+    "magnetar_bookie_fdatasync_seconds_count": "syncs",
+    "magnetar_bookie_fdatasync_seconds_sum": "sync_seconds",
+}
+"""A bookie's add and journal counters in its /metrics, and the names the results give them."""
+
+
+async def scrape_counters(url: str, names: Mapping[str, str] = BOOKIE_COUNTERS) -> dict[str, float]:
+    """The counters ``names`` maps (metric -> name in the results) from a server's /metrics at
+    ``url``; a metric it does not show is left out."""
+
+    def fetch() -> str:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return str(response.read().decode())
+
+    found: dict[str, float] = {}
+    for line in (await asyncio.to_thread(fetch)).splitlines():
+        if line.startswith("#"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in names:
+            found[names[name]] = float(line.rsplit(" ", 1)[1])
+    return found
+
+
+@dataclass(slots=True)
+class ClusterSample:
+    """CPU, disk writes and bookie counters of every process of a cluster and of this one, at
+    one instant (by bookie or broker id)."""
+
+    at: float
+    bench_cpu: float
+    bench_loop_cpu: float
+    bench_threads: dict[str, float]
+    bookies: dict[str, float]
+    bookie_threads: dict[str, dict[str, float]]
+    bookie_write_bytes: dict[str, int]
+    brokers: dict[str, float]
+    broker_threads: dict[str, dict[str, float]]
+    etcd: float
+    machine: tuple[float, float, float]
+    metrics: dict[str, dict[str, float]]
+
+
+async def sample_cluster(
+    cluster: LocalCluster, loop_tid: int, loop_cpu: Callable[[int], float] = thread_cpu
+) -> ClusterSample:
+    """A :class:`ClusterSample` of ``cluster``'s running servers and this process, whose event
+    loop runs in thread ``loop_tid`` (its CPU by ``loop_cpu``)."""
+    bookies = [n for n in cluster.bookies if n.pid is not None]
+    brokers = [n for n in cluster.brokers if n.pid is not None]
+    metrics = await asyncio.gather(
+        *(scrape_counters(f"http://127.0.0.1:{n.http_port}/metrics") for n in bookies)
+    )
+    etcd_pid = getattr(cluster.etcd, "pid", None)
+    return ClusterSample(
+        at=time.perf_counter(),
+        bench_cpu=time.process_time(),
+        bench_loop_cpu=loop_cpu(loop_tid),
+        bench_threads=thread_cpu_seconds(os.getpid()),
+        bookies={str(n.bookie_id): proc_cpu_seconds(n.pid or 0) for n in bookies},
+        bookie_threads={str(n.bookie_id): thread_cpu_seconds(n.pid or 0) for n in bookies},
+        bookie_write_bytes={str(n.bookie_id): proc_write_bytes(n.pid or 0) for n in bookies},
+        brokers={str(n.broker_id): proc_cpu_seconds(n.pid or 0) for n in brokers},
+        broker_threads={str(n.broker_id): thread_cpu_seconds(n.pid or 0) for n in brokers},
+        etcd=proc_cpu_seconds(etcd_pid) if etcd_pid else 0.0,
+        machine=machine_cpu_seconds(),
+        metrics={str(n.bookie_id): m for n, m in zip(bookies, metrics, strict=True)},
+    )
 
 
 def log_tail(path: Path, lines: int = 15) -> str:
@@ -720,6 +849,13 @@ def results_head(
     }
 
 
+def add_workload_time_options(add: Callable[..., Any]) -> None:
+    """``--duration-s`` and ``--warmup-s`` of each workload, and ``--raw-s``."""
+    add("--duration-s", type=float, default=5.0, help="measured seconds per workload")
+    add("--warmup-s", type=float, default=1.0, help="unmeasured seconds before each workload")
+    add_raw_s_option(add)
+
+
 def add_raw_s_option(add: Callable[..., Any], default: float = 1.5) -> None:
     """``--raw-s``: how long each raw limit is measured (:func:`raw_limits_at`)."""
     add(
@@ -730,11 +866,62 @@ def add_raw_s_option(add: Callable[..., Any], default: float = 1.5) -> None:
     )
 
 
-def add_output_options(add: Callable[..., Any], *, data_root_help: str) -> None:
+def bench_parser(
+    script: str, description: str
+) -> tuple[argparse.ArgumentParser, Callable[..., Any]]:
+    """The command line of ``bench/<script>``, with every default shown in ``--help``, and its
+    ``add_argument``."""
+    parser = argparse.ArgumentParser(
+        prog=f"bench/{script}",
+        description=description,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    return parser, parser.add_argument
+
+
+def add_quick_and_tag(
+    add: Callable[..., Any], name: str, *, quick: str, tag: str | None = None
+) -> None:
+    """``--quick`` (a smoke test: ``quick`` says what it runs; its results are tagged
+    ``quick``) and ``--tag`` (``tag``, or by default: so that a variant run does not replace
+    the full run's files)."""
+    add(
+        "--quick",
+        action="store_true",
+        help=f"smoke test: {quick}; results go to {name}-<date>-quick.* (unless --tag is given)",
+    )
+    add(
+        "--tag",
+        help=tag
+        or f"name the results {name}-<date>-<TAG>.*, so that a variant run does not replace the"
+        " full run's files",
+    )
+
+
+KEEP_DATA_HELP = "leave the temporary directory (with the logs)"
+
+
+def add_output_options(
+    add: Callable[..., Any], *, data_root_help: str, keep_data_help: str | None = None
+) -> None:
     """``--out`` (where the results go) and ``--data-root`` (where the temporary directory
-    of :func:`run_and_write` is made)."""
+    of :func:`run_and_write` is made); with ``keep_data_help``, ``--keep-data`` (leave that
+    directory)."""
     add("--out", type=Path, default=RESULTS, help="directory for the results")
     add("--data-root", type=Path, default=REPO / "bench", help=data_root_help)
+    if keep_data_help is not None:
+        add("--keep-data", action="store_true", help=keep_data_help)
+
+
+def report_head(results: dict[str, Any], title: str, *, raw_limits: bool = True) -> list[str]:
+    """A report's first lines: ``# <title>, <date>`` (with `` (<tag>)`` after a tagged run), a
+    blank line and the :func:`report_preamble`."""
+    tag = f" ({results['tag']})" if results["tag"] else ""
+    return [
+        f"# {title}, {results['date']}{tag}",
+        "",
+        *report_preamble(results, raw_limits=raw_limits),
+    ]
 
 
 def report_preamble(results: dict[str, Any], *, raw_limits: bool = True) -> list[str]:
@@ -762,6 +949,16 @@ def report_preamble(results: dict[str, Any], *, raw_limits: bool = True) -> list
         if raw_limits
         else data,
     ]
+
+
+def report_text(
+    lines: Sequence[str], json_holds: str, *, next_to: str = "this one", gap: bool = True
+) -> str:
+    """The report: ``lines``, then (after a blank line, unless not ``gap``) the line that says
+    what the ``.json`` file next to it holds (``json_holds``, say "Raw figures, parameters and
+    machine details")."""
+    last = f"{json_holds}: the `.json` file next to {next_to}."
+    return "\n".join([*lines, *([""] if gap else []), last, ""])
 
 
 def failed_runs_section(
@@ -832,3 +1029,62 @@ def run_and_write(
     md_path.write_text(render(results))
     print(f"wrote {json_path} and {md_path}")
     return results
+
+
+def bench_main(
+    name: str,
+    argv: list[str] | None,
+    parse_args: Callable[[list[str]], argparse.Namespace],
+    body: BenchBody,
+    render: Callable[[dict[str, Any]], str],
+    *,
+    ok: Callable[[dict[str, Any], argparse.Namespace], bool],
+    log_clock: LogClock | None = None,
+    worker: Callable[[str], int] | None = None,
+    refusal: Callable[[argparse.Namespace], str | None] | None = None,
+) -> int:
+    """A script's ``main``: ``--worker SPEC`` runs ``worker`` (the script as a child process of
+    its own run). Else it parses ``argv`` (None: the command line); prints what ``refusal``
+    says, if anything, and exits 2; keeps the libraries' logs quiet (or timed by
+    ``log_clock``); runs :func:`run_and_write` (keeping the temporary directory when the script
+    has ``--keep-data`` and it is given). The exit status: 130 when interrupted, else 0 if
+    ``ok(results, args)`` (which may print the verdicts first), else 1."""
+    argv = sys.argv[1:] if argv is None else argv
+    if worker is not None and argv[:1] == ["--worker"]:
+        return worker(argv[1])
+    args = parse_args(argv)
+    if refusal is not None and (reason := refusal(args)) is not None:
+        print(reason, file=sys.stderr)
+        return 2
+    if log_clock is None:
+        quiet_logs()
+    else:
+        configure_logs(log_clock)
+    keep_data = bool(getattr(args, "keep_data", False))
+    results = run_and_write(name, args, argv, body, render, keep_data=keep_data)
+    if results is None:
+        return 130
+    return 0 if ok(results, args) else 1
+
+
+def print_checks(checks: Sequence[dict[str, Any]]) -> None:
+    """Each target's verdict on the console: ``PASS: <name>`` (`` (<workload>)`` if it has
+    one)."""
+    for c in checks:
+        print(f"{c['verdict']}: {c['name']}" + (f" ({c['workload']})" if "workload" in c else ""))
+
+
+def all_ok(*groups: str) -> Callable[[dict[str, Any], argparse.Namespace], bool]:
+    """Whether every run in each of these lists of the results (say ``"runs"``, or
+    ``"failover.runs"`` a level down) succeeded."""
+
+    def ok(results: dict[str, Any], _args: argparse.Namespace) -> bool:
+        for group in groups:
+            runs: Any = results
+            for key in group.split("."):
+                runs = runs[key]
+            if not all(run["ok"] for run in runs):
+                return False
+        return True
+
+    return ok

@@ -8,10 +8,8 @@ Run from the repository root::
     .venv/bin/python bench/ledger_bench.py              # full run, about two minutes
     .venv/bin/python bench/ledger_bench.py --quick      # smoke test, about 30 seconds
 
-It writes ``bench/results/ledger-<date>.json`` (every raw figure) and ``ledger-<date>.md`` (the
-tables); ``--quick`` writes ``ledger-<date>-quick.*`` so a smoke test never replaces a full run.
-See bench/README.md for what each figure means. The machine is shared and noisy: compare figures
-within one run, never across runs.
+Its results, ``ledger-<date>.json`` with every raw figure and ``.md`` with the tables, go where
+every benchmark's go (bench/harness.py); what each figure means: bench/README.md.
 """
 
 from __future__ import annotations
@@ -23,13 +21,11 @@ import dataclasses
 import itertools
 import os
 import statistics
-import sys
 import threading
 import time
-import urllib.request
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -42,24 +38,28 @@ from harness import (
     RAW_4M,
     RAW_RTT_P50,
     RAW_RTT_P99,
+    ClusterSample,
     LogClock,
     add_output_options,
-    add_raw_s_option,
-    configure_logs,
+    add_quick_and_tag,
+    add_workload_time_options,
+    all_ok,
+    bench_main,
+    bench_parser,
     latency_summary,
     log_tail,
-    machine_cpu_seconds,
+    loop_cpu_over,
     machine_info,
     ms,
     proc_cpu_seconds,
     raw_limits_at,
     raw_limits_table,
     raw_pair,
-    report_preamble,
+    report_head,
+    report_text,
     results_head,
-    run_and_write,
+    sample_cluster,
     size_name,
-    thread_cpu_seconds,
     watching,
 )
 
@@ -151,43 +151,6 @@ def all_workloads(sizes: tuple[int, ...]) -> list[Workload]:
 
 
 # --- small helpers --------------------------------------------------------------------------------
-
-
-def proc_write_bytes(pid: int) -> int:
-    """Bytes this process caused to be written to storage (``write_bytes`` of /proc/<pid>/io)."""
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path(f"/proc/{pid}/io").read_text().splitlines():
-            if line.startswith("write_bytes:"):
-                return int(line.split()[1])
-    return 0
-
-
-_METRICS = {
-    "magnetar_bookie_adds_total": "adds",
-    "magnetar_bookie_add_bytes_total": "add_bytes",
-    "magnetar_bookie_group_commit_bytes_count": "groups",
-    "magnetar_bookie_group_commit_bytes_sum": "group_bytes",
-    "magnetar_bookie_fdatasync_seconds_count": "syncs",
-    "magnetar_bookie_fdatasync_seconds_sum": "sync_seconds",
-}
-
-
-async def scrape(node: BookieNode) -> dict[str, float]:
-    """A bookie's add and journal counters, from its /metrics."""
-    url = f"http://127.0.0.1:{node.http_port}/metrics"
-
-    def fetch() -> str:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return str(response.read().decode())
-
-    found: dict[str, float] = {}
-    for line in (await asyncio.to_thread(fetch)).splitlines():
-        if line.startswith("#"):
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in _METRICS:
-            found[_METRICS[name]] = float(line.rsplit(" ", 1)[1])
-    return found
 
 
 async def wait_for_view(client: LedgerClient, cluster: LocalCluster, timeout_s: float = 30) -> None:
@@ -360,13 +323,7 @@ async def measure_writer_cost(seconds: float, turn_entries: int) -> dict[str, An
     writer = Writer(StubHandle(), KIB, window=1 << 30, turn_entries=turn_entries)
     tasks = [asyncio.create_task(writer.produce()), asyncio.create_task(writer.reap())]
     try:
-        await asyncio.sleep(0.2)
-        tid = threading.get_native_id()
-        cpu_before = proc_cpu_seconds(tid)
-        writer.start = time.perf_counter()
-        writer.end = writer.start + seconds
-        await asyncio.sleep(seconds)
-        cpu = proc_cpu_seconds(tid) - cpu_before
+        cpu = await loop_cpu_over(writer, seconds, proc_cpu_seconds)
     finally:
         for task in tasks:
             task.cancel()
@@ -412,39 +369,9 @@ async def timed_run(
     return before, after
 
 
-@dataclass(slots=True)
-class Snapshot:
-    """CPU and disk counters of every process of interest, at one instant."""
-
-    at: float
-    bench_cpu: float
-    bench_loop_cpu: float
-    bench_threads: dict[str, float]
-    bookie_cpu: dict[str, float]
-    bookie_threads: dict[str, dict[str, float]]
-    bookie_write_bytes: dict[str, int]
-    etcd_cpu: float
-    machine: tuple[float, float, float]
-    metrics: dict[str, dict[str, float]] = field(default_factory=dict)
-
-
-async def snapshot(cluster: LocalCluster, loop_tid: int) -> Snapshot:
-    nodes = [n for n in cluster.bookies if n.pid is not None]
-    metrics = await asyncio.gather(*(scrape(n) for n in nodes))
-    etcd = cluster.etcd
-    etcd_pid = getattr(etcd, "pid", None)
-    return Snapshot(
-        at=time.perf_counter(),
-        bench_cpu=time.process_time(),
-        bench_loop_cpu=proc_cpu_seconds(loop_tid),
-        bench_threads=thread_cpu_seconds(os.getpid()),
-        bookie_cpu={str(n.bookie_id): proc_cpu_seconds(n.pid or 0) for n in nodes},
-        bookie_threads={str(n.bookie_id): thread_cpu_seconds(n.pid or 0) for n in nodes},
-        bookie_write_bytes={str(n.bookie_id): proc_write_bytes(n.pid or 0) for n in nodes},
-        etcd_cpu=proc_cpu_seconds(etcd_pid) if etcd_pid else 0.0,
-        machine=machine_cpu_seconds(),
-        metrics={str(n.bookie_id): m for n, m in zip(nodes, metrics, strict=True)},
-    )
+async def snapshot(cluster: LocalCluster, loop_tid: int) -> ClusterSample:
+    # the event loop's CPU as this benchmark has always read it: /proc/<tid>/stat
+    return await sample_cluster(cluster, loop_tid, loop_cpu=proc_cpu_seconds)
 
 
 def _thread_deltas(
@@ -458,18 +385,18 @@ def _thread_deltas(
 
 
 def cpu_and_disk(
-    before: Snapshot, after: Snapshot, payload_bytes: int, cores: int
+    before: ClusterSample, after: ClusterSample, payload_bytes: int, cores: int
 ) -> dict[str, Any]:
     seconds = after.at - before.at
     bench = after.bench_cpu - before.bench_cpu
     loop = after.bench_loop_cpu - before.bench_loop_cpu
-    bookies = {b: after.bookie_cpu[b] - before.bookie_cpu.get(b, 0.0) for b in after.bookie_cpu}
+    bookies = {b: after.bookies[b] - before.bookies.get(b, 0.0) for b in after.bookies}
     bookie_sum = sum(bookies.values())
-    etcd = after.etcd_cpu - before.etcd_cpu
+    etcd = after.etcd - before.etcd
     busy = after.machine[0] - before.machine[0]
     steal = after.machine[1] - before.machine[1]
     per_bookie: dict[str, dict[str, Any]] = {}
-    for b in after.bookie_cpu:
+    for b in after.bookies:
         m0, m1 = before.metrics.get(b, {}), after.metrics.get(b, {})
         delta = {k: m1.get(k, 0.0) - m0.get(k, 0.0) for k in m1}
         threads = _thread_deltas(before.bookie_threads.get(b, {}), after.bookie_threads[b], seconds)
@@ -1006,11 +933,8 @@ def _failover_lines(fo: dict[str, Any]) -> list[str]:
 def render_markdown(results: dict[str, Any]) -> str:
     m = results["machine"]
     cores = m["cpu_count"]
-    title_tag = f" ({results['tag']})" if results["tag"] else ""
     lines = [
-        f"# Ledger-client benchmark, {results['date']}{title_tag}",
-        "",
-        *report_preamble(results),
+        *report_head(results, "Ledger-client benchmark"),
         "",
         (
             f"One `LocalCluster`: its own etcd and {results['parameters']['bookies']} `magnetar"
@@ -1101,12 +1025,9 @@ def render_markdown(results: dict[str, Any]) -> str:
 
     if results["failover"]["runs"]:
         lines += _failover_lines(results["failover"])
-    lines += [
-        "",
-        "Raw figures, parameters, per-thread CPU and machine details: the `.json` file next to it.",
-        "",
-    ]
-    return "\n".join(lines)
+    return report_text(
+        lines, "Raw figures, parameters, per-thread CPU and machine details", next_to="it"
+    )
 
 
 # --- main -----------------------------------------------------------------------------------------
@@ -1114,9 +1035,9 @@ def render_markdown(results: dict[str, Any]) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     keys = ", ".join(w.key for w in all_workloads(FULL_SIZES))
-    parser = argparse.ArgumentParser(
-        prog="bench/ledger_bench.py",
-        description=(
+    parser, add = bench_parser(
+        "ledger_bench.py",
+        (
             "Benchmark the ledger client against a local cluster of real processes (its own etcd"
             f" and {BOOKIES} bookies, default settings): one pipelined writer per workload,"
             " quorums E1/Qw1/Qa1, E2/Qw2/Qa2 and E3/Qw2/Qa2 side by side, 1 KiB and 64 KiB"
@@ -1128,22 +1049,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             " and end. Writes ledger-<date>.json and .md to --out. Exits 0 if every workload"
             " and failover succeeded, else 1 (results are written either way)."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    add = parser.add_argument
-    add("--duration-s", type=float, default=5.0, help="measured seconds per workload")
-    add("--warmup-s", type=float, default=1.0, help="unmeasured seconds before each workload")
-    add_raw_s_option(add)
-    add(
-        "--quick",
-        action="store_true",
-        help="smoke test: 1 s per workload, 0.5 s per raw measurement, only 1 KiB entries, one"
-        " failover; results go to ledger-<date>-quick.* (unless --tag is given)",
-    )
-    add(
-        "--tag",
-        help="name the results ledger-<date>-<TAG>.*, so that a variant run does not replace"
-        " the full run's files",
+    add_workload_time_options(add)
+    add_quick_and_tag(
+        add,
+        "ledger",
+        quick="1 s per workload, 0.5 s per raw measurement, only 1 KiB entries, one failover",
     )
     add("--only", action="append", metavar="KEY", help=f"run only this workload; keys: {keys}")
     add("--window", type=int, help="adds in flight for every workload (default: per size)")
@@ -1283,18 +1194,12 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
     # the ledger client logs every ledger it creates and closes: only warnings (a bookie failed)
     # reach the console; LOG_CLOCK times the events the failover is broken down by
-    configure_logs(LOG_CLOCK)
-    results = run_and_write("ledger", args, argv, bench, render_markdown)
-    if results is None:
-        return 130
-    ok = all(w["ok"] for w in results["workloads"] + results["burst_workloads"]) and all(
-        r["ok"] for r in results["failover"]["runs"]
+    ok = all_ok("workloads", "burst_workloads", "failover.runs")
+    return bench_main(
+        "ledger", argv, parse_args, bench, render_markdown, ok=ok, log_clock=LOG_CLOCK
     )
-    return 0 if ok else 1
 
 
 if __name__ == "__main__":

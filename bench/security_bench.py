@@ -69,8 +69,12 @@ from typing import Any
 # settings are broker_bench's and the rate a fixed-rate run must reach is the suite's.
 from broker_bench import BROKER_ARGS
 from harness import (
+    KEEP_DATA_HELP,
     PerfOutput,
     add_output_options,
+    all_ok,
+    bench_main,
+    bench_parser,
     failed_runs_section,
     log_tail,
     machine_cpu_seconds,
@@ -78,9 +82,9 @@ from harness import (
     opt,
     proc_cpu_seconds,
     quiet_logs,
-    report_preamble,
+    report_head,
+    report_text,
     results_head,
-    run_and_write,
     spawn_piped,
     spread,
     spread_cell,
@@ -978,29 +982,10 @@ def checks(
     both transports for auth; both produce patterns for throughput): PASS only if every row
     passes. Each row's figure is the median over the rounds of that round's ratio or
     difference. ``--hops every`` has the two TLS targets only, on its one pair."""
-    produce = [w for w in WORKLOADS if w.mode == PRODUCE]
     latency = next(w for w in WORKLOADS if w.mode == END_TO_END)
     min_ratio, max_increase = hops.tls_min_throughput_ratio, hops.tls_max_p99_increase_ms
-    out: list[dict[str, Any]] = []
-
-    rows = []
-    for pair in hops.tls_pairs:
-        for workload in produce:
-            row = _row(
-                _find(found, "tls", workload.key, pair),
-                "throughput_ratio",
-                lambda v: v >= min_ratio,
-            )
-            rows.append({"workload": workload.key, "baseline": pair[0], "variant": pair[1], **row})
-    out.append(
-        {
-            "key": "tls-throughput",
-            "name": f"{hops.tls_label}: produce throughput >= {min_ratio:.0%} of plaintext",
-            "figure": "throughput_ratio",
-            "rows": rows,
-            "verdict": _verdict(all(r["verdict"] == "PASS" for r in rows)),
-        }
-    )
+    tls_name = f"{hops.tls_label}: produce throughput >= {min_ratio:.0%} of plaintext"
+    out = [_throughput_check(found, "tls", hops.tls_pairs, min_ratio, tls_name)]
 
     rows = []
     for pair in hops.tls_pairs:
@@ -1020,44 +1005,58 @@ def checks(
             row["verdict"] = "FAIL"
         if short:
             row["why"] = "; ".join(short)
-        rows.append({"workload": latency.key, "baseline": pair[0], "variant": pair[1], **row})
-    out.append(
-        {
-            "key": "tls-latency",
-            "name": (
-                f"{hops.tls_label}: end-to-end p99 at {latency.rate:,} msg/s <= plaintext's +"
-                f" {max_increase:g} ms"
-            ),
-            "figure": "p99_ms_increase",
-            "rows": rows,
-            "verdict": _verdict(all(r["verdict"] == "PASS" for r in rows)),
-        }
+        rows.append(_pair_row(latency.key, pair, row))
+    name = (
+        f"{hops.tls_label}: end-to-end p99 at {latency.rate:,} msg/s <= plaintext's +"
+        f" {max_increase:g} ms"
     )
+    out.append(_check("tls-latency", name, "p99_ms_increase", rows))
     if not hops.auth_pairs:
         return out
-
-    rows = []
-    for pair in hops.auth_pairs:
-        for workload in produce:
-            row = _row(
-                _find(found, "auth", workload.key, pair),
-                "throughput_ratio",
-                lambda v: v >= AUTH_MIN_THROUGHPUT_RATIO,
-            )
-            rows.append({"workload": workload.key, "baseline": pair[0], "variant": pair[1], **row})
     out.append(
-        {
-            "key": "auth-throughput",
-            "name": (
-                "authentication + authorization on: produce throughput >="
-                f" {AUTH_MIN_THROUGHPUT_RATIO:.0%} of off"
-            ),
-            "figure": "throughput_ratio",
-            "rows": rows,
-            "verdict": _verdict(all(r["verdict"] == "PASS" for r in rows)),
-        }
+        _throughput_check(
+            found,
+            "auth",
+            hops.auth_pairs,
+            AUTH_MIN_THROUGHPUT_RATIO,
+            "authentication + authorization on: produce throughput >="
+            f" {AUTH_MIN_THROUGHPUT_RATIO:.0%} of off",
+        )
     )
     return out
+
+
+def _pair_row(workload: str, pair: tuple[str, str], row: dict[str, Any]) -> dict[str, Any]:
+    return {"workload": workload, "baseline": pair[0], "variant": pair[1], **row}
+
+
+def _check(key: str, name: str, figure: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A target: PASS only if every row passes."""
+    verdict = _verdict(all(r["verdict"] == "PASS" for r in rows))
+    return {"key": key, "name": name, "figure": figure, "rows": rows, "verdict": verdict}
+
+
+def _throughput_check(
+    found: Sequence[dict[str, Any]],
+    kind: str,
+    pairs: Sequence[tuple[str, str]],
+    min_ratio: float,
+    name: str,
+) -> dict[str, Any]:
+    """The ``<kind>-throughput`` target: each produce workload of each pair at ``min_ratio``
+    of its baseline's throughput at least."""
+    rows = []
+    for pair in pairs:
+        for workload in WORKLOADS:
+            if workload.mode != PRODUCE:
+                continue
+            row = _row(
+                _find(found, kind, workload.key, pair),
+                "throughput_ratio",
+                lambda v: v >= min_ratio,
+            )
+            rows.append(_pair_row(workload.key, pair, row))
+    return _check(f"{kind}-throughput", name, "throughput_ratio", rows)
 
 
 # --- the report -----------------------------------------------------------------------------------
@@ -1261,12 +1260,9 @@ def _setup_text(results: dict[str, Any], servers_text: str) -> str:
 
 
 def render_markdown(results: dict[str, Any]) -> str:
-    title_tag = f" ({results['tag']})" if results["tag"] else ""
     hops = hops_of(results)
     p = results["parameters"]
     cores = results["machine"]["cpu_count"]
-    # the shared preamble's last line speaks of raw limits, which this benchmark does not measure
-    preamble = report_preamble(results, raw_limits=False)
     if p.get("server") == STANDALONE:
         servers_text = (
             f"Two `magnetar standalone` processes ({p['bookies']} bookies each, embedded"
@@ -1302,9 +1298,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         )
     durations = ", ".join(f"{k} {v:g} s" for k, v in p["duration_s"].items())
     lines = [
-        f"# Security benchmark, {results['date']}{title_tag}",
-        "",
-        *preamble,
+        *report_head(results, "Security benchmark", raw_limits=False),
         "",
         _setup_text(results, servers_text),
         "",
@@ -1376,14 +1370,12 @@ def render_markdown(results: dict[str, Any]) -> str:
     lines += failed_runs_section(
         results["runs"], lambda r: f"round {r['round']}, {r['workload']}, {r['variant']}"
     )
-    lines += [
-        (
-            "Every run (command, perf's summary and per-second progress, CPU), parameters and"
-            " machine details: the `.json` file next to this one."
-        ),
-        "",
-    ]
-    return "\n".join(lines)
+    return report_text(
+        lines,
+        "Every run (command, perf's summary and per-second progress, CPU), parameters and"
+        " machine details",
+        gap=False,
+    )
 
 
 # --- main -----------------------------------------------------------------------------------------
@@ -1505,9 +1497,9 @@ def _print_run(run: dict[str, Any]) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="bench/security_bench.py",
-        description=(
+    parser, add = bench_parser(
+        "security_bench.py",
+        (
             "What TLS and authentication + authorization cost: two real servers (auth off and"
             " on, each with a plaintext and a TLS listener; LocalClusters as the suite's, or"
             " standalones), four variants (plaintext, TLS,"
@@ -1517,9 +1509,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             " and .md to --out with PASS/FAIL for each target. Exits 0 if every run succeeded"
             " (whatever the verdicts), else 1 (results are written either way)."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    add = parser.add_argument
     add("--rounds", type=int, default=6, help="rounds; each runs every workload per variant")
     add("--produce-s", type=float, default=4.0, help="measured seconds of a produce run")
     add("--per-message-s", type=float, default=3.0, help="... of a per-message produce run")
@@ -1578,8 +1568,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "a temporary directory is made here for the servers' data, certificates and tokens,"
             " and removed at the end"
         ),
+        keep_data_help=KEEP_DATA_HELP,
     )
-    add("--keep-data", action="store_true", help="leave the temporary directory (with the logs)")
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds = min(args.rounds, 2)
@@ -1600,19 +1590,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--worker"]:
-        return worker_main(argv[1])
-    args = parse_args(argv)
-    # the test kit and the admin client log at info; the benchmark's own output is enough
-    quiet_logs()
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-    results = run_and_write(
-        "security", args, argv, bench, render_markdown, keep_data=args.keep_data
-    )
-    if results is None:
-        return 130
+def _verdicts(results: dict[str, Any], args: argparse.Namespace) -> bool:
     for check in results["checks"]:
         print(f"{check['verdict']}: {check['name']}")
         for row in check["rows"]:
@@ -1621,7 +1599,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"    {row['verdict']} {row['workload']} {row['variant']} vs"
                 f" {row['baseline']}: {value}"
             )
-    return 0 if all(r["ok"] for r in results["runs"]) else 1
+    return all_ok("runs")(results, args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    # the test kit and the admin client log at info; the benchmark's own output is enough
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    return bench_main(
+        "security", argv, parse_args, bench, render_markdown, ok=_verdicts, worker=worker_main
+    )
 
 
 if __name__ == "__main__":

@@ -45,15 +45,18 @@ from harness import (
     MIB,
     REPO,
     add_output_options,
+    add_quick_and_tag,
+    all_ok,
+    bench_main,
+    bench_parser,
     free_port,
     machine_info,
     percentile,
     proc_cpu_seconds,
     python_path,
-    quiet_logs,
-    report_preamble,
+    report_head,
+    report_text,
     results_head,
-    run_and_write,
 )
 
 from magnetar.aio import Client, MessageId
@@ -557,16 +560,11 @@ def _fmt(value: float | None, unit: str) -> str:
 
 
 def render_markdown(results: dict[str, Any]) -> str:
-    title_tag = f" ({results['tag']})" if results["tag"] else ""
     s = results["summary"]
     p = results["parameters"]
     imports = results["imports"]
-    # the shared preamble's last line speaks of raw limits, which this benchmark does not measure
-    preamble = report_preamble(results, raw_limits=False)
     lines = [
-        f"# Standalone benchmark, {results['date']}{title_tag}",
-        "",
-        *preamble,
+        *report_head(results, "Standalone benchmark", raw_limits=False),
         "",
         (
             f"`{p['command']}` with default settings ({p['bookies']}), on free ports, {s['runs']}"
@@ -656,14 +654,12 @@ def render_markdown(results: dict[str, Any]) -> str:
             " every module the standalone command imports, timed from spawn to exit: the part"
             " of time to ready that is not starting servers."
         ),
-        "",
-        (
-            "Every run's figures, the ready lines, the state written and machine details: the"
-            " `.json` file next to it."
-        ),
-        "",
     ]
-    return "\n".join(lines)
+    return report_text(
+        lines,
+        "Every run's figures, the ready lines, the state written and machine details",
+        next_to="it",
+    )
 
 
 # --- main -----------------------------------------------------------------------------------------
@@ -727,9 +723,9 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="bench/standalone_bench.py",
-        description=(
+    parser, add = bench_parser(
+        "standalone_bench.py",
+        (
             "Benchmark `magnetar standalone` as a real process: time to ready on a fresh data"
             " directory and on a restart with data in it (wall, from spawn to the ready line,"
             " and as the process reports it), idle RSS, threads and CPU after --idle-s, and"
@@ -738,9 +734,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             " (exit codes 0, subscription resumed where it was), else 1 (results are written"
             " either way)."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    add = parser.add_argument
     add("--runs", type=int, default=10, help="runs (each: a fresh start and a restart)")
     add("--idle-s", type=float, default=10.0, help="idle seconds after ready before measuring")
     add("--messages", type=int, default=10_000, help="messages written before the restart")
@@ -751,17 +745,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="an extra argument for `magnetar standalone` (repeatable), e.g."
         " --standalone-arg=--bookies --standalone-arg=1",
     )
-    add(
-        "--quick",
-        action="store_true",
-        help="smoke test: 3 runs, 3 s idle; results go to standalone-<date>-quick.* (unless"
-        " --tag is given)",
-    )
-    add(
-        "--tag",
-        help="name the results standalone-<date>-<TAG>.*, so that a variant run does not replace"
-        " the full run's files",
-    )
+    add_quick_and_tag(add, "standalone", quick="3 runs, 3 s idle")
     add_output_options(
         add,
         data_root_help=(
@@ -783,14 +767,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
     # the client library logs its connections; the benchmark's own output is enough
-    quiet_logs()
-    results = run_and_write("standalone", args, argv, bench, render_markdown)
-    if results is None:
-        return 130
-    return 0 if all(r["ok"] for r in results["runs"]) else 1
+    return bench_main("standalone", argv, parse_args, bench, render_markdown, ok=all_ok("runs"))
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from typing import Any
 # harness.py and broker_bench.py sit next to this script, so they are importable when it is run
 # as ``python bench/suite.py``. The cluster's settings and its CPU accounting are broker_bench's,
 # so that both benchmarks measure the cluster the same way.
-from broker_bench import BOOKIES, BROKER_ARGS, QUORUM, Usage, limits, usage, usage_delta
+from broker_bench import BOOKIES, BROKER_ARGS, QUORUM, limits, usage_delta
 from harness import (
     KIB,
     MIB,
@@ -48,24 +48,31 @@ from harness import (
     RAW_4M,
     RAW_RTT_P50,
     RAW_RTT_P99,
+    ClusterSample,
     PerfOutput,
     add_output_options,
+    add_quick_and_tag,
     add_raw_s_option,
+    all_ok,
+    bench_main,
+    bench_parser,
+    busiest_cell,
     log_tail,
     machine_info,
     opt,
     peak_rss_bytes,
+    print_checks,
     proc_cpu_seconds,
     python_path,
-    quiet_logs,
     raw_limits_at,
     raw_limits_table,
     raw_pair,
-    report_preamble,
+    report_head,
+    report_text,
     reset_peak_rss,
     results_head,
     rss_bytes,
-    run_and_write,
+    sample_cluster,
     settle_disk,
     size_name,
     spawn_piped,
@@ -542,7 +549,7 @@ def _grow_check(grow: dict[str, Any] | None) -> dict[str, Any]:
 class Snapshot:
     """The cluster's CPU and counters (``broker_bench.usage``) and the perf process's CPU."""
 
-    cluster: Usage
+    cluster: ClusterSample
     perf_cpu: float | None
     perf_threads: dict[str, float]
 
@@ -553,7 +560,7 @@ async def snapshot(cluster: LocalCluster, loop_tid: int, perf_pid: int) -> Snaps
     with contextlib.suppress(OSError, ValueError, IndexError):
         perf_cpu = proc_cpu_seconds(perf_pid)
     threads = thread_cpu_seconds(perf_pid)
-    return Snapshot(await usage(cluster, loop_tid), perf_cpu, threads)
+    return Snapshot(await sample_cluster(cluster, loop_tid), perf_cpu, threads)
 
 
 def cpu_between(before: Snapshot, after: Snapshot, cores: int) -> dict[str, Any]:
@@ -1469,11 +1476,12 @@ def _workload_detail(results: dict[str, Any], w: dict[str, Any]) -> list[str]:
             f" bound {results['parameters']['rss_bound_mib']:g} MiB |"
         )
         if cpu:
+            busiest = busiest_cell(cpu["broker_busiest_thread"], who=False)
             lines += [
                 (
                     f"| CPU: perf (its event loop) / broker (busiest thread) / bookies / etcd |"
                     f" {_pct(cpu['perf_pct'])} ({_pct(cpu['perf_event_loop_pct'])}) /"
-                    f" {_pct(cpu['broker_pct'])} ({_busiest(cpu['broker_busiest_thread'])}) /"
+                    f" {_pct(cpu['broker_pct'])} ({busiest}) /"
                     f" {_pct(cpu['bookies_pct'])} / {_pct(cpu['etcd_pct'])} |"
                     f" {100 * results['machine']['cpu_count']}% = all cores |"
                 ),
@@ -1485,13 +1493,6 @@ def _workload_detail(results: dict[str, Any], w: dict[str, Any]) -> list[str]:
             ]
         lines.append("")
     return lines
-
-
-def _busiest(per_process: dict[str, list[Any]]) -> str:
-    if not per_process:
-        return "-"
-    _, (name, pct) = max(per_process.items(), key=lambda kv: kv[1][1])
-    return f"{pct:.0f}% {'event loop' if name == 'main' else 'thread ' + name}"
 
 
 def _grow_lines(results: dict[str, Any]) -> list[str]:
@@ -1543,14 +1544,11 @@ def _grow_lines(results: dict[str, Any]) -> list[str]:
 
 
 def render_markdown(results: dict[str, Any]) -> str:
-    title_tag = f" ({results['tag']})" if results["tag"] else ""
     p = results["parameters"]
     cores = results["machine"]["cpu_count"]
     stem = _stem(results)
     lines = [
-        f"# Benchmark suite, {results['date']}{title_tag}",
-        "",
-        *report_preamble(results),
+        *report_head(results, "Benchmark suite"),
         "",
         (
             f"One `LocalCluster`: its own etcd, {p['bookies']} `magnetar bookie` processes"
@@ -1605,24 +1603,18 @@ def render_markdown(results: dict[str, Any]) -> str:
         lines += _workload_detail(results, w)
         if not w["ok"] and w.get("broker_log_tail"):
             lines += ["Broker log tail:", "", "```", w["broker_log_tail"], "```", ""]
-    lines += [
-        "",
-        (
-            "Raw figures, perf's per-second progress, parameters and machine details: the"
-            " `.json` file next to this one."
-        ),
-        "",
-    ]
-    return "\n".join(lines)
+    return report_text(
+        lines, "Raw figures, perf's per-second progress, parameters and machine details"
+    )
 
 
 # --- main -----------------------------------------------------------------------------------------
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="bench/suite.py",
-        description=(
+    parser, add = bench_parser(
+        "suite.py",
+        (
             "OpenMessaging-Benchmark-style workloads against a real cluster (own etcd, 3 bookie"
             " processes, 1 broker process, E3/Qw2/Qa2, fdatasync on every group commit), each"
             " run by the real `magnetar perf` command on a fresh topic: 1 and 16 partitions,"
@@ -1636,9 +1628,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             " for each target. Exits 0 if every workload ran (whatever the verdicts), 1 if one"
             " failed (results are written either way)."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    add = parser.add_argument
     add("--duration-s", type=float, default=20.0, help="seconds per max-rate or fixed-rate run")
     add(
         "--warmup-s",
@@ -1669,16 +1659,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     add("--grow-message-bytes", type=int, default=KIB, help="message size of the grow part")
     add("--grow-partitions", type=int, default=1, help="partitions of the grow part's topic")
-    add(
-        "--quick",
-        action="store_true",
-        help="smoke test: 2 s per workload, a backlog of 100,000 messages, 0.5 s per raw"
-        " measurement; results go to suite-<date>-quick.* (unless --tag is given)",
-    )
-    add(
-        "--tag",
-        help="name the results suite-<date>-<TAG>.*, so that a variant run does not replace the"
-        " full run's files",
+    add_quick_and_tag(
+        add,
+        "suite",
+        quick="2 s per workload, a backlog of 100,000 messages, 0.5 s per raw measurement",
     )
     add(
         "--only",
@@ -1694,12 +1678,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "a temporary directory is made here for the cluster's data and the raw disk tests (so"
             " both are on the same file system) and removed at the end"
         ),
-    )
-    add(
-        "--keep-data",
-        action="store_true",
-        help="leave the temporary directory (the servers' logs and data; never the grow part's"
-        " data) in place, and print where it is",
+        keep_data_help=(
+            "leave the temporary directory (the servers' logs and data; never the grow part's"
+            " data) in place, and print where it is"
+        ),
     )
     args = parser.parse_args(argv)
     if args.quick:
@@ -1740,25 +1722,25 @@ def disk_refusal(args: argparse.Namespace) -> str | None:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
-    if (reason := disk_refusal(args)) is not None:
-        print(f"bench/suite.py: {reason}", file=sys.stderr)
-        return 2
-    # the test kit and the metadata client log at info; the suite's own output is enough
-    quiet_logs()
-    results = run_and_write("suite", args, argv, bench, render_markdown, keep_data=args.keep_data)
-    if results is None:
-        return 130
+def _refusal(args: argparse.Namespace) -> str | None:
+    reason = disk_refusal(args)
+    return None if reason is None else f"bench/suite.py: {reason}"
+
+
+def _plots_and_verdicts(results: dict[str, Any], args: argparse.Namespace) -> bool:
     for path in write_plots(results, args.out):
         print(f"wrote {path}")
-    for c in results["checks"]:
-        print(f"{c['verdict']}: {c['name']}" + (f" ({c['workload']})" if "workload" in c else ""))
-    ok = all(w["ok"] for w in results["workloads"])
+    print_checks(results["checks"])
+    ok = all_ok("workloads")(results, args)
     if results["grow"] is not None:
         ok = ok and bool(results["grow"].get("ok"))
-    return 0 if ok else 1
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    # the test kit and the metadata client log at info; the suite's own output is enough
+    ok = _plots_and_verdicts
+    return bench_main("suite", argv, parse_args, bench, render_markdown, ok=ok, refusal=_refusal)
 
 
 if __name__ == "__main__":

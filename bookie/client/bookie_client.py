@@ -146,7 +146,7 @@ class BookieInfo:
 
 
 @dataclass(slots=True)
-class _Pending:
+class PendingAdd:
     """One add_entries call: its entries may travel in several stream messages (parts)."""
 
     entries: Sequence[AddEntry]
@@ -162,9 +162,39 @@ class _Pending:
         return self.sent == len(self.entries)
 
 
+MessageParts = list[tuple[PendingAdd, Sequence[AddEntry]]]
+"""The calls a message carries entries of, each with those entries."""
+
+
+def take_message(outbox: deque[PendingAdd], limit: int) -> tuple[MessageParts, list[AddEntry]]:
+    """Take up to ``limit`` bytes of waiting entries (at least one) off the front of ``outbox``,
+    splitting a call's entries over several messages when they do not fit in one: the parts of
+    calls the message carries, and its entries."""
+    parts: MessageParts = []
+    entries: list[AddEntry] = []
+    size = 0
+    while outbox:
+        pending = outbox[0]
+        start = pending.sent
+        while pending.sent < len(pending.entries):
+            entry = pending.entries[pending.sent]
+            if entries and size + len(entry.payload) > limit:
+                break
+            entries.append(entry)
+            size += len(entry.payload)
+            pending.sent += 1
+        if pending.sent > start:
+            parts.append((pending, pending.entries[start : pending.sent]))
+            pending.parts_out += 1
+        if not pending.fully_sent:
+            break  # the message is full
+        outbox.popleft()
+    return parts, entries
+
+
 @dataclass(slots=True)
 class _InFlight:
-    parts: list[tuple[_Pending, Sequence[AddEntry]]] = field(default_factory=list)
+    parts: MessageParts = field(default_factory=list)
 
 
 class _Connection:
@@ -173,7 +203,7 @@ class _Connection:
     def __init__(self, client: BookieClient) -> None:
         self._client = client
         self._writer: asyncio.StreamWriter | None = None
-        self._outbox: deque[_Pending] = deque()
+        self._outbox: deque[PendingAdd] = deque()
         self._outbox_ready = asyncio.Event()
         self._sender_idle = False
         """The sender task waits for adds, with nothing written and not drained."""
@@ -367,7 +397,7 @@ class _Connection:
         if self._broken is not None:
             future.set_exception(self._broken)
             return future
-        self._outbox.append(_Pending(entries, future))
+        self._outbox.append(PendingAdd(entries, future))
         if self._sender_idle:
             # written at the end of this loop turn with whatever else comes in it, packed as
             # the sender would, without waking the sender task (a task switch per add call)
@@ -406,29 +436,10 @@ class _Connection:
         self._client.messages_sent += 1
 
     def _next_message(self) -> tuple[int, _InFlight, list[AddEntry]]:
-        """Take up to ``max_message_bytes`` of waiting entries (at least one), splitting a
-        call's entries over several messages when they do not fit in one."""
-        limit = self._client.max_message_bytes
-        taken = _InFlight()
-        entries: list[AddEntry] = []
-        size = 0
-        while self._outbox:
-            pending = self._outbox[0]
-            start = pending.sent
-            while pending.sent < len(pending.entries):
-                entry = pending.entries[pending.sent]
-                if entries and size + len(entry.payload) > limit:
-                    break
-                entries.append(entry)
-                size += len(entry.payload)
-                pending.sent += 1
-            if pending.sent > start:
-                taken.parts.append((pending, pending.entries[start : pending.sent]))
-                pending.parts_out += 1
-            if not pending.fully_sent:
-                break  # the message is full
-            self._outbox.popleft()
-        return next(self._request_ids), taken, entries
+        """The next message: up to ``max_message_bytes`` of waiting entries (see
+        :func:`take_message`)."""
+        parts, entries = take_message(self._outbox, self._client.max_message_bytes)
+        return next(self._request_ids), _InFlight(parts), entries
 
     async def _send(self, writer: asyncio.StreamWriter) -> None:
         try:
@@ -473,7 +484,7 @@ class _Connection:
                 pending.future.set_exception(error)
 
     @staticmethod
-    def _part_done(pending: _Pending) -> None:
+    def _part_done(pending: PendingAdd) -> None:
         pending.parts_out -= 1
         if pending.parts_out == 0 and pending.fully_sent and not pending.future.done():
             pending.future.set_result(pending.failures)

@@ -40,6 +40,21 @@ class LedgerEntry(NamedTuple):
     payload: bytes
 
 
+def check_readable(ledger_id: int, first_entry_id: int, last_entry_id: int, lac: int) -> None:
+    """That entries ``first..last`` of a ledger confirmed up to ``lac`` may be read:
+    InvalidArgumentError for a range that is none, ReadBeyondLacError past the LAC."""
+    if first_entry_id < 0 or last_entry_id < first_entry_id:
+        raise InvalidArgumentError(
+            f"a read needs 0 <= first <= last, got {first_entry_id}..{last_entry_id}"
+        )
+    if last_entry_id > lac:
+        raise ReadBeyondLacError(
+            f"ledger {ledger_id} is confirmed up to entry {lac};"
+            f" entry {last_entry_id} may not be read",
+            context={"ledger": ledger_id, "lac": lac},
+        )
+
+
 class ReadHandle:
     """Reads one ledger. Obtain from :meth:`LedgerClient.open_ledger`."""
 
@@ -54,16 +69,7 @@ class ReadHandle:
 
     async def read(self, first_entry_id: int, last_entry_id: int) -> list[LedgerEntry]:
         """Entries ``first..last`` inclusive, each intact (checksum verified)."""
-        if first_entry_id < 0 or last_entry_id < first_entry_id:
-            raise InvalidArgumentError(
-                f"a read needs 0 <= first <= last, got {first_entry_id}..{last_entry_id}"
-            )
-        if last_entry_id > self.last_add_confirmed:
-            raise ReadBeyondLacError(
-                f"ledger {self.ledger_id} is confirmed up to entry {self.last_add_confirmed};"
-                f" entry {last_entry_id} may not be read",
-                context={"ledger": self.ledger_id, "lac": self.last_add_confirmed},
-            )
+        check_readable(self.ledger_id, first_entry_id, last_entry_id, self.last_add_confirmed)
         found = await self._read(list(range(first_entry_id, last_entry_id + 1)))
         return [found[e] for e in range(first_entry_id, last_entry_id + 1)]
 

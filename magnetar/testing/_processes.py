@@ -3,7 +3,9 @@
 The kit's processes (etcd, bookies) are ``subprocess.Popen`` children polled from asyncio, so
 that a process started in one event loop (a session fixture) can be stopped from another (a
 test). These helpers, and the :class:`ManagedProcess` base that runs one such process through
-its incarnations, are shared by :mod:`magnetar.testing.etcd` and :mod:`magnetar.testing.cluster`.
+its incarnations, are shared by :mod:`magnetar.testing.etcd` and :mod:`magnetar.testing.cluster`;
+:class:`AsyncLifecycle` is the ``async with`` (start, then :meth:`~AsyncLifecycle.aclose`) that
+processes and the clusters made of them share.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import time
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import ClassVar, Self
 
 KILL_WAIT_S = 10.0
@@ -69,7 +70,27 @@ async def wait_state(proc: subprocess.Popen[bytes], *, stopped: bool) -> None:
         await asyncio.sleep(POLL_INTERVAL_S)
 
 
-class ManagedProcess(abc.ABC):
+class AsyncLifecycle(abc.ABC):
+    """Something a test starts and closes for good: ``async with`` is :meth:`start`, then
+    :meth:`aclose` (a process, an etcd cluster, a :class:`~magnetar.testing.LocalCluster`)."""
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Start it and wait until it is ready."""
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Stop it for good."""
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+class ManagedProcess(AsyncLifecycle):
     """One OS process a test drives, through its incarnations: what etcd members
     (:class:`~magnetar.testing.etcd.EtcdServer`) and Magnetar servers
     (:class:`~magnetar.testing.cluster.ServerNode`) share.
@@ -259,15 +280,3 @@ class ManagedProcess(abc.ABC):
 
     async def aclose(self) -> None:
         await self.stop()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()

@@ -64,10 +64,9 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import IO, ClassVar, Self, TypeVar
+from typing import IO, ClassVar, TypeVar
 
-from magnetar.testing._processes import ManagedProcess
+from magnetar.testing._processes import AsyncLifecycle, ManagedProcess
 from magnetar.testing.etcd import HOST, EtcdCluster, EtcdServer, EtcdTls, free_port
 from magnetar.testing.netns import LINKS, IsolatedHost, netns_unsupported_reason
 from metadata import MetadataStore, layout, open_store
@@ -87,8 +86,38 @@ _LOG_TAIL_BYTES = 16_000
 # field, and a developer's own (say MAGNETAR_BOOKIE_ID) must not reach test servers.
 _INHERITED_MAGNETAR_VARIABLES = frozenset({"MAGNETAR_LOG_LEVEL", "MAGNETAR_LOG_FORMAT"})
 
-_RegistryReader = Callable[[MetadataStore], Awaitable[dict[str, str]]]
-"""Reads one kind of registration: id -> address (bookies) or service URL (brokers)."""
+
+@dataclasses.dataclass(frozen=True)
+class _Registry:
+    """Where one kind of server registers, and what each registration publishes (a bookie its
+    address, a broker its service URL)."""
+
+    kind: str
+    prefix: str
+    published: Callable[[bytes], str]
+    skip_empty: bool = False
+    """Leave out a registration that published nothing (say, no TLS URL)."""
+
+    async def read(self, store: MetadataStore) -> dict[str, str]:
+        """id -> what it published, for every registration under :attr:`prefix`."""
+        listing = await store.list(self.prefix)
+        found = {
+            record.key.removeprefix(self.prefix): self.published(record.value)
+            for record in listing.records
+        }
+        return {k: v for k, v in found.items() if v} if self.skip_empty else found
+
+
+_BOOKIES = _Registry(
+    "bookies",
+    layout.BOOKIES_AVAILABLE,
+    lambda value: cluster_pb2.BookieRegistration.FromString(value).address,
+)
+_BROKERS = _Registry(
+    "brokers",
+    layout.BROKERS,
+    lambda value: cluster_pb2.BrokerRegistration.FromString(value).service_url,
+)
 
 
 def _ready_line_pattern(kind: str) -> re.Pattern[str]:
@@ -234,9 +263,7 @@ class ServerNode(ManagedProcess):
     @property
     def http_address(self) -> str:
         """``"HOST:PORT"`` of ``/metrics`` and ``/health`` of the current (or last) incarnation."""
-        if self._http_port is None:
-            raise RuntimeError(f"{self!r} has not been started, so it has no HTTP port yet")
-        return f"{self._http_host or HOST}:{self._http_port}"
+        return f"{self._http_host or HOST}:{self.http_port}"
 
     @property
     def port(self) -> int:
@@ -293,6 +320,17 @@ class ServerNode(ManagedProcess):
 
     def _where(self) -> str:
         return str(self._address) if self.is_running else "not running"
+
+    def __repr__(self) -> str:
+        # BookieNode(bookie_id='bookie-0', 127.0.0.1:PORT, data_dir=...)
+        return (
+            f"{type(self).__name__}({self._kind}_id={self._node_id!r}, {self._where()},"
+            f" {self._repr_detail()})"
+        )
+
+    def _repr_detail(self) -> str:
+        """What names this node besides its id and address (its data dir, its log)."""
+        return f"log_path={self._log_path}"
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -557,10 +595,8 @@ class BookieNode(ServerNode):
         self._zone = zone
         self._tmpfs = tmpfs
 
-    def __repr__(self) -> str:
-        return (
-            f"BookieNode(bookie_id={self._node_id!r}, {self._where()}, data_dir={self._data_dir})"
-        )
+    def _repr_detail(self) -> str:
+        return f"data_dir={self._data_dir}"
 
     @property
     def bookie_id(self) -> str | None:
@@ -640,7 +676,30 @@ class BookieNode(ServerNode):
         super()._prepare()
 
 
-class BrokerNode(ServerNode):
+class _ClientFacingNode(ServerNode):
+    """A server that clients connect to (a broker, or a standalone process): its URLs."""
+
+    @property
+    def service_url(self) -> str:
+        """``"magnetar://HOST:PORT"`` of the current (or last) incarnation."""
+        return f"magnetar://{self.address}"
+
+    @property
+    def tls_service_url(self) -> str:
+        """``"magnetar+ssl://HOST:PORT"`` of its TLS listener (started with ``--tls-cert-file``)."""
+        if self.tls_address is None:
+            raise RuntimeError(f"{self!r} has no TLS listener (start it with --tls-cert-file)")
+        return f"magnetar+ssl://{self.tls_address}"
+
+    @property
+    def pulsar_url(self) -> str:
+        """``"pulsar://HOST:PORT"`` of its listener for Pulsar's protocol, for Pulsar clients."""
+        if self.pulsar_address is None:
+            raise RuntimeError(f"{self!r} has no Pulsar listener")
+        return f"pulsar://{self.pulsar_address}"
+
+
+class BrokerNode(_ClientFacingNode):
     """One ``magnetar broker`` OS process (on 127.0.0.1 unless told otherwise).
 
     A broker keeps nothing on disk: its identity is ``broker_id`` when one is given (then every
@@ -692,34 +751,10 @@ class BrokerNode(ServerNode):
             command_prefix=command_prefix,
         )
 
-    def __repr__(self) -> str:
-        return (
-            f"BrokerNode(broker_id={self._node_id!r}, {self._where()}, log_path={self._log_path})"
-        )
-
     @property
     def broker_id(self) -> str | None:
         """The id from the ready line; before the first start, the one given (or None)."""
         return self._node_id
-
-    @property
-    def service_url(self) -> str:
-        """``"magnetar://HOST:PORT"`` of the current (or last) incarnation."""
-        return f"magnetar://{self.address}"
-
-    @property
-    def tls_service_url(self) -> str:
-        """``magnetar+ssl://host:port`` of the broker's TLS listener."""
-        if self.tls_address is None:
-            raise RuntimeError(f"{self!r} has no TLS listener (start it with --tls-cert-file)")
-        return f"magnetar+ssl://{self.tls_address}"
-
-    @property
-    def pulsar_url(self) -> str:
-        """``pulsar://host:port`` of the broker's Pulsar-protocol listener, for Pulsar clients."""
-        if self.pulsar_address is None:
-            raise RuntimeError(f"{self!r} has no Pulsar listener")
-        return f"pulsar://{self.pulsar_address}"
 
     def _kind_args(self) -> list[str]:
         # the TLS port is used only when TLS is on (--tls-cert-file in extra_args)
@@ -730,7 +765,7 @@ class BrokerNode(ServerNode):
         return f"broker logging to {self._log_path}"
 
 
-class StandaloneNode(ServerNode):
+class StandaloneNode(_ClientFacingNode):
     """One ``magnetar standalone`` OS process on 127.0.0.1: embedded metadata, bookies and a
     broker in one process, all data under ``data_dir`` (kept across :meth:`restart`).
 
@@ -779,25 +814,6 @@ class StandaloneNode(ServerNode):
     def data_dir(self) -> Path:
         return self._data_dir
 
-    @property
-    def service_url(self) -> str:
-        """``"magnetar://127.0.0.1:PORT"`` of the current (or last) incarnation."""
-        return f"magnetar://{self.address}"
-
-    @property
-    def tls_service_url(self) -> str:
-        """``"magnetar+ssl://127.0.0.1:PORT"`` (started with ``--tls-cert-file``)."""
-        if self.tls_address is None:
-            raise RuntimeError(f"{self!r} has no TLS listener (start it with --tls-cert-file)")
-        return f"magnetar+ssl://{self.tls_address}"
-
-    @property
-    def pulsar_url(self) -> str:
-        """``pulsar://127.0.0.1:PORT`` of the broker's Pulsar-protocol listener."""
-        if self.pulsar_address is None:
-            raise RuntimeError(f"{self!r} has no Pulsar listener")
-        return f"pulsar://{self.pulsar_address}"
-
     def _on_ready(self, ready: re.Match[str]) -> None:
         self.tls_address = ready["tls_address"]
         self.pulsar_address = ready["pulsar_address"]
@@ -827,7 +843,7 @@ class StandaloneNode(ServerNode):
         return f"standalone on {self._data_dir}"
 
 
-class LocalCluster:
+class LocalCluster(AsyncLifecycle):
     """An etcd (owned, or shared through ``metadata_url``), ``bookies`` bookie processes and
     ``brokers`` broker processes.
 
@@ -855,6 +871,9 @@ class LocalCluster:
       the links' state). The namespace is created by the first :meth:`start`, kept (with its
       links healed) by :meth:`stop`, and removed by :meth:`aclose`.
     """
+
+    _broker_registry: ClassVar[_Registry] = _BROKERS
+    """Where :meth:`wait_brokers_registered` finds the brokers, and what it reads of each."""
 
     def __init__(
         self,
@@ -1073,10 +1092,7 @@ class LocalCluster:
         node = self._new_bookie(
             bookie_id=bookie_id, zone=zone, log_path=log_path, extra_args=extra_args, env=env
         )
-        self._bookies.append(node)
-        await node.start(timeout_s)
-        await self.wait_registered([self._id_of(node)], timeout_s=timeout_s)
-        return node
+        return await self._add(self._bookies, node, self.wait_registered, timeout_s)
 
     async def add_broker(
         self,
@@ -1093,10 +1109,7 @@ class LocalCluster:
         node = self._new_broker(
             broker_id=broker_id, log_path=log_path, extra_args=extra_args, env=env
         )
-        self._brokers.append(node)
-        await node.start(timeout_s)
-        await self.wait_brokers_registered([self._id_of(node)], timeout_s=timeout_s)
-        return node
+        return await self._add(self._brokers, node, self.wait_brokers_registered, timeout_s)
 
     async def wait_registered(
         self, bookie_ids: Iterable[str] | None = None, timeout_s: float = 30
@@ -1107,24 +1120,13 @@ class LocalCluster:
         registration a killed incarnation left behind does not count.
         """
         await self._wait_present(
-            self._bookies,
-            bookie_ids,
-            kind="bookies",
-            published=lambda node: node.address,
-            read=self._read_bookies,
-            timeout_s=timeout_s,
+            _BOOKIES, self._bookies, bookie_ids, lambda node: node.address, timeout_s
         )
 
     async def wait_unregistered(self, bookie_id: str, timeout_s: float = 30) -> None:
         """Wait until ``bookie_id`` is gone from the available list (stopped, or session expired:
         about the bookies' ``session_ttl_s`` after a SIGKILL)."""
-        await self._poll(
-            self._read_bookies,
-            lambda found: {bookie_id} & found.keys(),
-            "bookies",
-            "unregistered",
-            timeout_s,
-        )
+        await self._wait_gone(_BOOKIES, bookie_id, timeout_s)
 
     async def wait_brokers_registered(
         self, broker_ids: Iterable[str] | None = None, timeout_s: float = 30
@@ -1135,12 +1137,7 @@ class LocalCluster:
         a registration a killed incarnation left behind does not count.
         """
         await self._wait_present(
-            self._brokers,
-            broker_ids,
-            kind="brokers",
-            published=lambda node: node.service_url,
-            read=self._read_brokers,
-            timeout_s=timeout_s,
+            self._broker_registry, self._brokers, broker_ids, self._published_by, timeout_s
         )
 
     async def wait_broker_unregistered(self, broker_id: str, timeout_s: float = 30) -> None:
@@ -1148,21 +1145,15 @@ class LocalCluster:
         found dead by another broker's probes (well within a second, unless
         ``--peer-probe-interval-ms 0``); or its session expired (about its ``session_ttl_s``
         after a SIGKILL nobody noticed, a long pause, or a cut from etcd)."""
-        await self._poll(
-            self._read_brokers,
-            lambda found: {broker_id} & found.keys(),
-            "brokers",
-            "unregistered",
-            timeout_s,
-        )
+        await self._wait_gone(_BROKERS, broker_id, timeout_s)
 
     async def available_bookies(self) -> dict[str, str]:
         """The bookie ids in ``/magnetar/bookies/available/`` with the address each published."""
-        return await self._read_once(self._read_bookies)
+        return await self._read_once(_BOOKIES)
 
     async def registered_brokers(self) -> dict[str, str]:
         """The broker ids in ``/magnetar/brokers/`` with the service URL each published."""
-        return await self._read_once(self._read_brokers)
+        return await self._read_once(_BROKERS)
 
     async def stop(self) -> None:
         """SIGTERM every broker (they hand their partitions over), then every bookie (they
@@ -1195,18 +1186,6 @@ class LocalCluster:
         finally:
             await self._remove_fault_fixtures()
 
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
     # -- internals ---------------------------------------------------------------------------
 
     def _new_bookie(
@@ -1234,7 +1213,12 @@ class LocalCluster:
             bookie_id=bookie_id or f"{self._bookie_id_prefix}-{index}",
             zone=zone,
             log_path=log_path,
-            extra_args=(*self._etcd_args(), *self._bookie_args, *extra_args),
+            extra_args=(
+                *self._etcd_args(),
+                *self._bookie_args,
+                *self._bookie_own_args(index),
+                *extra_args,
+            ),
             env=env,
             host=self._bookie_network().bind_host,
             tmpfs=tmpfs,
@@ -1260,7 +1244,12 @@ class LocalCluster:
             network.metadata_url,
             broker_id=broker_id or f"{self._broker_id_prefix}-{index}",
             log_path=log_path or self._root / f"broker-{index}.log",
-            extra_args=(*self._etcd_args(), *self._broker_args, *extra_args),
+            extra_args=(
+                *self._etcd_args(),
+                *self._broker_args,
+                *self._broker_own_args(index),
+                *extra_args,
+            ),
             env=env,
             bind_host=network.bind_host,
             advertised_host=network.advertised_host,
@@ -1270,6 +1259,19 @@ class LocalCluster:
         if isolated:
             self._isolated_broker = node
         return node
+
+    def _published_by(self, node: BrokerNode) -> str:
+        """What a running broker of this cluster publishes (:attr:`_broker_registry`)."""
+        return node.service_url
+
+    def _bookie_own_args(self, index: int) -> Sequence[str]:  # noqa: ARG002 - a hook
+        """Flags of bookie ``index`` alone (a subclass's: say its certificate), after the
+        cluster's ``bookie_args`` and before the caller's ``extra_args``."""
+        return ()
+
+    def _broker_own_args(self, index: int) -> Sequence[str]:  # noqa: ARG002 - a hook
+        """Flags of broker ``index`` alone, as :meth:`_bookie_own_args` for bookies."""
+        return ()
 
     @staticmethod
     def _id_of(node: ServerNode) -> str:
@@ -1359,24 +1361,6 @@ class LocalCluster:
             command_prefix=tuple(host.command_prefix),
         )
 
-    @staticmethod
-    async def _read_bookies(store: MetadataStore) -> dict[str, str]:
-        listing = await store.list(layout.BOOKIES_AVAILABLE)
-        found: dict[str, str] = {}
-        for record in listing.records:
-            registration = cluster_pb2.BookieRegistration.FromString(record.value)
-            found[record.key.removeprefix(layout.BOOKIES_AVAILABLE)] = registration.address
-        return found
-
-    @staticmethod
-    async def _read_brokers(store: MetadataStore) -> dict[str, str]:
-        listing = await store.list(layout.BROKERS)
-        found: dict[str, str] = {}
-        for record in listing.records:
-            registration = cluster_pb2.BrokerRegistration.FromString(record.value)
-            found[record.key.removeprefix(layout.BROKERS)] = registration.service_url
-        return found
-
     def _etcd_args(self) -> list[str]:
         """The flags that give a server etcd's credentials."""
         security = self.etcd_security
@@ -1393,21 +1377,38 @@ class LocalCluster:
         """A store on the cluster's metadata, with etcd's credentials (close it yourself)."""
         return await open_store(self.etcd_security.store_config(self.metadata_url))
 
-    async def _read_once(self, read: _RegistryReader) -> dict[str, str]:
+    async def _read_once(self, registry: _Registry) -> dict[str, str]:
         store = await self.open_store()
         try:
-            return await read(store)
+            return await registry.read(store)
         finally:
             await store.close()
 
+    async def _add(
+        self,
+        nodes: list[_Node],
+        node: _Node,
+        wait_registered: Callable[..., Awaitable[None]],
+        timeout_s: float,
+    ) -> _Node:
+        """Start a node made for this cluster, one more of ``nodes``, and wait until
+        ``wait_registered`` sees it."""
+        nodes.append(node)
+        await node.start(timeout_s)
+        await wait_registered([self._id_of(node)], timeout_s=timeout_s)
+        return node
+
+    async def _wait_gone(self, registry: _Registry, node_id: str, timeout_s: float) -> None:
+        await self._poll(
+            registry, lambda found: {node_id} & found.keys(), "unregistered", timeout_s
+        )
+
     async def _wait_present(
         self,
+        registry: _Registry,
         nodes: Sequence[_Node],
         ids: Iterable[str] | None,
-        *,
-        kind: str,
         published: Callable[[_Node], str],
-        read: _RegistryReader,
         timeout_s: float,
     ) -> None:
         """Wait until ``ids`` (default: every running node) are registered, each running node
@@ -1423,13 +1424,12 @@ class LocalCluster:
                 or (node_id in running and found[node_id] != running[node_id])
             }
 
-        await self._poll(read, missing, kind, "registered", timeout_s)
+        await self._poll(registry, missing, "registered", timeout_s)
 
     async def _poll(
         self,
-        read: _RegistryReader,
+        registry: _Registry,
         missing: Callable[[dict[str, str]], set[str]],
-        kind: str,
         what: str,
         timeout_s: float,
     ) -> None:
@@ -1438,13 +1438,13 @@ class LocalCluster:
         try:
             deadline = time.monotonic() + timeout_s
             while True:
-                found = await read(store)
+                found = await registry.read(store)
                 not_yet = missing(found)
                 if not not_yet:
                     return
                 if time.monotonic() >= deadline:
                     raise TimeoutError(
-                        f"{kind} {sorted(not_yet)} were not {what} within {timeout_s}s; "
+                        f"{registry.kind} {sorted(not_yet)} were not {what} within {timeout_s}s; "
                         f"registered now (id: address): {found}"
                     )
                 await asyncio.sleep(_REGISTRATION_POLL_INTERVAL_S)

@@ -40,16 +40,15 @@ import ssl
 import tempfile
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import grpc
 import grpc.aio
 
-from magnetar.testing._processes import ManagedProcess
+from magnetar.testing._processes import AsyncLifecycle, ManagedProcess
 
 __all__ = [
     "DEFAULT_CLUSTER_TOKEN",
@@ -233,6 +232,27 @@ class EtcdTls:
         )
 
 
+class _TempRoot:
+    """A temporary directory an object made for itself: removed by :meth:`remove`, or when its
+    owner is garbage-collected or the interpreter exits."""
+
+    def __init__(self, owner: object, prefix: str) -> None:
+        self.path = Path(tempfile.mkdtemp(prefix=prefix))
+        self._remove = weakref.finalize(owner, shutil.rmtree, self.path, ignore_errors=True)
+
+    def remove(self) -> None:
+        self._remove()
+
+    @staticmethod
+    async def after(stopping: Awaitable[None], root: _TempRoot | None) -> None:
+        """Await ``stopping``, then remove ``root`` (if there is one), even if stopping failed."""
+        try:
+            await stopping
+        finally:
+            if root is not None:
+                root.remove()
+
+
 class _PortInUseError(RuntimeError):
     """etcd exited at startup because one of its ports was taken."""
 
@@ -270,14 +290,10 @@ class EtcdServer(ManagedProcess):
         on the same client port (see :attr:`extra_client_hosts`). With ``tls`` the client port
         is https (and its health is probed on a plain metrics port of its own).
         """
-        self._owned_root: Path | None = None
-        self._cleanup_root: weakref.finalize[..., EtcdServer] | None = None
+        self._temp_root: _TempRoot | None = None
         if data_dir is None:
-            self._owned_root = Path(tempfile.mkdtemp(prefix=f"magnetar-{name}-"))
-            self._cleanup_root = weakref.finalize(
-                self, shutil.rmtree, self._owned_root, ignore_errors=True
-            )
-            data_dir = self._owned_root / "data"
+            self._temp_root = _TempRoot(self, f"magnetar-{name}-")
+            data_dir = self._temp_root.path / "data"
         super().__init__(log_path or data_dir.with_name(f"{data_dir.name}.log"))
         self._data_dir = data_dir
         self._name = name
@@ -389,11 +405,7 @@ class EtcdServer(ManagedProcess):
 
     async def aclose(self) -> None:
         """Stop for good, and remove the data dir if this object created it."""
-        try:
-            await self.stop()
-        finally:
-            if self._cleanup_root is not None:
-                self._cleanup_root()
+        await _TempRoot.after(self.stop(), self._temp_root)
 
     # -- etcd's own users ------------------------------------------------------------------
 
@@ -560,7 +572,7 @@ class EtcdServer(ManagedProcess):
         return f"etcd {self._name}"
 
 
-class EtcdCluster:
+class EtcdCluster(AsyncLifecycle):
     """``size`` etcd members on distinct free ports forming one new cluster.
 
     Lifecycle methods act on all members at once; a single member is stopped, killed, paused or
@@ -586,13 +598,10 @@ class EtcdCluster:
         """
         if size < 1:
             raise ValueError(f"an etcd cluster needs at least 1 member, got size={size}")
-        self._cleanup_root: weakref.finalize[..., EtcdCluster] | None = None
+        self._temp_root: _TempRoot | None = None
         if data_dir is None:
-            owned_root = Path(tempfile.mkdtemp(prefix="magnetar-etcd-cluster-"))
-            self._cleanup_root = weakref.finalize(
-                self, shutil.rmtree, owned_root, ignore_errors=True
-            )
-            data_dir = owned_root
+            self._temp_root = _TempRoot(self, "magnetar-etcd-cluster-")
+            data_dir = self._temp_root.path
         self._data_dir = data_dir
         ports = _reserve_ports(2 * size)
         names = [f"{name_prefix}{i}" for i in range(size)]
@@ -741,20 +750,4 @@ class EtcdCluster:
 
     async def aclose(self) -> None:
         """Stop every member for good, and remove the data dir if this object created it."""
-        try:
-            await self.stop()
-        finally:
-            if self._cleanup_root is not None:
-                self._cleanup_root()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
+        await _TempRoot.after(self.stop(), self._temp_root)

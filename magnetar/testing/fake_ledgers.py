@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from bookie.client.ledger_metadata import LedgerState
+from bookie.client.read_handle import check_readable
 from magnetar.common.errors import (
     InvalidArgumentError,
     LedgerClosedError,
@@ -39,7 +40,6 @@ from magnetar.common.errors import (
     LedgerNotFoundError,
     MagnetarError,
     NotEnoughBookiesError,
-    ReadBeyondLacError,
 )
 
 AddHook = Callable[[int, int, bytes], Awaitable[None]]
@@ -326,16 +326,7 @@ class FakeReader:
         return self._ledger.metadata
 
     async def read(self, first_entry_id: int, last_entry_id: int) -> list[FakeEntry]:
-        if first_entry_id < 0 or last_entry_id < first_entry_id:
-            raise InvalidArgumentError(
-                f"a read needs 0 <= first <= last, got {first_entry_id}..{last_entry_id}"
-            )
-        if last_entry_id > self.last_add_confirmed:
-            raise ReadBeyondLacError(
-                f"ledger {self.ledger_id} is confirmed up to entry {self.last_add_confirmed};"
-                f" entry {last_entry_id} may not be read",
-                context={"ledger": self.ledger_id, "lac": self.last_add_confirmed},
-            )
+        check_readable(self.ledger_id, first_entry_id, last_entry_id, self.last_add_confirmed)
         hook = self._bookies.read_hook
         if hook is not None:
             await hook(self.ledger_id, first_entry_id, last_entry_id)

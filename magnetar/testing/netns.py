@@ -60,7 +60,6 @@ import time
 import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Self
 
 __all__ = ["LINKS", "IsolatedHost", "netns_unsupported_reason"]
@@ -333,12 +332,7 @@ class IsolatedHost:
         await self.create()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
     # -- faults ------------------------------------------------------------------------------

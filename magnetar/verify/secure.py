@@ -33,11 +33,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import re
 import secrets
 import ssl
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,7 +46,6 @@ from typing import TYPE_CHECKING, Any
 from magnetar.testing import BookieNode, BrokerNode, LocalCluster
 from magnetar.testing.etcd import HOST, EtcdCluster, EtcdServer, EtcdTls, free_port
 from magnetar.testing.netns import LINKS
-from metadata import layout
 from proto.format.v1 import cluster_pb2
 
 if TYPE_CHECKING:
@@ -336,6 +336,13 @@ class SecureCluster(LocalCluster):
     valid as brokers die and come back.
     """
 
+    # the brokers publish no plaintext service URL: they are waited for by their TLS one
+    _broker_registry = dataclasses.replace(
+        LocalCluster._broker_registry,
+        published=lambda value: cluster_pb2.BrokerRegistration.FromString(value).service_url_tls,
+        skip_empty=True,
+    )
+
     def __init__(
         self,
         root: Path,
@@ -369,87 +376,24 @@ class SecureCluster(LocalCluster):
                 hosts += [isolated.gateway(link), isolated.inside_address(link)]
         return hosts
 
-    def _new_bookie(
-        self,
-        *,
-        bookie_id: str | None = None,
-        zone: str | None = None,
-        log_path: Path | None = None,
-        extra_args: Sequence[str] = (),
-        env: Mapping[str, str] | None = None,
-    ) -> BookieNode:
-        name = f"bookie-{len(self.bookies)}"
-        cert = self.security.issue(name, "bookie", self.server_hosts())
-        return super()._new_bookie(
-            bookie_id=bookie_id,
-            zone=zone,
-            log_path=log_path,
-            extra_args=[*cert.server_args(), *cert.server_args("http-"), *extra_args],
-            env=env,
-        )
+    def _bookie_own_args(self, index: int) -> list[str]:
+        # its certificate, made when its node is
+        cert = self.security.issue(f"bookie-{index}", "bookie", self.server_hosts())
+        return [*cert.server_args(), *cert.server_args("http-")]
 
-    def _new_broker(
-        self,
-        *,
-        broker_id: str | None = None,
-        log_path: Path | None = None,
-        extra_args: Sequence[str] = (),
-        env: Mapping[str, str] | None = None,
-    ) -> BrokerNode:
-        index = len(self.brokers)
+    def _broker_own_args(self, index: int) -> list[str]:
         cert = self.security.issue(f"broker-{index}", BROKER_ROLE, self.server_hosts())
         tls_port = self._tls_ports.setdefault(index, free_port())
-        return super()._new_broker(
-            broker_id=broker_id,
-            log_path=log_path,
-            extra_args=[
-                *("--port", ""),  # no plaintext listener
-                *("--tls-port", str(tls_port)),
-                *cert.server_args(),
-                *cert.server_args("http-"),
-                *cert.server_args("ledger-"),  # its role towards the bookies
-                *extra_args,
-            ],
-            env=env,
-        )
+        return [
+            *("--port", ""),  # no plaintext listener
+            *("--tls-port", str(tls_port)),
+            *cert.server_args(),
+            *cert.server_args("http-"),
+            *cert.server_args("ledger-"),  # its role towards the bookies
+        ]
 
-    async def wait_brokers_registered(
-        self, broker_ids: Iterable[str] | None = None, timeout_s: float = 30
-    ) -> None:
-        """As :meth:`LocalCluster.wait_brokers_registered`, by the brokers' TLS service URLs
-        (they publish no plaintext one)."""
-        running = {
-            b.broker_id: b.tls_service_url
-            for b in self.brokers
-            if b.is_running and b.broker_id is not None
-        }
-        wanted = set(running) if broker_ids is None else set(broker_ids)
-        store = await self.open_store()
-        try:
-            deadline = time.monotonic() + timeout_s
-            while True:
-                listing = await store.list(layout.BROKERS)
-                found = {
-                    r.key.removeprefix(layout.BROKERS): cluster_pb2.BrokerRegistration.FromString(
-                        r.value
-                    ).service_url_tls
-                    for r in listing.records
-                }
-                missing = {
-                    i
-                    for i in wanted
-                    if not found.get(i) or (i in running and found[i] != running[i])
-                }
-                if not missing:
-                    return
-                if time.monotonic() >= deadline:
-                    raise TimeoutError(
-                        f"brokers {sorted(missing)} were not registered within"
-                        f" {timeout_s}s; registered now: {found}"
-                    )
-                await asyncio.sleep(0.1)
-        finally:
-            await store.close()
+    def _published_by(self, node: BrokerNode) -> str:
+        return node.tls_service_url
 
 
 # --- which certificate each server presents ---------------------------------------------------

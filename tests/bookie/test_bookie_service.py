@@ -29,6 +29,7 @@ from magnetar.common.errors import (
     NoSuchEntryError,
     NoSuchLedgerError,
 )
+from magnetar.testing.eventually import eventually
 from metadata import MetadataStore, layout, open_store
 from proto.common.v1 import types_pb2
 from proto.format.v1 import cluster_pb2
@@ -290,6 +291,12 @@ async def test_read_only_mode_follows_disk_usage_and_gc_still_runs(
         assert record is not None
         return int(cluster_pb2.BookieRegistration.FromString(record.value).state)
 
+    def registered_as(state: int) -> Callable[[], Awaitable[bool]]:
+        async def check() -> bool:
+            return await registered_state() == state
+
+        return check
+
     assert await registered_state() == types_pb2.BOOKIE_STATE_WRITABLE
     disk.used = 0.96
     bookie.bookie.check_disk()
@@ -297,9 +304,7 @@ async def test_read_only_mode_follows_disk_usage_and_gc_still_runs(
     assert [type(f.error) for f in refused] == [BookieReadOnlyError]
     assert "read-only" in refused[0].error.message
     assert (await client.info()).read_only
-    async with asyncio.timeout(5):
-        while await registered_state() != types_pb2.BOOKIE_STATE_READ_ONLY:
-            await asyncio.sleep(0.05)
+    await eventually(registered_as(types_pb2.BOOKIE_STATE_READ_ONLY), timeout_s=5, interval_s=0.05)
     # reads are served, recovery adds still close ledgers, and the bookie can dig itself out
     assert len((await client.read_entries(2, 0, 39)).entries) == 40
     assert await client.add_entries([entry(2, 40, recovery=True)]) == []
@@ -315,9 +320,7 @@ async def test_read_only_mode_follows_disk_usage_and_gc_still_runs(
     disk.used = 0.85
     bookie.bookie.check_disk()
     assert await client.add_entries([entry(2, 41)]) == []
-    async with asyncio.timeout(5):
-        while await registered_state() != types_pb2.BOOKIE_STATE_WRITABLE:
-            await asyncio.sleep(0.05)
+    await eventually(registered_as(types_pb2.BOOKIE_STATE_WRITABLE), timeout_s=5, interval_s=0.05)
 
 
 async def test_registration_health_and_metrics(

@@ -32,6 +32,7 @@ from magnetar.common.errors import (
 )
 from magnetar.common.framing import FrameDecoder
 from magnetar.common.security.tokens import TokenFile
+from magnetar.testing.eventually import eventually
 from metadata import open_store
 from proto.bookie.v1 import bookie_pb2 as pb
 from proto.bookie.v1 import framed_pb2
@@ -139,9 +140,7 @@ async def settled(process: BookieProcess) -> None:
     """Until the bookie holds exactly the one well-behaved connection."""
     server = process.data_server
     assert server is not None
-    async with asyncio.timeout(5):
-        while server.connections != 1:
-            await asyncio.sleep(0.01)
+    await eventually(lambda: server.connections == 1, timeout_s=5, interval_s=0.01)
 
 
 async def test_each_broken_connection_is_closed_alone(bookie: BookieProcess) -> None:

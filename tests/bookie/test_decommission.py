@@ -13,6 +13,7 @@ from bookie.autorecovery.worker import Autorecovery
 from bookie.client.ledger_client import LedgerClient
 from bookie.decommission import DecommissionProgress, decommission_bookie
 from bookie.process import BookieProcess
+from magnetar.testing.eventually import eventually
 from magnetar.testing.inprocess import start_bookie_in_process
 from metadata import layout, open_store
 
@@ -24,9 +25,12 @@ def payload(ledger_id: int, entry_id: int) -> bytes:
 async def until_metric(instance: Autorecovery, line: str) -> str:
     """Scrape until the exposition has ``line``; the text then."""
     metrics = AutorecoveryMetrics(instance)
-    async with asyncio.timeout(10):
-        while line not in (text := metrics.render().decode()):
-            await asyncio.sleep(0.05)
+
+    def showing() -> str | None:
+        text = metrics.render().decode()
+        return text if line in text else None
+
+    text: str = await eventually(showing, timeout_s=10, what=repr(line), interval_s=0.05)
     return text
 
 
@@ -45,9 +49,7 @@ async def test_decommission_waits_for_autorecovery_then_frees_the_id(tmp_path: P
             bookies[f"b{i}"] = await start_bookie_in_process(store, tmp_path / f"b{i}", f"b{i}")
         client = await LedgerClient.start(store)
         cleanup.push_async_callback(client.close)
-        async with asyncio.timeout(10):
-            while len(client.view.bookies) < 4:
-                await asyncio.sleep(0.02)
+        await eventually(lambda: len(client.view.bookies) >= 4, what="4 bookies in view")
         written = []
         for _ in range(3):
             ledger = await client.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2)

@@ -25,6 +25,7 @@ from magnetar.common.errors import (
     NotEnoughBookiesError,
     ReadBeyondLacError,
 )
+from magnetar.testing.eventually import eventually
 from magnetar.testing.inprocess import start_bookie_in_process
 from metadata import MetadataStore, open_store
 
@@ -60,9 +61,7 @@ class Cluster:
         return BookieClient(self.bookies[bookie_id].data_address)
 
     async def wait_view(self, client: LedgerClient, count: int) -> None:
-        async with asyncio.timeout(10):
-            while len(client.view.bookies) < count:
-                await asyncio.sleep(0.02)
+        await eventually(lambda: len(client.view.bookies) >= count, what="the bookies in view")
 
 
 StartCluster = Callable[[int], Awaitable[Cluster]]

@@ -26,6 +26,7 @@ from magnetar.common.errors import (
     NotEnoughBookiesError,
 )
 from magnetar.testing import BookieNode, LocalCluster
+from magnetar.testing.eventually import eventually
 from metadata import MetadataStore, open_store
 
 pytestmark = pytest.mark.etcd
@@ -46,9 +47,11 @@ async def local_cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
 async def connect(cluster: LocalCluster, **config: object) -> tuple[MetadataStore, LedgerClient]:
     store = await open_store(cluster.metadata_url)
     client = await LedgerClient.start(store, LedgerClientConfig(**config))  # type: ignore[arg-type]
-    async with asyncio.timeout(10):
-        while len(client.view.bookies) < sum(b.is_running for b in cluster.bookies):
-            await asyncio.sleep(0.05)
+    await eventually(
+        lambda: len(client.view.bookies) >= sum(b.is_running for b in cluster.bookies),
+        what="every running bookie in the client's view",
+        interval_s=0.05,
+    )
     return store, client
 
 
@@ -212,9 +215,12 @@ async def test_with_three_bookies_the_writer_stops_and_the_next_ledger_is_under_
         assert client.under_striped_open == set()
 
         await node(cluster, victim).start()  # registers again: out of quarantine
-        async with asyncio.timeout(30):
-            while victim not in client.view.bookies or victim in client.unreachable():
-                await asyncio.sleep(0.05)
+        await eventually(
+            lambda: victim in client.view.bookies and victim not in client.unreachable(),
+            timeout_s=30,
+            what="the victim back in view and reachable",
+            interval_s=0.05,
+        )
         full = await client.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2)
         assert full.metadata.ensemble_size == 3
         assert not full.metadata.under_striped
@@ -306,9 +312,7 @@ async def test_autorecovery_restores_copies_of_a_lost_bookie_even_across_its_res
     )
     first = await Autorecovery(store, config).start()
     # stop the first instance as soon as it has fixed one fragment: the rest is left for the next
-    async with asyncio.timeout(60):
-        while first.replicated_fragments < 1:
-            await asyncio.sleep(0.05)
+    await eventually(lambda: first.replicated_fragments >= 1, timeout_s=60, interval_s=0.05)
     await first.close()
     pending = await list_under_replicated(store)
     cli = await asyncio.to_thread(

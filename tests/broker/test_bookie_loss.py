@@ -21,6 +21,7 @@ import pytest
 from magnetar.aio import Client
 from magnetar.common.errors import OperationTimeoutError
 from magnetar.testing import LocalCluster
+from magnetar.testing.eventually import eventually
 from proto.admin.v1 import admin_pb2 as admin
 from proto.admin.v1 import admin_pb2_grpc
 from tests.broker.workload import Workload
@@ -121,13 +122,12 @@ async def test_writes_go_on_under_striped_and_below_qw_the_cause_is_named(
             assert b"not enough writable bookies" in health
 
             await cluster.bookies[1].start()
-            async with asyncio.timeout(60):
-                while (
-                    (await stub.GetTopicStats(admin.GetTopicStatsRequest(topic=TOPIC)))
-                    .partitions[0]
-                    .write_problem
-                ):
-                    await asyncio.sleep(0.1)
+
+            async def writing() -> bool:
+                stats = await stub.GetTopicStats(admin.GetTopicStatsRequest(topic=TOPIC))
+                return not stats.partitions[0].write_problem
+
+            await eventually(writing, timeout_s=60, interval_s=0.1)
             await producer.send(b"0:-2")  # writing again
             await producer.close()
         await channel.close()

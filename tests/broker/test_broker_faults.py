@@ -65,11 +65,12 @@ async def test_crash_failover_loses_nothing(tmp_path: Path) -> None:
         killed_at = time.monotonic()
         await victim.kill()
         await work.wait_acked(400, timeout_s=90)
-        async with asyncio.timeout(60):
-            while work.first_ack_after(killed_at, lost, not_in_ledgers=old_ledgers) is None:
-                await asyncio.sleep(0.05)
-        next_ack = work.first_ack_after(killed_at, lost, not_in_ledgers=old_ledgers)
-        assert next_ack is not None
+        next_ack = await eventually(
+            lambda: work.first_ack_after(killed_at, lost, not_in_ledgers=old_ledgers),
+            timeout_s=60,
+            what="a receipt from a new ledger",
+            interval_s=0.05,
+        )
         failover_s = next_ack - killed_at
         print(f"\ncrash failover: SIGKILL to next acknowledged send {failover_s * 1000:.0f} ms")
         await work.wait_acked(200)
@@ -120,9 +121,12 @@ async def test_a_crashed_process_is_replaced_long_before_its_session_could_expir
         await victim.kill()
         # its registration goes with its lease, far ahead of the 60 s TTL
         await cluster.wait_broker_unregistered(victim_id, timeout_s=40)
-        async with asyncio.timeout(40):
-            while work.first_ack_after(killed_at, lost, not_in_ledgers=old_ledgers) is None:
-                await asyncio.sleep(0.05)
+        await eventually(
+            lambda: work.first_ack_after(killed_at, lost, not_in_ledgers=old_ledgers),
+            timeout_s=40,
+            what="a receipt from a new ledger",
+            interval_s=0.05,
+        )
         await work.wait_acked(200, timeout_s=40)
 
         channel, stub = admin_stub(survivor.service_url)

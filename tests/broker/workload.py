@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from magnetar.aio import Client
 from magnetar.common.errors import MagnetarError, ReceiveTimeoutError
+from magnetar.testing.eventually import eventually
 
 
 @dataclass
@@ -114,9 +115,12 @@ class Workload:
 
     async def wait_acked(self, more: int, timeout_s: float = 60) -> None:
         target = self.acked_total() + more
-        async with asyncio.timeout(timeout_s):
-            while self.acked_total() < target:
-                await asyncio.sleep(0.05)
+        await eventually(
+            lambda: self.acked_total() >= target,
+            timeout_s=timeout_s,
+            what=f"{more} more receipts",
+            interval_s=0.05,
+        )
 
     def first_ack_after(
         self, moment: float, partitions: list[int], *, not_in_ledgers: set[int] | None = None

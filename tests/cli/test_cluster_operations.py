@@ -18,6 +18,7 @@ from bookie.client.ledger_client import LedgerClient
 from magnetar.cli.support import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from magnetar.testing import LocalCluster
 from magnetar.testing.etcd import EtcdServer
+from magnetar.testing.eventually import eventually
 from metadata import layout, open_store
 
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("MAGNETAR_")} | {
@@ -161,9 +162,7 @@ async def test_decommission_a_killed_bookie_then_reuse_its_id(tmp_path: Path) ->
         client = await LedgerClient.start(store)
         autorecovery: asyncio.subprocess.Process | None = None
         try:
-            async with asyncio.timeout(10):
-                while len(client.view.bookies) < 4:
-                    await asyncio.sleep(0.05)
+            await eventually(lambda: len(client.view.bookies) >= 4, interval_s=0.05)
             written = []
             for _ in range(4):
                 ledger = await client.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2)

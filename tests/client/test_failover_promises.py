@@ -20,6 +20,7 @@ import magnetar
 from broker.managed_ledger.persistence import decode_cursor
 from magnetar.common.errors import ReceiveTimeoutError
 from magnetar.testing import LocalCluster
+from magnetar.testing.eventually import eventually
 from metadata import MetadataStore, layout, open_store
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow, pytest.mark.soak, pytest.mark.timeout(300)]
@@ -70,12 +71,18 @@ async def test_redelivery_counts_survive_two_broker_crashes_then_dead_letter(
                 consumer.negative_acknowledge(message)
                 if len(counts) > 2:
                     continue
-                for _ in range(300):  # the raised count is persisted before it is used
-                    if await persisted_counts(store, "poison", "dlq") == [len(counts)]:
-                        break
-                    await asyncio.sleep(0.1)
-                else:
-                    pytest.fail(f"the redelivery count {len(counts)} was not persisted")
+                # the raised count is persisted before it is used
+                wanted = [len(counts)]
+
+                async def persisted(wanted: list[int] = wanted) -> bool:
+                    return await persisted_counts(store, "poison", "dlq") == wanted
+
+                await eventually(
+                    persisted,
+                    timeout_s=30,
+                    what=f"the redelivery count {len(counts)} persisted",
+                    interval_s=0.1,
+                )
                 owners = {o["partition_topic"]: o["broker_id"] for o in admin.list_ownership()}
                 victim = next(
                     b for b in cluster.brokers if b.broker_id == owners["public/default/poison"]

@@ -36,6 +36,7 @@ from magnetar.common.errors import (
     ReceiveTimeoutError,
 )
 from magnetar.testing import StandaloneNode
+from magnetar.testing.eventually import eventually, eventually_sync
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -349,9 +350,7 @@ def test_a_consumer_that_does_not_acknowledge_holds_at_most_its_queue(client: ma
     with client.subscribe(
         topic, "s", initial_position="earliest", receiver_queue_size=50
     ) as consumer:
-        deadline = time.monotonic() + 10
-        while len(consumer._queue) < 50 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        eventually_sync(lambda: len(consumer._queue) >= 50, timeout_s=10, interval_s=0.05)
         time.sleep(0.5)  # more would have arrived by now if the broker had permits
         assert 50 <= len(consumer._queue) < 50 + 10
 
@@ -546,8 +545,6 @@ async def test_asyncio_per_message_calls_and_listeners(service_url: str):
             read.append(int(message.data()))
 
         reader = await client.create_reader(topic, "earliest", reader_listener=reader_listener)
-        async with asyncio.timeout(30):
-            while len(read) < 2_000:
-                await asyncio.sleep(0.05)
+        await eventually(lambda: len(read) >= 2_000, timeout_s=30, interval_s=0.05)
         assert read == list(range(2_000))
         await reader.close()

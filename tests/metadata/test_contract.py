@@ -16,6 +16,7 @@ from magnetar.common.errors import (
     NoSuchKeyError,
     TransactionTooLargeError,
 )
+from magnetar.testing.eventually import eventually
 from metadata import (
     ABSENT,
     NO_LEASE,
@@ -340,9 +341,11 @@ async def test_lease_expires_without_keepalive(store: MetadataStore, ns: str) ->
     await store.put(f"{ns}/ephemeral", b"x", lease_id=lease.lease_id)
     loop = asyncio.get_running_loop()
     granted_at = loop.time()
-    async with asyncio.timeout(lease.ttl_s + 3):
-        while await store.get(f"{ns}/ephemeral") is not None:
-            await asyncio.sleep(0.05)
+
+    async def expired() -> bool:
+        return await store.get(f"{ns}/ephemeral") is None
+
+    await eventually(expired, timeout_s=lease.ttl_s + 3, interval_s=0.05)
     assert loop.time() - granted_at >= lease.ttl_s - 0.2
     with pytest.raises(LeaseNotFoundError):
         await store.keepalive(lease.lease_id)

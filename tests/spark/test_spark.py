@@ -41,6 +41,7 @@ from magnetar.spark import io  # noqa: E402
 from magnetar.spark.options import parse_read_options, parse_write_options  # noqa: E402
 from magnetar.spark.planning import OffsetRange  # noqa: E402
 from magnetar.testing import LocalCluster, StandaloneNode  # noqa: E402
+from magnetar.testing.eventually import eventually  # noqa: E402
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]
 
@@ -705,9 +706,11 @@ async def test_data_the_checkpoint_needed_is_gone_fail_or_skip(
                 await producer.send(f"c{i}".encode())
             await producer.close()
             options = _read_options(url, topic)
-            async with asyncio.timeout(30):
-                while (await asyncio.to_thread(io.discover, options))[0].earliest < 50:
-                    await asyncio.sleep(0.2)
+
+            async def trimmed() -> bool:
+                return (await asyncio.to_thread(io.discover, options))[0].earliest >= 50
+
+            await eventually(trimmed, timeout_s=30, interval_s=0.2)
         with pytest.raises(Exception, match="failOnDataLoss"):
             await spark_call(lambda: run_once("true"))
         await spark_call(lambda: run_once("false"))

@@ -33,6 +33,7 @@ from broker.managed_ledger import (
 )
 from broker.managed_ledger.ports import LedgerClientApi
 from magnetar.common.clock import SYSTEM_CLOCK, Clock
+from magnetar.testing.eventually import eventually
 from magnetar.testing.fake_ledgers import FakeBookies, FakeLedgerClient
 from magnetar.testing.inprocess import start_bookie_in_process
 from metadata import MetadataStore, open_store
@@ -114,9 +115,11 @@ class Env:
             LedgerClientConfig(**config),  # type: ignore[arg-type]
         )
         self.clients.append(client)
-        async with asyncio.timeout(10):
-            while len(client.view.bookies) < len(self.bookies):
-                await asyncio.sleep(0.01)
+        await eventually(
+            lambda: len(client.view.bookies) >= len(self.bookies),
+            what="every bookie in the client's view",
+            interval_s=0.01,
+        )
         return client
 
     def factory(

@@ -21,7 +21,6 @@ Either way every append completes, once, with dense offsets in call order.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import replace
 
 import pytest
@@ -77,9 +76,7 @@ async def test_entries_that_reached_some_bookies_complete_in_the_recovered_ledge
     during = [append(ml, b"m%d" % i) for i in range(20, 30)]
     # the writer gives up on b2, the managed ledger starts recovering the ledger (which cannot
     # finish while b2 is away: re-added entries need all three acks)
-    async with asyncio.timeout(10):
-        while not await in_recovery(ml_env, failing):
-            await asyncio.sleep(0.05)
+    await eventually(lambda: in_recovery(ml_env, failing), what="recovery", interval_s=0.05)
     assert not any(f.done() for f in during)
     queued = [append(ml, b"m%d" % i) for i in range(30, 40)]  # go to the next ledger
 

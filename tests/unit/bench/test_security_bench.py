@@ -19,6 +19,7 @@ from broker.service.config import BrokerConfig
 from magnetar.cli import build_parser, perf
 from magnetar.common.config import config_overrides_from_args, load_config
 from magnetar.testing.security import TestPki
+from tests.unit.bench.fake_results import run_head
 
 # The benchmarks are scripts that import each other as top-level modules (``python
 # bench/security_bench.py`` puts bench/ on the path), so the test does the same.
@@ -398,28 +399,7 @@ def test_a_pair_that_never_ran_fails():
 def _results(runs: list[dict[str, Any]], *, server: str, hops: str) -> dict[str, Any]:
     mode = sb.HOPS[hops]
     results: dict[str, Any] = {
-        "date": "2026-01-01",
-        "tag": "test",
-        "command": "bench/security_bench.py --tag test",
-        "started_at": "2026-01-01T00:00:00+00:00",
-        "elapsed_s": 10.0,
-        "machine": {
-            "cpu_count": 2,
-            "cpu_model": "cpu",
-            "memory_bytes": 2**30,
-            "kernel": "6",
-            "python": "3",
-            "grpcio": "1",
-            "git_commit": "0" * 40,
-            "git_dirty": False,
-            "filesystem": {
-                "device": "/dev/x",
-                "type": "ext4",
-                "mount_point": "/",
-                "free_bytes": 10**10,
-                "total_bytes": 10**11,
-            },
-        },
+        **run_head("security_bench.py"),
         "parameters": {
             "rounds": 3,
             "server": server,

@@ -25,6 +25,7 @@ from magnetar.common.errors import (
     BookieStillRunningError,
     OperationTimeoutError,
 )
+from magnetar.testing.eventually import eventually
 from magnetar.testing.inprocess import start_bookie_in_process
 from metadata import MetadataStore, layout, open_store
 
@@ -88,9 +89,7 @@ async def test_waits_until_no_ledger_names_the_bookie_then_deletes_its_cookie(
             store, VICTIM, timeout_s=20, poll_interval_s=0.02, on_progress=seen.append
         )
     )
-    async with asyncio.timeout(5):
-        while not seen:
-            await asyncio.sleep(0.01)
+    await eventually(lambda: seen, timeout_s=5, what="a progress report", interval_s=0.01)
     assert set(seen[0].ledgers) == {replicated.ledger_id, deleted.ledger_id, moved.ledger_id}
     assert seen[0].open_ledgers == ()  # the open one's current ensemble is clean
     assert seen[0].autorecovery is None

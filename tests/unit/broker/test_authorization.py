@@ -27,6 +27,7 @@ from magnetar.common.errors import (
 from magnetar.common.names import parse_topic
 from magnetar.common.security.authentication import Credentials, Principal
 from magnetar.common.security.config import AuthenticationSettings
+from magnetar.testing.eventually import eventually
 from magnetar.testing.security import TestTokens
 from metadata import MetadataStore, layout, open_store
 
@@ -94,10 +95,12 @@ async def test_tenants_and_namespaces_live_in_the_store(store: MetadataStore) ->
             assert found is not None
             assert set(found.permissions) == {"alice"}
             await catalog.grant("acme/ns1", "carol", frozenset({Action.CONSUME}))
-            deadline = time.monotonic() + 5
-            while "carol" not in (other.namespace("acme/ns1") or found).permissions:
-                assert time.monotonic() < deadline, "the grant never reached the other view"
-                await asyncio.sleep(0.01)
+            await eventually(
+                lambda: "carol" in (other.namespace("acme/ns1") or found).permissions,
+                timeout_s=5,
+                what="the grant to reach the other view",
+                interval_s=0.01,
+            )
         finally:
             await other.close()
         with pytest.raises(NotEmptyError, match="acme/ns1"):
@@ -254,10 +257,7 @@ async def test_an_expiring_stream_is_challenged_and_refreshed(
             on_challenge=challenges.append,
             on_revoked=closed.append,
         )
-        deadline = time.monotonic() + 5
-        while not challenges:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.05)
+        await eventually(lambda: challenges, timeout_s=5, what="a challenge", interval_s=0.05)
         assert challenges == [principal.expires_at_ms]
         # another role's token is refused, and so is a token of the right role signed elsewhere
         with pytest.raises(AuthenticationError, match="for role 'mallory'"):
@@ -280,10 +280,7 @@ async def test_an_expiring_stream_is_challenged_and_refreshed(
             on_challenge=lambda _: None,
             on_revoked=closed.append,
         )
-        deadline = time.monotonic() + 8
-        while not closed:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.05)
+        await eventually(lambda: closed, timeout_s=8, what="the stream closed", interval_s=0.05)
         assert isinstance(closed[0], AuthenticationExpiredError)
         assert closed[0].retriable
         assert "no fresh one came within 2000 ms" in closed[0].message
