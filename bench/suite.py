@@ -1551,10 +1551,11 @@ def cost_cell(cost: dict[str, Any] | None) -> str:
     if not cost or not cost.get("ms_per_message"):
         return "-"
     keys = ("broker", "bookies", "broker_bookies")
-    cell = " / ".join(f"{cost['ms_per_message'][k]:.3f}" for k in keys)
+    # three significant digits: a large batch's messages cost thousandths of a millisecond
+    cell = " / ".join(f"{cost['ms_per_message'][k]:#.3g}" for k in keys)
     per_entry = cost.get("ms_per_entry")
     if per_entry:
-        cell += " (" + " / ".join(f"{per_entry[k]:.3f}" for k in keys) + ")"
+        cell += " (" + " / ".join(f"{per_entry[k]:#.3g}" for k in keys) + ")"
     return cell
 
 

@@ -448,7 +448,9 @@ def test_a_drain_has_no_per_entry_figure_and_no_window_no_figures_at_all():
     assert cost["entries"] is None
     assert cost["ms_per_entry"] is None
     assert cost["messages_per_entry"] is None
-    assert suite.cost_cell(cost) == "0.500 / 0.800 / 1.300"
+    assert suite.cost_cell(cost) == "0.500 / 0.800 / 1.30"
+    tiny = {"ms_per_message": {"broker": 0.00123, "bookies": 0.000456, "broker_bookies": 0.001686}}
+    assert suite.cost_cell(tiny) == "0.00123 / 0.000456 / 0.00169"
     assert suite.cpu_cost({}, {"msg_per_s": 1.0}, "produce") == {}
     assert suite.cpu_cost(_cpu(), None, "produce") == {}
     nothing_sent = suite.cpu_cost(_cpu(), {"msg_per_s": 0.0}, "produce")
@@ -569,12 +571,12 @@ def test_a_run_with_a_failed_workload_renders_with_its_error(tmp_path):
     assert "CPU ms per message: broker / bookies / both (per entry)" in header
     row = next(line for line in text.splitlines() if line.startswith("| max rate, 1 partition"))
     assert row.count("|") == header.count("|")
-    assert "| 0.250 / 0.400 / 0.650 (1.000 / 1.600 / 2.600) |" in row
+    assert "| 0.250 / 0.400 / 0.650 (1.00 / 1.60 / 2.60) |" in row
     failed_row = next(line for line in text.splitlines() if "FAILED (below)" in line)
     assert failed_row.count("|") == header.count("|")
     assert (
         "| CPU ms per message: broker / bookies / broker + bookies (per entry) |"
-        " 0.250 / 0.400 / 0.650 (1.000 / 1.600 / 2.600) | 4.0 messages per entry |"
+        " 0.250 / 0.400 / 0.650 (1.00 / 1.60 / 2.60) | 4.0 messages per entry |"
     ) in text
     paths = suite.write_plots(results, tmp_path)
     assert [p.name for p in paths] == [
