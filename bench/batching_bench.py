@@ -231,19 +231,20 @@ def run_figures(r: dict[str, Any]) -> dict[str, float | None]:
     }
 
 
-_COLUMNS = (
-    ("p50_ms", "e2e p50 ms", ".2f"),
-    ("p99_ms", "e2e p99 ms", ".2f"),
-    ("p99_9_ms", "p99.9 ms", ".2f"),
-    ("publish_p50_ms", "send -> receipt p50 ms", ".2f"),
-    ("msg_per_s", "msg/s", ",.0f"),
-    ("messages_per_entry", "messages per entry", ".2f"),
-    ("broker_ms_per_message", "broker CPU ms/msg", ".3f"),
-    ("bookies_ms_per_message", "bookies CPU ms/msg", ".3f"),
-    ("broker_bookies_ms_per_message", "broker + bookies ms/msg", ".3f"),
-    ("perf_pct", "perf CPU %", ".0f"),
-    ("machine_busy_pct", "machine busy %", ".0f"),
-)
+_COLUMNS: dict[str, tuple[str, str]] = {
+    # figure of run_figures: (column title, format)
+    "p50_ms": ("e2e p50 ms", ".2f"),
+    "p99_ms": ("e2e p99 ms", ".2f"),
+    "p99_9_ms": ("p99.9 ms", ".2f"),
+    "publish_p50_ms": ("send -> receipt p50 ms", ".2f"),
+    "msg_per_s": ("msg/s", ",.0f"),
+    "messages_per_entry": ("messages per entry", ".2f"),
+    "broker_ms_per_message": ("broker CPU ms/msg", ".3f"),
+    "bookies_ms_per_message": ("bookies CPU ms/msg", ".3f"),
+    "broker_bookies_ms_per_message": ("broker + bookies ms/msg", ".3f"),
+    "perf_pct": ("perf CPU %", ".0f"),
+    "machine_busy_pct": ("machine busy %", ".0f"),
+}
 
 
 def render_markdown(results: dict[str, Any]) -> str:
@@ -268,11 +269,13 @@ def render_markdown(results: dict[str, Any]) -> str:
         "",
         "## Medians over the rounds",
         "",
-        "| rate | self-clocking, delay | rounds | " + " | ".join(c[1] for c in _COLUMNS) + " |",
+        "| rate | self-clocking, delay | rounds | "
+        + " | ".join(title for title, _ in _COLUMNS.values())
+        + " |",
         "|---|---|---|" + "---|" * len(_COLUMNS),
     ]
     for s in results["summary"]:
-        cells = [opt(s["median"].get(key), fmt) for key, _, fmt in _COLUMNS]
+        cells = [opt(s["median"].get(key), fmt) for key, (_, fmt) in _COLUMNS.items()]
         lines.append(
             f"| {s['rate']:,} msg/s | {s['variant']} | {s['rounds']} | " + " | ".join(cells) + " |"
         )
@@ -355,13 +358,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
+    """0 if every run finished, 1 if one failed (its error is in the results), 130 if
+    interrupted."""
+    given = sys.argv[1:] if argv is None else argv
     quiet_logs()
-    results = run_and_write("batching", args, argv, bench, render_markdown)
-    if results is None:
-        return 130
-    return 0 if all(r["ok"] for r in results["runs"]) else 1
+    results = run_and_write("batching", parse_args(given), given, bench, render_markdown)
+    return 130 if results is None else int(not all(r["ok"] for r in results["runs"]))
 
 
 if __name__ == "__main__":

@@ -77,6 +77,20 @@ class FakeStream:
         self.sequence_ids += [(op.batch.sequence_id, op.batch.last_sequence_id) for op in taken]
         return [op.batch.num_messages for op in taken]
 
+    def send(self, content: bytes) -> asyncio.Future[MessageId]:
+        return self.producer.send_async(content)
+
+    async def written_after_turns(self) -> list[int]:
+        """:meth:`written` once the loop has run a few iterations."""
+        await turns()
+        return self.written()
+
+    async def send_alone(self, content: bytes) -> asyncio.Future[MessageId]:
+        """Send one message on an idle stream: it goes out alone (self-clocking)."""
+        future = self.send(content)
+        assert await self.written_after_turns() == [1]
+        return future
+
     def confirm(self, count: int = 1) -> None:
         """Receipts for the ``count`` oldest batches in flight, in one stream message."""
         receipts = []
@@ -135,14 +149,19 @@ async def stream_factory() -> Any:
         stream.close()
 
 
+@pytest.fixture
+async def stream(stream_factory: Any) -> FakeStream:
+    """A stream whose batching delay the fake clock never reaches."""
+    made: FakeStream = stream_factory(batching_max_publish_delay_ms=LONG_DELAY_MS)
+    return made
+
+
 async def test_an_idle_send_goes_out_in_the_next_loop_iteration(
-    clock: FakeClock, stream_factory: Any
+    clock: FakeClock, stream: FakeStream
 ) -> None:
-    stream = stream_factory(batching_max_publish_delay_ms=LONG_DELAY_MS)
-    future = stream.producer.send_async(b"alone")
+    future = stream.send(b"alone")
     assert stream.written() == []  # sealed with call_soon: a burst could still join it
-    await turns()
-    assert stream.written() == [1]
+    assert await stream.written_after_turns() == [1]
     stream.confirm()
     message_id = await future
     assert isinstance(message_id, MessageId)
@@ -154,9 +173,8 @@ async def test_without_self_clocking_an_idle_send_waits_out_the_delay(
     clock: FakeClock, stream_factory: Any
 ) -> None:
     stream = stream_factory(batching_max_publish_delay_ms=5, batching_self_clocking=False)
-    stream.producer.send_async(b"waits")
-    await turns()
-    assert stream.written() == []
+    stream.send(b"waits")
+    assert await stream.written_after_turns() == []
     await clock.advance(0.004)
     assert stream.written() == []
     await clock.advance(0.002)
@@ -164,13 +182,11 @@ async def test_without_self_clocking_an_idle_send_waits_out_the_delay(
 
 
 async def test_a_burst_from_one_coroutine_shares_a_batch(
-    clock: FakeClock, stream_factory: Any
+    clock: FakeClock, stream: FakeStream
 ) -> None:
-    stream = stream_factory(batching_max_publish_delay_ms=LONG_DELAY_MS)
-    futures = [stream.producer.send_async(f"m{i}".encode()) for i in range(5)]
+    futures = [stream.send(f"m{i}".encode()) for i in range(5)]
     receipt = stream.producer.send_many_async([b"r1", b"r2"])
-    await turns()
-    assert stream.written() == [7]
+    assert await stream.written_after_turns() == [7]
     stream.confirm()
     ids = [await f for f in futures]
     assert [i.batch_index for i in ids] == [0, 1, 2, 3, 4]
@@ -178,52 +194,42 @@ async def test_a_burst_from_one_coroutine_shares_a_batch(
 
 
 async def test_batches_grow_while_a_small_batch_is_in_flight(
-    clock: FakeClock, stream_factory: Any
+    clock: FakeClock, stream: FakeStream
 ) -> None:
-    stream = stream_factory(batching_max_publish_delay_ms=LONG_DELAY_MS)
-    producer = stream.producer
-    first = producer.send_async(b"0")
-    await turns()
-    assert stream.written() == [1]
+    first = await stream.send_alone(b"0")
     later = []
     for i in range(1, 4):  # one message per loop iteration, as separate senders would
-        later.append(producer.send_async(str(i).encode()))
+        later.append(stream.send(str(i).encode()))
         await turns()
         assert stream.written() == []
         assert stream.gathering() == i
     stream.confirm()  # the receipt clocks out what gathered behind it
     await first
-    await turns()
-    assert stream.written() == [3]
+    assert await stream.written_after_turns() == [3]
     assert stream.gathering() == 0
     stream.confirm()
     assert [(await f).entry_id for f in later] == [1, 1, 1]
     # idle again: the next message goes at once, and sequence ids ran on without a gap
-    producer.send_async(b"4")
-    await turns()
-    assert stream.written() == [1]
+    await stream.send_alone(b"4")
     assert stream.sequence_ids == [(0, 0), (1, 3), (4, 4)]
 
 
 async def test_senders_woken_by_a_receipt_join_the_batch_it_clocks_out(
-    clock: FakeClock, stream_factory: Any
+    clock: FakeClock, stream: FakeStream
 ) -> None:
     """Closed-loop senders: each sends its next message once its last one is confirmed."""
-    stream = stream_factory(batching_max_publish_delay_ms=LONG_DELAY_MS)
-    producer = stream.producer
     sent: list[int] = []
 
     async def sender(index: int) -> None:
         for round_ in range(2):
-            await producer.send(f"{index}-{round_}".encode())
+            await stream.producer.send(f"{index}-{round_}".encode())
             sent.append(index)
 
     senders = [asyncio.create_task(sender(i)) for i in range(3)]
-    await turns()
-    assert stream.written() == [3]  # the three first sends, one iteration
+    assert await stream.written_after_turns() == [3]  # the three first sends, one iteration
     stream.confirm()
-    await turns()
-    assert stream.written() == [3]  # all three woke on that receipt and sent again
+    # all three woke on that receipt and sent again, in one loop iteration
+    assert await stream.written_after_turns() == [3]
     stream.confirm()
     await asyncio.gather(*senders)
     assert sorted(sent) == [0, 0, 1, 1, 2, 2]
@@ -233,18 +239,13 @@ async def test_a_full_batch_goes_at_once_while_a_small_one_is_in_flight(
     clock: FakeClock, stream_factory: Any
 ) -> None:
     stream = stream_factory(batching_max_messages=3, batching_max_publish_delay_ms=LONG_DELAY_MS)
-    producer = stream.producer
-    producer.send_async(b"small")
-    await turns()
-    assert stream.written() == [1]
+    await stream.send_alone(b"small")
     for i in range(4):
-        producer.send_async(str(i).encode())
+        stream.send(str(i).encode())
     assert stream.written() == [3]  # full: sealed as it filled, not waiting for the receipt
-    await turns()
-    assert stream.written() == []  # the fourth waits behind the small batch
+    assert await stream.written_after_turns() == []  # the fourth waits behind the small batch
     stream.confirm()  # the small one: the full one is still in flight
-    await turns()
-    assert stream.written() == [1]
+    assert await stream.written_after_turns() == [1]
 
 
 async def test_full_batches_in_flight_do_not_hold_back_the_next_one(
@@ -253,68 +254,52 @@ async def test_full_batches_in_flight_do_not_hold_back_the_next_one(
     stream = stream_factory(batching_max_messages=3, batching_max_publish_delay_ms=LONG_DELAY_MS)
     stream.producer.send_many_async([b"a", b"b", b"c", b"d", b"e", b"f"])
     assert stream.written() == [3, 3]
-    stream.producer.send_async(b"g")
-    await turns()
-    assert stream.written() == [1]  # only a small batch in flight holds the next one back
+    stream.send(b"g")
+    # only a small batch in flight holds the next one back
+    assert await stream.written_after_turns() == [1]
 
 
 async def test_the_delay_still_bounds_a_batch_behind_one_in_flight(
     clock: FakeClock, stream_factory: Any
 ) -> None:
     stream = stream_factory(batching_max_publish_delay_ms=5)
-    producer = stream.producer
-    producer.send_async(b"first")
-    await turns()
-    assert stream.written() == [1]
-    producer.send_async(b"second")
+    await stream.send_alone(b"first")
+    stream.send(b"second")
     await clock.advance(0.003)
-    producer.send_async(b"third")
+    stream.send(b"third")
     await clock.advance(0.001)
     assert stream.written() == []
     await clock.advance(0.0015)  # 5 ms after "second", no receipt yet
     assert stream.written() == [2]
     # two small batches in flight now: the next batch waits for the receipt of the later one
-    producer.send_async(b"fourth")
+    stream.send(b"fourth")
     stream.confirm()
-    await turns()
-    assert stream.written() == []
+    assert await stream.written_after_turns() == []
     stream.confirm()
-    await turns()
-    assert stream.written() == [1]
+    assert await stream.written_after_turns() == [1]
 
 
 async def test_a_refused_small_batch_clocks_out_the_next_too(
-    clock: FakeClock, stream_factory: Any
+    clock: FakeClock, stream: FakeStream
 ) -> None:
-    stream = stream_factory(batching_max_publish_delay_ms=LONG_DELAY_MS)
-    producer = stream.producer
-    refused = producer.send_async(b"refused")
-    await turns()
-    assert stream.written() == [1]
-    after = producer.send_async(b"after")
-    await turns()
-    assert stream.written() == []
+    refused = await stream.send_alone(b"refused")
+    after = stream.send(b"after")
+    assert await stream.written_after_turns() == []
     stream.refuse_oldest()
     with pytest.raises(TopicNotFoundError):
         await refused
-    await turns()
-    assert stream.written() == [1]
+    assert await stream.written_after_turns() == [1]
     stream.confirm()
     assert (await after).batch_index == 0
 
 
 async def test_flush_sends_what_gathers_behind_a_batch_in_flight(
-    clock: FakeClock, stream_factory: Any
+    clock: FakeClock, stream: FakeStream
 ) -> None:
-    stream = stream_factory(batching_max_publish_delay_ms=LONG_DELAY_MS)
-    producer = stream.producer
-    producer.send_async(b"in flight")
-    await turns()
-    assert stream.written() == [1]
-    producer.send_async(b"gathering")
-    flushed = asyncio.ensure_future(producer.flush())
-    await turns()
-    assert stream.written() == [1]
+    await stream.send_alone(b"in flight")
+    stream.send(b"gathering")
+    flushed = asyncio.ensure_future(stream.producer.flush())
+    assert await stream.written_after_turns() == [1]
     assert not flushed.done()
     stream.confirm(2)
     await asyncio.wait_for(flushed, 10)

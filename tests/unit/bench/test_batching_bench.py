@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from tests.unit.bench.machine import fake_machine
+
 _BENCH = Path(__file__).resolve().parents[3] / "bench"
 if str(_BENCH) not in sys.path:
     sys.path.insert(0, str(_BENCH))
@@ -76,23 +78,7 @@ def test_the_summary_is_the_median_of_each_figure_per_rate_and_variant_and_rende
         "command": "bench/batching_bench.py",
         "started_at": "2026-01-01T00:00:00+00:00",
         "elapsed_s": 1.0,
-        "machine": {
-            "cpu_count": 2,
-            "cpu_model": "cpu",
-            "memory_bytes": 2**30,
-            "kernel": "6",
-            "python": "3",
-            "grpcio": "1",
-            "git_commit": "0" * 40,
-            "git_dirty": False,
-            "filesystem": {
-                "device": "/dev/x",
-                "type": "ext4",
-                "mount_point": "/",
-                "free_bytes": 10**10,
-                "total_bytes": 10**11,
-            },
-        },
+        "machine": fake_machine(),
         "parameters": {
             "bookies": 3,
             "brokers": 1,

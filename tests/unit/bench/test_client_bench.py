@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from tests.unit.bench.machine import fake_machine
+
 # The benchmarks are scripts that import each other as top-level modules (``python
 # bench/client_bench.py`` puts bench/ on the path), so the test does the same.
 _BENCH = Path(__file__).resolve().parents[3] / "bench"
@@ -142,23 +144,7 @@ def _results() -> dict[str, Any]:
         "command": "bench/client_bench.py --tag test",
         "started_at": "2026-01-01T00:00:00+00:00",
         "elapsed_s": 10.0,
-        "machine": {
-            "cpu_count": 2,
-            "cpu_model": "cpu",
-            "memory_bytes": 2**30,
-            "kernel": "6",
-            "python": "3",
-            "grpcio": "1",
-            "git_commit": "0" * 40,
-            "git_dirty": False,
-            "filesystem": {
-                "device": "/dev/x",
-                "type": "ext4",
-                "mount_point": "/",
-                "free_bytes": 10**10,
-                "total_bytes": 10**11,
-            },
-        },
+        "machine": fake_machine(),
         "parameters": {
             "rounds": 2,
             "messages": 1000,

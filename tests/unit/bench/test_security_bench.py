@@ -19,6 +19,7 @@ from broker.service.config import BrokerConfig
 from magnetar.cli import build_parser, perf
 from magnetar.common.config import config_overrides_from_args, load_config
 from magnetar.testing.security import TestPki
+from tests.unit.bench.machine import fake_machine
 
 # The benchmarks are scripts that import each other as top-level modules (``python
 # bench/security_bench.py`` puts bench/ on the path), so the test does the same.
@@ -403,23 +404,7 @@ def _results(runs: list[dict[str, Any]], *, server: str, hops: str) -> dict[str,
         "command": "bench/security_bench.py --tag test",
         "started_at": "2026-01-01T00:00:00+00:00",
         "elapsed_s": 10.0,
-        "machine": {
-            "cpu_count": 2,
-            "cpu_model": "cpu",
-            "memory_bytes": 2**30,
-            "kernel": "6",
-            "python": "3",
-            "grpcio": "1",
-            "git_commit": "0" * 40,
-            "git_dirty": False,
-            "filesystem": {
-                "device": "/dev/x",
-                "type": "ext4",
-                "mount_point": "/",
-                "free_bytes": 10**10,
-                "total_bytes": 10**11,
-            },
-        },
+        "machine": fake_machine(),
         "parameters": {
             "rounds": 3,
             "server": server,
