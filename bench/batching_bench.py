@@ -66,6 +66,10 @@ def parse_variant(text: str) -> tuple[str, float]:
     return mode, delay_ms
 
 
+def rate_name(rate: int) -> str:
+    return f"{rate:,} msg/s" if rate else "max rate"
+
+
 def variant_name(variant: tuple[str, float]) -> str:
     return f"{variant[0]}, {variant[1]:g} ms"
 
@@ -167,7 +171,7 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
 
 
 def run_line(r: dict[str, Any]) -> str:
-    head = f"round {r['round']} {r['rate']:,} msg/s self-clocking {r['variant']}"
+    head = f"round {r['round']} {rate_name(r['rate'])} self-clocking {r['variant']}"
     summary = r.get("summary")
     if summary is None:
         return f"{head}: FAILED {r.get('error')}"
@@ -239,9 +243,9 @@ _COLUMNS: dict[str, tuple[str, str]] = {
     "publish_p50_ms": ("send -> receipt p50 ms", ".2f"),
     "msg_per_s": ("msg/s", ",.0f"),
     "messages_per_entry": ("messages per entry", ".2f"),
-    "broker_ms_per_message": ("broker CPU ms/msg", ".3f"),
-    "bookies_ms_per_message": ("bookies CPU ms/msg", ".3f"),
-    "broker_bookies_ms_per_message": ("broker + bookies ms/msg", ".3f"),
+    "broker_ms_per_message": ("broker CPU ms/msg", "#.3g"),
+    "bookies_ms_per_message": ("bookies CPU ms/msg", "#.3g"),
+    "broker_bookies_ms_per_message": ("broker + bookies ms/msg", "#.3g"),
     "perf_pct": ("perf CPU %", ".0f"),
     "machine_busy_pct": ("machine busy %", ".0f"),
 }
@@ -277,7 +281,7 @@ def render_markdown(results: dict[str, Any]) -> str:
     for s in results["summary"]:
         cells = [opt(s["median"].get(key), fmt) for key, (_, fmt) in _COLUMNS.items()]
         lines.append(
-            f"| {s['rate']:,} msg/s | {s['variant']} | {s['rounds']} | " + " | ".join(cells) + " |"
+            f"| {rate_name(s['rate'])} | {s['variant']} | {s['rounds']} | {' | '.join(cells)} |"
         )
     lines += [
         "",
@@ -295,7 +299,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         summary = r.get("summary")
         if summary is None:
             lines.append(
-                f"| {r['round']} | {r['rate']:,} | {r['variant']} | FAILED:"
+                f"| {r['round']} | {rate_name(r['rate'])} | {r['variant']} | FAILED:"
                 f" {r.get('error')} |" + " |" * 6
             )
             continue
@@ -307,7 +311,7 @@ def render_markdown(results: dict[str, Any]) -> str:
             for k in ("perf_pct", "broker_pct", "bookies_pct", "machine_busy_pct")
         )
         lines.append(
-            f"| {r['round']} | {r['rate']:,} | {r['variant']}"
+            f"| {r['round']} | {rate_name(r['rate'])} | {r['variant']}"
             f" | {opt(latency['p50'])} / {opt(latency['p99'])} / {opt(latency['p99_9'])} /"
             f" {opt(latency['max'])} | {opt(publish.get('p50'))}"
             f" | {summary['msg_per_s']:,.0f} | {opt(cpu.get('stored_entries_per_s'), ',.0f')}"
@@ -328,7 +332,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add = parser.add_argument
-    add("--rates", type=int, nargs="+", default=[100, 2_000], help="msg/s of each run")
+    add(
+        "--rates",
+        type=int,
+        nargs="+",
+        default=[100, 2_000],
+        help="msg/s of each run; 0: as fast as possible",
+    )
     add("--size", type=int, default=100, help="message size in bytes (at least 8)")
     add("--rounds", type=int, default=2, help="runs of every variant per rate")
     add(
@@ -352,8 +362,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.quick:
         args.rounds, args.duration_s, args.warmup_s = 1, 3.0, 1.0
         args.tag = args.tag or "quick"
-    if min(args.rates) < 1 or args.size < 8 or args.rounds < 1 or args.duration_s <= 0:
-        parser.error("--rates >= 1, --size >= 8, --rounds >= 1 and --duration-s > 0")
+    if min(args.rates) < 0 or args.size < 8 or args.rounds < 1 or args.duration_s <= 0:
+        parser.error("--rates >= 0, --size >= 8, --rounds >= 1 and --duration-s > 0")
     return args
 
 

@@ -26,6 +26,7 @@ def test_variants_are_a_mode_and_a_delay_and_anything_else_is_named():
         with pytest.raises(argparse.ArgumentTypeError, match=repr(bad)):
             batching.parse_variant(bad)
     assert batching.variant_name(("on", 5.0)) == "on, 5 ms"
+    assert (batching.rate_name(2000), batching.rate_name(0)) == ("2,000 msg/s", "max rate")
 
 
 def test_the_order_of_the_variants_turns_round_every_other_round():
@@ -102,6 +103,6 @@ def test_the_summary_is_the_median_of_each_figure_per_rate_and_variant_and_rende
     failed = next(line for line in lines if "FAILED" in line)
     assert "boom" in failed
     assert failed.count("|") == runs_header.count("|")
-    first = next(line for line in lines if line.startswith("| 1 | 100 | off, 1 ms"))
+    first = next(line for line in lines if line.startswith("| 1 | 100 msg/s | off, 1 ms"))
     assert first.count("|") == runs_header.count("|")
     assert "[1.0, 1.0, 1.0] -> [1.5, 1.0, 1.0]" in first
