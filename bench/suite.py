@@ -589,6 +589,43 @@ def cpu_between(before: Snapshot, after: Snapshot, cores: int) -> dict[str, Any]
     return cpu
 
 
+COST_PROCESSES = (("broker", "broker_pct"), ("bookies", "bookies_pct"))
+"""The data path's processes whose CPU is counted per message: the broker, all bookies together,
+and their sum (``broker_bookies``)."""
+
+
+def cpu_cost(cpu: dict[str, Any], summary: dict[str, Any] | None, phase: str) -> dict[str, Any]:
+    """CPU milliseconds per message of the broker, of the bookies (all of them) and of both,
+    over the CPU window, and per stored entry where the window stored entries.
+
+    Messages in the window: perf's rate (its summary's msg_per_s, over the measured run) times
+    the window when the window starts at a progress line, else every message perf counted (the
+    window then spans the whole process). Entries: the bookies' adds over Qw in the window
+    (``stored_entries``); a consume phase stores none, and the entries it reads are not counted
+    anywhere, so it has no per-entry figure. {} without a window or a summary.
+    """
+    if not cpu or summary is None:
+        return {}
+    seconds = cpu["measured_s"]
+    if str(cpu.get("window", "")).startswith("first progress line"):
+        messages = summary["msg_per_s"] * seconds
+    else:
+        messages = float(summary["messages"])
+    cpu_ms = {name: 10 * cpu[key] * seconds for name, key in COST_PROCESSES}
+    cpu_ms["broker_bookies"] = sum(cpu_ms.values())
+    entries = cpu.get("stored_entries") or 0.0
+    if phase == "consume" or entries < 1:
+        entries = 0.0
+    return {
+        "messages": messages,
+        "entries": entries or None,
+        "messages_per_entry": messages / entries if entries else None,
+        "cpu_ms": cpu_ms,
+        "ms_per_message": ({k: v / messages for k, v in cpu_ms.items()} if messages >= 1 else None),
+        "ms_per_entry": {k: v / entries for k, v in cpu_ms.items()} if entries else None,
+    }
+
+
 def what_limits(cpu: dict[str, Any]) -> list[str]:
     """``broker_bench.limits`` with the perf process as the client."""
     return limits({**cpu, "bench_event_loop_pct": cpu.get("perf_event_loop_pct") or 0.0})
@@ -644,6 +681,7 @@ async def run_phase(
         result["stdout_other"] = "\n".join(out.stdout_other)
     result["broker_rss"] = sampler.figures(peak)
     result.update(_phase_cpu(out.first, spawned, out.last))
+    result["cost"] = cpu_cost(result.get("cpu") or {}, out.summary, phase)
     if sampler.stopped_for:
         result["stopped_early"] = sampler.stopped_for
     errors: list[str] = []
@@ -784,7 +822,8 @@ def _print_phase(name: str, r: dict[str, Any]) -> None:
         cpu_text = (
             f"; CPU perf {'-' if perf is None else format(perf, '.0f')}%"
             f" broker {cpu['broker_pct']:.0f}% bookies {cpu['bookies_pct']:.0f}%"
-            f" machine {cpu['machine_busy_pct']:.0f}%; limit: {'; '.join(r.get('limits', []))}"
+            f" machine {cpu['machine_busy_pct']:.0f}%; CPU ms per message broker / bookies /"
+            f" both {cost_cell(r.get('cost'))}; limit: {'; '.join(r.get('limits', []))}"
         )
     rss = r["broker_rss"]["max_mib"]
     print(
@@ -868,6 +907,8 @@ async def run_workload(
                 "latency_clock": summary.get("latency_clock"),
                 # the client calls behind the figures, as perf named them
                 "api": summary.get("api"),
+                # broker / bookie CPU per message (and per entry), beside the latencies
+                "cost": key.get("cost"),
             }
         )
         if workload.kind == FIXED_RATE:
@@ -877,6 +918,7 @@ async def run_workload(
             result["produce_msg_per_s"] = produced["msg_per_s"]
             result["produce_latency_ms"] = produced["latency_ms"]
             result["produce_api"] = produced.get("api")
+            result["produce_cost"] = result["phases"][0].get("cost")
     except Exception as e:  # noqa: BLE001 - one failed workload is reported, the rest still run
         result.update({"ok": False, "error": f"{e}" if isinstance(e, RuntimeError) else f"{e!r}"})
         with contextlib.suppress(Exception):
@@ -1343,10 +1385,11 @@ def _summary_table(results: dict[str, Any]) -> list[str]:
     lines = [
         (
             "| workload | msg/s | payload MB/s | entries/s | journal MB/s (all bookies) |"
-            " fdatasyncs/s (all bookies) | latency p50 | p99 | p99.9 | broker RSS max, MiB |"
+            " fdatasyncs/s (all bookies) | latency p50 | p99 | p99.9 | CPU ms per message:"
+            " broker / bookies / both (per entry) | broker RSS max, MiB |"
             " CPU perf / broker / bookies / machine | target |"
         ),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         (
             "| *raw limit, this machine (start / end)* | | | gRPC round trips/s, one at a"
             f" time: {raw_pair(results, 'grpc_unary_round_trip', 'calls_per_s')} | append +"
@@ -1359,7 +1402,7 @@ def _summary_table(results: dict[str, Any]) -> list[str]:
                 " us"
                 for q in ("p50_us", "p99_us", "p999_us")
             )
-            + " | |"
+            + " | | |"
             f" {100 * cores}% = {cores} cores | |"
         ),
     ]
@@ -1368,7 +1411,7 @@ def _summary_table(results: dict[str, Any]) -> list[str]:
             label = w["name"] + (f": {phase.get('phase')}" if w["kind"] == BACKLOG else "")
             summary = phase.get("summary")
             if summary is None:
-                lines.append(f"| {label} | FAILED (below) |" + " |" * 10)
+                lines.append(f"| {label} | FAILED (below) |" + " |" * 11)
                 continue
             label += f", `{summary.get('api') or '?'}`"
             latency = summary["latency_ms"]
@@ -1393,7 +1436,8 @@ def _summary_table(results: dict[str, Any]) -> list[str]:
                 f" | {opt(cpu.get('journal_mb_per_s'), ',.1f')}"
                 f" | {opt(cpu.get('fdatasyncs_per_s'), ',.0f')}"
                 f" | {opt(latency['p50'])} ms | {opt(latency['p99'])} ms"
-                f" | {opt(latency['p99_9'])} ms | {rss_cell} | {cpu_cell}"
+                f" | {opt(latency['p99_9'])} ms | {cost_cell(phase.get('cost'))}"
+                f" | {rss_cell} | {cpu_cell}"
                 f" | {_verdict_cell(results, w) if is_key else '-'} |"
             )
     return lines
@@ -1464,6 +1508,7 @@ def _workload_detail(results: dict[str, Any], w: dict[str, Any]) -> list[str]:
                 " us |"
             ),
         ]
+        lines.append(_cost_row(phase.get("cost")))
         if summary.get("publish_latency_ms"):
             pub = summary["publish_latency_ms"]
             lines.append(
@@ -1493,6 +1538,40 @@ def _workload_detail(results: dict[str, Any], w: dict[str, Any]) -> list[str]:
             ]
         lines.append("")
     return lines
+
+
+def _cost_row(cost: dict[str, Any] | None) -> str:
+    """The workload table's row of CPU per message (and per entry)."""
+    head = "| CPU ms per message: broker / bookies / broker + bookies (per entry) |"
+    if not cost or not cost.get("ms_per_message"):
+        return f"{head} - | |"
+    entries = cost.get("messages_per_entry")
+    note = (
+        f"{entries:,.1f} messages per entry"
+        if entries
+        else "entries not known (a consume phase: the entries read are not counted)"
+    )
+    return f"{head} {cost_cell(cost)} | {note} |"
+
+
+def cost_cell(cost: dict[str, Any] | None) -> str:
+    """``broker / bookies / both`` ms of CPU per message, and per entry in brackets when known."""
+    if not cost or not cost.get("ms_per_message"):
+        return "-"
+    keys = ("broker", "bookies", "broker_bookies")
+    # three significant digits: a large batch's messages cost thousandths of a millisecond
+    cell = " / ".join(f"{cost['ms_per_message'][k]:#.3g}" for k in keys)
+    per_entry = cost.get("ms_per_entry")
+    if per_entry:
+        cell += " (" + " / ".join(f"{per_entry[k]:#.3g}" for k in keys) + ")"
+    return cell
+
+
+def _busiest(per_process: dict[str, list[Any]]) -> str:
+    if not per_process:
+        return "-"
+    _, (name, pct) = max(per_process.items(), key=lambda kv: kv[1][1])
+    return f"{pct:.0f}% {'event loop' if name == 'main' else 'thread ' + name}"
 
 
 def _grow_lines(results: dict[str, Any]) -> list[str]:

@@ -73,8 +73,9 @@ class Client:
         """A producer on ``topic``, connected to every partition's owner.
 
         Settings are the fields of :class:`ProducerConfig` (``batching_max_messages``,
-        ``batching_max_bytes``, ``batching_max_publish_delay_ms``, ``send_timeout_ms``,
-        ``max_pending_messages``, ``compression`` ...), or a whole ``config``.
+        ``batching_max_bytes``, ``batching_max_publish_delay_ms``, ``batching_self_clocking``,
+        ``send_timeout_ms``, ``max_pending_messages``, ``compression`` ...), or a whole
+        ``config``.
         """
         self._check_open()
         if config is None:

@@ -128,6 +128,12 @@ class ProducerConfig:
     batching_max_publish_delay_ms: float = 1.0
     """A batch is sent at the latest this long after its first message (0: at once)."""
 
+    batching_self_clocking: bool = True
+    """A batch goes at once when no partly filled batch of its partition awaits a receipt; while
+    one does, messages gather until its receipt, until the batch is full, or for at most
+    batching_max_publish_delay_ms (as Nagle's algorithm). False: every batch waits out the delay
+    unless it fills first (Pulsar's batchingMaxPublishDelay, Kafka's linger.ms)."""
+
     send_timeout_ms: int = 30_000
     """A message not confirmed this long after send() fails with a timeout (0: never)."""
 
@@ -160,6 +166,10 @@ class ProducerConfig:
             ("batching_max_messages", "batching_max_bytes", "max_pending_messages"),
             1,
         )
+        if not isinstance(self.batching_self_clocking, bool):
+            raise config_error(
+                "batching_self_clocking", self.batching_self_clocking, "must be True or False"
+            )
         if isinstance(self.initial_sequence_id, bool) or not isinstance(
             self.initial_sequence_id, int
         ):

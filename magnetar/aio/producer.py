@@ -7,6 +7,14 @@ a sealed batch gets sequence ids and a request id and stays *pending* until the 
 says it is durable. The stream's sender writes every batch ready at that moment in one stream
 message.
 
+Self-clocking (``batching_self_clocking``, on by default), as Nagle's algorithm: a batch that was
+sealed before it was full is *small*, and at most one small batch per partition is in flight (sealed
+and not yet confirmed or failed). With none in flight, what the current loop iteration added goes
+out at once (sealed with ``call_soon``, so a burst from one coroutine still shares a batch). While
+one is in flight, messages gather until its receipt, until the batch is full (a full batch always
+goes), or until ``batching_max_publish_delay_ms`` after the first of them, whichever comes first:
+batches grow under load and vanish when idle. Off: every batch waits out the delay unless it fills.
+
 Failover: when the stream ends (``ProducerClosed``: the partition moved or the broker stops; a
 transport error: the broker died), the partition producer looks the topic up again, reopens on
 the new owner with the same producer name, and resends every pending batch in order with the
@@ -403,6 +411,12 @@ class _PartitionProducer(PartitionStream):
             compression=self._config.compression,
         )
         self._seal_timer: asyncio.TimerHandle | asyncio.Handle | None = None
+        self._self_clocking = (
+            self._config.batching_self_clocking and self._config.batching_max_publish_delay_ms > 0
+        )
+        self._small_request_id = 0
+        """The request id of the last batch sealed before it was full: one is in flight while
+        this id is pending (request ids start at 1)."""
         self._pending: dict[int, _PendingBatch] = {}
         """Sealed, not yet confirmed, in sequence order (request ids grow with it)."""
         self._unsent: deque[_PendingBatch] = deque()
@@ -491,9 +505,9 @@ class _PartitionProducer(PartitionStream):
         deliver_at_ms: int,
     ) -> None:
         builder = self._builder
-        if not builder.has_room_for(size) or (
-            len(builder) and builder.deliver_at_ms != deliver_at_ms
-        ):
+        if not builder.has_room_for(size):
+            self.seal(full=True)
+        elif len(builder) and builder.deliver_at_ms != deliver_at_ms:
             self.seal()  # a batch has one delivery time
         builder.add(
             content,
@@ -506,7 +520,7 @@ class _PartitionProducer(PartitionStream):
             deliver_at_ms=deliver_at_ms,
         )
         if builder.is_full():
-            self.seal()
+            self.seal(full=True)
         elif len(builder) == 1:
             self._arm_seal_timer()
 
@@ -514,16 +528,14 @@ class _PartitionProducer(PartitionStream):
         """:meth:`add` of a message with nothing but its value (the per-message fast path)."""
         builder = self._builder
         count = builder._count
-        if count and (
-            count >= builder.max_messages
-            or builder._bytes + size > builder.max_bytes
-            or builder._deliver_at_ms
-        ):
-            self.seal()
-            count = 0
+        if count:
+            full = count >= builder.max_messages or builder._bytes + size > builder.max_bytes
+            if full or builder._deliver_at_ms:
+                self.seal(full)
+                count = 0
         builder.add_plain(content, handle, size)
         if count + 1 >= builder.max_messages or builder._bytes >= builder.max_bytes:
-            self.seal()
+            self.seal(full=True)
         elif not count:
             self._arm_seal_timer()
 
@@ -562,20 +574,41 @@ class _PartitionProducer(PartitionStream):
             )
             start += taken
             if start < total or builder.is_full():
-                self.seal()
+                self.seal(full=True)
             elif was_empty:
                 self._arm_seal_timer()
 
     def _arm_seal_timer(self) -> None:
+        """Schedule the sealing of the batch its first message just opened: once the current
+        loop iteration has added what it will (no delay, or self-clocking with no small batch
+        in flight), else ``batching_max_publish_delay_ms`` from now at the latest."""
         loop = asyncio.get_running_loop()
         delay_s = self._config.batching_max_publish_delay_ms / 1000
-        # delay 0: seal once the current loop iteration has added what it will
-        self._seal_timer = (
-            loop.call_later(delay_s, self.seal) if delay_s > 0 else loop.call_soon(self.seal)
-        )
+        if delay_s > 0 and not (
+            self._self_clocking and self._small_request_id not in self._pending
+        ):
+            self._seal_timer = loop.call_later(delay_s, self.seal)
+        else:
+            self._seal_timer = loop.call_soon(self.seal)
 
-    def seal(self) -> None:
-        """Close the current batch and queue it for the stream."""
+    def _clock_out(self) -> None:
+        """Self-clocking: the small batch in flight is confirmed (or failed), so the batch
+        gathering behind it goes once the current loop iteration has added what it will (the
+        senders its receipts woke may add more first)."""
+        if not self._self_clocking or self._small_request_id in self._pending:
+            return
+        if not len(self._builder):
+            return
+        timer = self._seal_timer
+        if timer is not None:
+            if not isinstance(timer, asyncio.TimerHandle):
+                return  # a call_soon seal is already due
+            timer.cancel()
+        self._seal_timer = asyncio.get_running_loop().call_soon(self.seal)
+
+    def seal(self, full: bool = False) -> None:
+        """Close the current batch and queue it for the stream; ``full``: it was sealed because
+        it had no room left (not small, for self-clocking)."""
         if self._seal_timer is not None:
             self._seal_timer.cancel()
             self._seal_timer = None
@@ -587,6 +620,8 @@ class _PartitionProducer(PartitionStream):
         deadline = batch.first_added_at + timeout_ms / 1000 if timeout_ms > 0 else math.inf
         op = _PendingBatch(next(self._producer.request_ids), batch, deadline)
         self._pending[op.request_id] = op
+        if not full:
+            self._small_request_id = op.request_id
         if self.connected:
             self._unsent.append(op)
             self._wake_sender.set()
@@ -770,6 +805,7 @@ class _PartitionProducer(PartitionStream):
         if confirmed:
             self._producer.capacity.release(confirmed)
             self._check_drained()
+            self._clock_out()
 
     def _on_produce_error(self, wire: broker_pb2.ProduceError) -> MagnetarError | None:
         """A batch was refused. A final error fails its messages and the stream goes on; a
@@ -784,6 +820,7 @@ class _PartitionProducer(PartitionStream):
         op.done = True
         self._producer.capacity.release(_fail_parts(list(op.batch.parts), error))
         self._check_drained()
+        self._clock_out()
         return None
 
     async def _expire_loop(self) -> None:
@@ -813,6 +850,7 @@ class _PartitionProducer(PartitionStream):
             self._log.warning("producer_send_timeout", messages=failed)
             self._producer.capacity.release(failed)
             self._check_drained()
+            self._clock_out()
 
 
 class Producer:

@@ -307,6 +307,13 @@ def _add_producer_options(parser: argparse.ArgumentParser, *, default_rate: floa
         help="... or this long after its first message (default 1)",
     )
     parser.add_argument(
+        "--batch-self-clocking",
+        choices=("on", "off"),
+        default="on",
+        help="on (default): a batch goes at once when none of its partition's partly filled"
+        " batches awaits a receipt; off: every batch waits out --batch-delay-ms unless it fills",
+    )
+    parser.add_argument(
         "--max-pending",
         type=_positive_int,
         default=10_000,
@@ -918,6 +925,7 @@ def _producer_settings(args: argparse.Namespace) -> dict[str, Any]:
         "batching_max_messages": args.batch_max_messages,
         "batching_max_bytes": args.batch_max_bytes,
         "batching_max_publish_delay_ms": args.batch_delay_ms,
+        "batching_self_clocking": args.batch_self_clocking == "on",
         "max_pending_messages": args.max_pending,
     }
 

@@ -513,7 +513,11 @@ def test_wrong_subscription_type_says_what_to_do(client: magnetar.Client):
 def test_other_bad_calls(client: magnetar.Client):
     topic = unique("bad")
     with client.create_producer(
-        topic, max_pending_messages=1, block_if_queue_full=False, batching_max_publish_delay_ms=50
+        topic,
+        max_pending_messages=1,
+        block_if_queue_full=False,
+        batching_max_publish_delay_ms=50,
+        batching_self_clocking=False,  # the first send stays pending for the delay
     ) as producer:
         with pytest.raises(InvalidArgumentError, match="must be bytes"):
             producer.send("text")  # type: ignore[arg-type]

@@ -217,6 +217,7 @@ def test_a_full_queue_fails_at_once_without_blocking_and_waits_with_it(
         max_pending_messages=3,
         block_if_queue_full=False,
         batching_max_publish_delay_ms=200,
+        batching_self_clocking=False,  # the first three stay pending for the delay
     ) as producer:
         futures = [producer.send_async(b"%d" % i, lambda e, m: failed.append(e)) for i in range(5)]
         assert [type(f.exception(timeout=10)) for f in futures[3:]] == [ProducerQueueFullError] * 2

@@ -112,6 +112,29 @@ async def test_many_messages_travel_in_few_batches_and_stream_messages(
     assert {i.batch_size for i in ids} <= {100, *(e.num_messages for e in partition.entries)}
 
 
+async def test_an_idle_send_does_not_wait_out_the_batching_delay(
+    cluster: FakeCluster, client: Client
+) -> None:
+    """Self-clocking over the real stream: with a ten-minute batching delay an idle send still
+    goes at once, and senders woken by one receipt share the next batch."""
+    cluster.create_topic("idle")
+    producer = await client.create_producer("idle", batching_max_publish_delay_ms=600_000)
+    first = await asyncio.wait_for(producer.send(b"a"), 10)
+    second = await asyncio.wait_for(producer.send(b"b"), 10)
+    assert first < second
+
+    async def sender(index: int) -> list[MessageId]:
+        return [await producer.send(f"{index}-{k}".encode()) for k in range(20)]
+
+    per_sender = await asyncio.wait_for(asyncio.gather(*(sender(i) for i in range(5))), 30)
+    for ids in per_sender:
+        assert ids == sorted(ids)
+    entries = cluster.partition("idle").entries
+    assert sum(e.num_messages for e in entries) == 102
+    # the five senders send together each time: one entry per round, not one per message
+    assert [e.num_messages for e in entries] == [1, 1, *[5] * 20]
+
+
 async def test_a_callback_hears_of_every_message(cluster: FakeCluster, client: Client) -> None:
     cluster.create_topic("cb")
     producer = await client.create_producer("cb")

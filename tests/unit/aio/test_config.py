@@ -24,6 +24,7 @@ def test_every_setting_has_a_docstring(cls: type) -> None:
         (ProducerConfig, {"compression": "lz4"}, "compression"),
         (ProducerConfig, {"producer_name": ""}, "producer_name"),
         (ProducerConfig, {"send_timeout_ms": -1}, "send_timeout_ms"),
+        (ProducerConfig, {"batching_self_clocking": "yes"}, "batching_self_clocking"),
         (ConsumerConfig, {"subscription_name": ""}, "subscription_name"),
         (ConsumerConfig, {"subscription_name": "s", "subscription_type": "x"}, "subscription_type"),
         (ConsumerConfig, {"subscription_name": "s", "initial_position": "x"}, "initial_position"),

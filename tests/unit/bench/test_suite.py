@@ -407,6 +407,59 @@ def test_the_grow_verdict_reads_the_ratio():
     assert check["why"] == "not enough disk space"
 
 
+# --- CPU per message and per entry -------------------------------------------------------------
+
+
+def _cpu(**overrides: Any) -> dict[str, Any]:
+    cpu = {
+        "measured_s": 10.0,
+        "broker_pct": 50.0,  # 5 s of a core over the 10 s window
+        "bookies_pct": 80.0,
+        "stored_entries": 5000.0,
+        "window": "first progress line to summary line",
+    }
+    return {**cpu, **overrides}
+
+
+def test_cpu_per_message_is_the_window_cpu_over_perf_rate_times_the_window():
+    cost = suite.cpu_cost(_cpu(), {"msg_per_s": 2000.0, "messages": 30_000}, "end-to-end")
+    assert cost["messages"] == pytest.approx(20_000)
+    assert cost["cpu_ms"] == pytest.approx(
+        {"broker": 5000.0, "bookies": 8000.0, "broker_bookies": 13_000.0}
+    )
+    assert cost["ms_per_message"] == pytest.approx(
+        {"broker": 0.25, "bookies": 0.4, "broker_bookies": 0.65}
+    )
+    assert cost["entries"] == 5000.0
+    assert cost["messages_per_entry"] == pytest.approx(4.0)
+    assert cost["ms_per_entry"] == pytest.approx(
+        {"broker": 1.0, "bookies": 1.6, "broker_bookies": 2.6}
+    )
+
+
+def test_a_window_from_the_process_start_counts_every_message_perf_counted():
+    cpu = _cpu(window="process start to summary line (no progress line before it)")
+    cost = suite.cpu_cost(cpu, {"msg_per_s": 9999.0, "messages": 1000}, "produce")
+    assert cost["messages"] == 1000
+    assert cost["ms_per_message"]["broker_bookies"] == pytest.approx(13.0)
+
+
+def test_a_drain_has_no_per_entry_figure_and_no_window_no_figures_at_all():
+    cost = suite.cpu_cost(_cpu(stored_entries=3.0), {"msg_per_s": 1000.0}, "consume")
+    assert cost["ms_per_message"]["broker"] == pytest.approx(0.5)
+    assert cost["entries"] is None
+    assert cost["ms_per_entry"] is None
+    assert cost["messages_per_entry"] is None
+    assert suite.cost_cell(cost) == "0.500 / 0.800 / 1.30"
+    tiny = {"ms_per_message": {"broker": 0.00123, "bookies": 0.000456, "broker_bookies": 0.001686}}
+    assert suite.cost_cell(tiny) == "0.00123 / 0.000456 / 0.00169"
+    assert suite.cpu_cost({}, {"msg_per_s": 1.0}, "produce") == {}
+    assert suite.cpu_cost(_cpu(), None, "produce") == {}
+    nothing_sent = suite.cpu_cost(_cpu(), {"msg_per_s": 0.0}, "produce")
+    assert nothing_sent["ms_per_message"] is None
+    assert suite.cost_cell(nothing_sent) == "-"
+
+
 # --- the report -------------------------------------------------------------------------------
 
 
@@ -439,6 +492,7 @@ def test_a_run_with_a_failed_workload_renders_with_its_error(tmp_path):
         "summary": summary,
         "broker_rss": rss,
         "progress": [{"t_s": 1.0, "msg_per_s": 500, "mb_per_s": 0.05}],
+        "cost": suite.cpu_cost(_cpu(), {"msg_per_s": 2000.0}, "produce"),
     }
     bad_phase = {
         "phase": "end-to-end",
@@ -495,6 +549,16 @@ def test_a_run_with_a_failed_workload_renders_with_its_error(tmp_path):
     header = next(line for line in text.splitlines() if line.startswith("| workload | msg/s"))
     raw_row = next(line for line in text.splitlines() if line.startswith("| *raw limit"))
     assert raw_row.count("|") == header.count("|")
+    assert "CPU ms per message: broker / bookies / both (per entry)" in header
+    row = next(line for line in text.splitlines() if line.startswith("| max rate, 1 partition"))
+    assert row.count("|") == header.count("|")
+    assert "| 0.250 / 0.400 / 0.650 (1.00 / 1.60 / 2.60) |" in row
+    failed_row = next(line for line in text.splitlines() if "FAILED (below)" in line)
+    assert failed_row.count("|") == header.count("|")
+    assert (
+        "| CPU ms per message: broker / bookies / broker + bookies (per entry) |"
+        " 0.250 / 0.400 / 0.650 (1.00 / 1.60 / 2.60) | 4.0 messages per entry |"
+    ) in text
     paths = suite.write_plots(results, tmp_path)
     assert [p.name for p in paths] == [
         "suite-2026-01-01-test-throughput.png",
