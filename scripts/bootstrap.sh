@@ -3,7 +3,8 @@
 #   bash scripts/bootstrap.sh --runtime  the virtualenv (.venv) with Magnetar and its runtime
 #                                        dependencies only: what `magnetar standalone` needs
 #   bash scripts/bootstrap.sh            .venv with Magnetar, its dev tools and the extras of
-#                                        the Spark connector (PySpark) and the Helm chart's tests
+#                                        the Spark connector (PySpark), the Helm chart's tests and
+#                                        the speedups (uvloop, for --event-loop uvloop)
 #   bash scripts/bootstrap.sh --etcd     the same, plus Debian's etcd-server, a Java runtime
 #                                        (for Spark), the Node.js example's npm packages
 #                                        (examples/node/node_modules) for the tests and the buf
@@ -69,7 +70,7 @@ pip_install() {
 if [ "$want_full" = 1 ]; then
   if ! installed "$full_stamp"; then
     echo "bootstrap: installing Magnetar, its dev tools, PySpark and the Helm test tools into .venv"
-    pip_install -e ".[dev,spark,helm]"
+    pip_install -e ".[dev,spark,helm,speedups]"
     echo "$want" > "$runtime_stamp"
     echo "$want" > "$full_stamp"
   fi

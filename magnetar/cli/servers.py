@@ -6,15 +6,27 @@ an optional ``--config`` TOML file (flags win), and log JSON lines to stderr unl
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
+
+import structlog
 
 from magnetar.common.config import add_config_arguments, config_overrides_from_args, load_config
 from magnetar.common.files import restrict_umask
 from magnetar.common.log import configure_logging
+from magnetar.common.server.event_loop import (
+    DEFAULT_EVENT_LOOP,
+    EVENT_LOOPS,
+    loop_factory,
+    run_on,
+    running_loop_name,
+)
 from magnetar.common.server.gc_tuning import tune_gc_for_throughput
+
+log = structlog.get_logger("magnetar.server")
 
 SERVER_SUMMARIES = {
     "bookie": "run a bookie (storage node)",
@@ -38,6 +50,13 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
         "--log-level",
         default=os.environ.get("MAGNETAR_LOG_LEVEL", "info"),
         help="debug, info, warning or error (env MAGNETAR_LOG_LEVEL)",
+    )
+    parser.add_argument(
+        "--event-loop",
+        choices=EVENT_LOOPS,
+        default=os.environ.get("MAGNETAR_EVENT_LOOP", DEFAULT_EVENT_LOOP),
+        help="the event loop: asyncio (default), uvloop (the speedups extra; see"
+        " docs/cli.md) or auto (uvloop when installed) (env MAGNETAR_EVENT_LOOP)",
     )
 
 
@@ -106,6 +125,8 @@ def add_server_command(
 
 def run_server(args: argparse.Namespace) -> int:
     """Run ``magnetar bookie|standalone|broker|autorecovery`` until it is stopped."""
+    # an unknown choice or a missing uvloop is refused before anything starts
+    loop_factory(args.event_loop)
     run = {
         "bookie": _run_bookie,
         "standalone": _run_standalone,
@@ -113,6 +134,16 @@ def run_server(args: argparse.Namespace) -> int:
         "autorecovery": _run_autorecovery,
     }[args.command]
     return run(args)
+
+
+def _serve(args: argparse.Namespace, main: Coroutine[Any, Any, int]) -> int:
+    """Run a server's main coroutine on the event loop ``--event-loop`` names."""
+
+    async def logged() -> int:
+        log.info("event_loop", loop=running_loop_name())
+        return await main
+
+    return run_on(args.event_loop, logged)
 
 
 def _run_bookie(args: argparse.Namespace) -> int:
@@ -129,7 +160,7 @@ def _run_bookie(args: argparse.Namespace) -> int:
         BookieConfig, file=args.config, overrides=config_overrides_from_args(args, BookieConfig)
     )
     tune_gc_for_throughput()  # see magnetar/common/server/gc_tuning.py
-    return asyncio.run(run_bookie(config))
+    return _serve(args, run_bookie(config))
 
 
 def _run_standalone(args: argparse.Namespace) -> int:
@@ -145,7 +176,7 @@ def _run_standalone(args: argparse.Namespace) -> int:
         overrides=config_overrides_from_args(args, StandaloneConfig),
     )
     tune_gc_for_throughput()  # see magnetar/common/server/gc_tuning.py
-    return asyncio.run(run_standalone(config))
+    return _serve(args, run_standalone(config))
 
 
 def _run_broker(args: argparse.Namespace) -> int:
@@ -160,7 +191,7 @@ def _run_broker(args: argparse.Namespace) -> int:
         BrokerConfig, file=args.config, overrides=config_overrides_from_args(args, BrokerConfig)
     )
     tune_gc_for_throughput()  # see magnetar/common/server/gc_tuning.py
-    return asyncio.run(run_broker(config))
+    return _serve(args, run_broker(config))
 
 
 def _run_autorecovery(args: argparse.Namespace) -> int:
@@ -175,4 +206,4 @@ def _run_autorecovery(args: argparse.Namespace) -> int:
         file=args.config,
         overrides=config_overrides_from_args(args, AutorecoveryConfig),
     )
-    return asyncio.run(run_autorecovery(config))
+    return _serve(args, run_autorecovery(config))

@@ -14,7 +14,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 RUNTIME = "-c constraints/pinned.txt -e ."
-FULL = "-c constraints/pinned.txt -e .[dev,spark,helm]"
+FULL = "-c constraints/pinned.txt -e .[dev,spark,helm,speedups]"
 
 
 @pytest.fixture
