@@ -130,7 +130,11 @@ def captured_logs() -> Iterator[list[MutableMapping[str, Any]]]:
             structlog.reset_defaults()
 
 
-@pytest.mark.parametrize(("codec", "batched"), list(REAL_CLIENT), ids=str)
+@pytest.mark.parametrize(
+    ("codec", "batched"),
+    list(REAL_CLIENT),
+    ids=[f"{codec}-{'batched' if batched else 'unbatched'}" for codec, batched in REAL_CLIENT],
+)
 def test_what_the_real_client_sends_is_checked_and_reaches_magnetar_consumers_whole(
     codec: str, batched: bool
 ) -> None:
