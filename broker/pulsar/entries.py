@@ -10,14 +10,16 @@ Both protocols read one topic: a Pulsar consumer may meet entries of Magnetar's 
 (``MessageBatch``), which :func:`pulsar_metadata_and_payload` rewrites as an uncompressed Pulsar
 batch, and a Magnetar consumer entries of Pulsar producers, which :func:`magnetar_entry`
 rewrites as a ``MessageBatch``; each message keeps its value, key, properties and event time.
-A Pulsar entry compressed with LZ4, ZSTD or SNAPPY cannot be rewritten (no decoder here).
+Compressed payloads are opened by :mod:`broker.pulsar.compression`: every one on SEND, so that
+what is stored decodes for every consumer (a bad one gets SEND_ERROR), and again when a Magnetar
+consumer reads it. Without the optional extra ``pulsar-compression`` (cramjam), LZ4, ZSTD and
+SNAPPY payloads cannot be opened: they are stored unchecked and stay Pulsar entries for
+Magnetar consumers, which cannot read them.
 
 Pure functions over bytes, no I/O.
 """
 
 from __future__ import annotations
-
-import zlib
 
 from google.protobuf.message import DecodeError
 
@@ -28,6 +30,7 @@ from broker.pulsar.codec import (
     encode_batch,
     encode_metadata_and_payload,
 )
+from broker.pulsar.compression import Decoded, decompress
 from broker.service.envelope import IncomingBatch, parse_envelope
 from broker.service.validation import BatchLimits, inflate
 from magnetar.common.errors import (
@@ -61,28 +64,16 @@ def _message_key(key: object, ordering_key: bytes) -> str:
     return _text(key)
 
 
-def _inflated_batch(metadata: api.MessageMetadata, payload: memoryview, limit: int) -> bytes | None:
-    """The batch's uncompressed bytes, or None when its compression is one this broker does not
-    open (LZ4, ZSTD, SNAPPY: they are stored and delivered as sent, unopened)."""
+def _opened(
+    metadata: api.MessageMetadata, payload: memoryview, limit: int
+) -> Decoded | memoryview | None:
+    """The payload's uncompressed bytes (a message's, or a batch's), or None when it is
+    compressed with a codec this broker cannot open (LZ4, ZSTD, SNAPPY without the optional
+    extra ``pulsar-compression``: stored and delivered to Pulsar consumers as sent, unopened).
+    Raises as :func:`broker.pulsar.compression.decompress` does."""
     if metadata.compression == api.NONE:
-        return bytes(payload)
-    if metadata.compression != api.ZLIB:
-        return None
-    declared = metadata.uncompressed_size
-    if not 0 < declared <= limit:
-        raise ProtocolError(
-            f"a ZLIB batch declares uncompressed_size={declared:,}; it must be 1 to {limit:,}"
-        )
-    inflater = zlib.decompressobj()
-    try:
-        raw = inflater.decompress(payload, declared + 1)
-    except zlib.error as e:
-        raise ProtocolError(f"a batch marked ZLIB is not a zlib stream: {e}") from None
-    if len(raw) != declared or not inflater.eof:
-        raise ProtocolError(
-            f"a ZLIB batch does not inflate to its declared uncompressed_size of {declared:,}"
-        )
-    return raw
+        return payload
+    return decompress(metadata.compression, payload, metadata.uncompressed_size, limit)
 
 
 def incoming_batch(
@@ -90,8 +81,9 @@ def incoming_batch(
 ) -> IncomingBatch:
     """What the service stores for one SEND, after the checks a Pulsar broker makes.
 
-    Raises :class:`MessageTooLargeError`, :class:`ProtocolError` (a batch that is not what its
-    metadata says, where this broker can open it) or :class:`UnsupportedFeatureError`.
+    Raises :class:`MessageTooLargeError` (a payload, or the uncompressed size it declares, over
+    the limit), :class:`ProtocolError` (a payload that does not decode, or a batch that is not
+    what its metadata says, where this broker can open it) or :class:`UnsupportedFeatureError`.
     """
     metadata = payload.metadata
     size = len(payload.payload)
@@ -111,8 +103,10 @@ def incoming_batch(
     batched = metadata.HasField("num_messages_in_batch")
     count = metadata.num_messages_in_batch if batched else 1
     keys: list[str] = []
+    # every compressed payload is opened (and thrown away: the entry is stored as sent), so that
+    # what is stored decodes for every consumer; see docs/pulsar-compatibility.md
+    raw = _opened(metadata, payload.payload, limits.max_message_bytes)
     if batched:
-        raw = _inflated_batch(metadata, payload.payload, limits.max_message_bytes)
         if raw is not None:
             try:
                 messages = decode_batch(raw, count)
@@ -146,22 +140,20 @@ def _pulsar_messages(
 ) -> list[tuple[api.SingleMessageMetadata | api.MessageMetadata, memoryview]] | None:
     """The messages of a Pulsar entry with the metadata that describes each, or None when its
     compression is one this broker does not open."""
-    if not metadata.HasField("num_messages_in_batch"):
-        if metadata.compression == api.NONE:
-            return [(metadata, payload)]
-        raw = _inflated_batch(metadata, payload, max_bytes)
-        return None if raw is None else [(metadata, memoryview(raw))]
-    raw = _inflated_batch(metadata, payload, max_bytes)
+    raw = _opened(metadata, payload, max_bytes)
     if raw is None:
         return None
+    if not metadata.HasField("num_messages_in_batch"):
+        return [(metadata, memoryview(raw))]
     return [(m.metadata, m.payload) for m in decode_batch(raw, metadata.num_messages_in_batch)]
 
 
 def magnetar_entry(entry: bytes, max_bytes: int) -> bytes:
     """A stored entry as a Magnetar client reads it: its own entries as they are, and a Pulsar
     producer's rewritten as a ``MessageBatch`` (value, key, properties, event time of each
-    message). A Pulsar entry compressed with LZ4, ZSTD or SNAPPY, which this broker cannot
-    open, stays as it is (the client names it and cannot read it)."""
+    message). A Pulsar entry this broker cannot open (LZ4, ZSTD or SNAPPY without the optional
+    extra, or one that does not decode) stays as it is: the client names it and cannot read
+    it."""
     try:
         envelope = parse_envelope(entry)
     except CorruptionError:

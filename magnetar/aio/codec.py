@@ -27,6 +27,7 @@ from magnetar.common.errors import CorruptionError, InvalidArgumentError
 from magnetar.common.keys import batch_key_hashes
 from proto.common.v1 import types_pb2
 from proto.format.v1 import entry_pb2
+from proto.pulsar import PulsarApi_pb2
 
 __all__ = [
     "MAX_INFLATED_BYTES",
@@ -403,19 +404,40 @@ class DecodedEntry:
     messages: Sequence[entry_pb2.BatchedMessage]
 
 
+def _unconverted(envelope: entry_pb2.EntryEnvelope) -> str:
+    """Why an entry of another format reached this client, naming its format and, for a Pulsar
+    producer's, its compression and what the broker lacks to open it."""
+    known = envelope.format in entry_pb2.EntryFormat.values()
+    name = entry_pb2.EntryFormat.Name(envelope.format) if known else str(envelope.format)
+    if envelope.format == entry_pb2.ENTRY_FORMAT_PULSAR and len(envelope.batch) >= 4:
+        size = int.from_bytes(envelope.batch[:4], "big")
+        try:
+            metadata = PulsarApi_pb2.MessageMetadata.FromString(envelope.batch[4 : 4 + size])
+        except DecodeError:
+            metadata = PulsarApi_pb2.MessageMetadata()
+        codec = PulsarApi_pb2.CompressionType.Name(metadata.compression)
+        if metadata.compression in (PulsarApi_pb2.LZ4, PulsarApi_pb2.ZSTD, PulsarApi_pb2.SNAPPY):
+            return (
+                f"a delivered entry was written by a Pulsar producer ({name}) with {codec}"
+                " compression, which the broker could not open (brokers open LZ4, ZSTD and"
+                " SNAPPY only with the optional extra magnetar[pulsar-compression] installed,"
+                " and only what decodes); consume it with a Pulsar client"
+            )
+        return (
+            f"a delivered entry was written by a Pulsar producer ({name}, compression {codec})"
+            " and does not decode; consume it with a Pulsar client"
+        )
+    return f"a delivered entry is of format {name}, which this client cannot read"
+
+
 def decode_entry(data: bytes) -> DecodedEntry:
     """Unpack a serialized ``EntryEnvelope``; :class:`CorruptionError` if it does not parse."""
     try:
         envelope = entry_pb2.EntryEnvelope.FromString(data)
         if envelope.format != entry_pb2.ENTRY_FORMAT_UNSPECIFIED:
-            # a Pulsar producer's entry (stored as it sent it): Magnetar clients cannot read
-            # those yet; see docs/pulsar-compatibility.md
-            raise CorruptionError(
-                "a delivered entry was written by a Pulsar producer"
-                f" ({entry_pb2.EntryFormat.Name(envelope.format)}), which this client cannot"
-                " read yet; consume it with a Pulsar client",
-                context={"format": envelope.format},
-            )
+            # a Pulsar producer's entry (stored as it sent it), which the broker did not turn
+            # into a MessageBatch; see docs/pulsar-compatibility.md
+            raise CorruptionError(_unconverted(envelope), context={"format": envelope.format})
         raw = decompress(envelope.batch, envelope.compression, envelope.uncompressed_size)
         batch = entry_pb2.MessageBatch.FromString(raw)
     except DecodeError as e:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import random
 import re
 import struct
@@ -18,12 +19,14 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, TypeVar
 
+import cramjam
 import pulsar  # the real pulsar-client from PyPI (its C++ core)
 import pytest
 import pytest_asyncio
 
 import magnetar
-from broker.pulsar.codec import encode_batch, encode_command, encode_message
+from broker.pulsar.codec import Frame, encode_batch, encode_command, encode_message
+from broker.service.config import BrokerConfig
 from magnetar.common.framing import FrameError
 from magnetar.testing import StandaloneNode
 from proto.pulsar import PulsarApi_pb2 as api
@@ -121,8 +124,13 @@ async def test_produce_and_consume_keep_payload_key_properties_event_time_and_or
 
 @pytest.mark.parametrize(
     "compression",
-    [pulsar.CompressionType.NONE, pulsar.CompressionType.LZ4, pulsar.CompressionType.ZSTD],
-    ids=["none", "lz4", "zstd"],
+    [
+        pulsar.CompressionType.NONE,
+        pulsar.CompressionType.LZ4,
+        pulsar.CompressionType.ZSTD,
+        pulsar.CompressionType.SNAPPY,
+    ],
+    ids=["none", "lz4", "zstd", "snappy"],
 )
 async def test_batches_are_stored_and_delivered_as_the_producer_sent_them(
     client: pulsar.Client, standalone: StandaloneNode, compression: pulsar.CompressionType
@@ -689,6 +697,151 @@ async def test_both_protocols_on_one_topic(
             ours.close()
 
     await run(steps)
+
+
+CODECS = {
+    "lz4": (pulsar.CompressionType.LZ4, api.LZ4),
+    "zstd": (pulsar.CompressionType.ZSTD, api.ZSTD),
+    "snappy": (pulsar.CompressionType.SNAPPY, api.SNAPPY),
+}
+
+
+def packed(codec: str, raw: bytes) -> bytes:
+    """``raw`` compressed as Pulsar's C++ client does it (lib/CompressionCodec*.cc)."""
+    if codec == "lz4":
+        return bytes(cramjam.lz4.compress_block(raw, store_size=False))
+    if codec == "zstd":
+        return bytes(cramjam.zstd.compress(raw, level=3))
+    return bytes(cramjam.snappy.compress_raw(raw))
+
+
+@pytest.mark.parametrize("codec", list(CODECS))
+async def test_compressed_messages_of_pulsar_producers_reach_magnetar_consumers(
+    client: pulsar.Client, standalone: StandaloneNode, codec: str
+) -> None:
+    topic = topic_name(f"cross-{codec}")
+    compression = CODECS[codec][0]
+
+    def steps() -> None:
+        ours = magnetar.Client(standalone.service_url)
+        try:
+            consumer = ours.subscribe(topic, "magnetar-side", initial_position="earliest")
+            unbatched = client.create_producer(
+                topic, batching_enabled=False, compression_type=compression
+            )
+            batching = client.create_producer(
+                topic,
+                batching_enabled=True,
+                batching_max_messages=50,
+                batching_max_publish_delay_ms=200,
+                compression_type=compression,
+            )
+            expected = []
+            for i in range(3):
+                value = f"unbatched {i} ".encode() * 30
+                unbatched.send(
+                    value, partition_key=f"u{i}", properties={"i": str(i)}, event_timestamp=100 + i
+                )
+                expected.append((value, f"u{i}", {"i": str(i)}, 100 + i))
+            for i in range(50):
+                value = f"batched {i} ".encode() * (i + 1)
+                batching.send_async(
+                    value,
+                    lambda *_: None,
+                    partition_key=f"b{i % 5}",
+                    properties={"n": str(i), "codec": codec},
+                    event_timestamp=1_000 + i,
+                )
+                expected.append((value, f"b{i % 5}", {"n": str(i), "codec": codec}, 1_000 + i))
+            batching.flush()
+            got = [consumer.receive(timeout_millis=10_000) for _ in range(len(expected))]
+            assert [
+                (m.data(), m.partition_key(), m.properties(), m.event_timestamp()) for m in got
+            ] == expected
+            for message in got:
+                consumer.acknowledge(message)
+            assert consumer.discarded_corrupt_entries() == 0
+            unbatched.close()
+            batching.close()
+        finally:
+            ours.close()
+
+    await run(steps)
+
+
+async def test_compressed_payloads_that_do_not_decode_get_send_error_and_the_producer_goes_on(
+    client: pulsar.Client, standalone: StandaloneNode
+) -> None:
+    address = standalone.pulsar_address
+    assert address is not None
+    topic = topic_name("bad-compression")
+    limit = BrokerConfig(metadata="memory://").max_message_bytes
+    consumer = await run(
+        lambda: client.subscribe(topic, "sub", initial_position=pulsar.InitialPosition.Earliest)
+    )
+    raw_batch = encode_batch(
+        [(api.SingleMessageMetadata(payload_size=9), f"message {i}".encode()) for i in range(5)]
+    )
+    sequence_ids = itertools.count()
+    expected: list[bytes] = []
+    async with RawConnection.open(address) as raw:
+        await raw.create_producer(topic, producer_id=1)
+
+        async def send(compression: int, payload: bytes, declared: int, batch: int | None) -> Frame:
+            sequence_id = next(sequence_ids)
+            metadata = api.MessageMetadata(
+                producer_name="raw",
+                sequence_id=sequence_id,
+                publish_time=1,
+                compression=compression,  # type: ignore[arg-type]
+                uncompressed_size=declared,
+            )
+            if batch is not None:
+                metadata.num_messages_in_batch = batch
+            raw.send_message(1, sequence_id, payload, metadata)
+            frame = await raw.read()
+            assert frame is not None, "the broker closed the connection"
+            return frame
+
+        for codec, (_, compression) in CODECS.items():
+            good = packed(codec, raw_batch)
+            bomb = packed(codec, bytes(limit))  # a few kB that inflate to the whole limit
+            cases = {
+                "a size over the limit": (good, limit + 1, "over the broker's limit"),
+                "the largest size": (good, 2**32 - 1, "over the broker's limit"),
+                "garbage": (b"\x13garbage\x00" * 20, len(raw_batch), codec.upper()),
+                "truncated": (good[: len(good) // 2], len(raw_batch), codec.upper()),
+                "a bomb": (bomb, len(raw_batch), "declared uncompressed_size of"),
+            }
+            for case, (payload, declared, reason) in cases.items():
+                for batch in (5, None):
+                    frame = await send(compression, payload, declared, batch)
+                    assert frame.type_name == "SEND_ERROR", (codec, case, frame.command)
+                    error = frame.command.send_error
+                    assert error.error == api.NotAllowedError, (codec, case)
+                    assert reason in error.message, (codec, case, error.message)
+            # the same producer, on the same connection, goes on
+            frame = await send(compression, good, len(raw_batch), 5)
+            assert frame.type_name == "SEND_RECEIPT", (codec, frame.command)
+            expected += [f"message {i}".encode() for i in range(5)]
+            single = f"{codec} alone".encode()
+            frame = await send(compression, packed(codec, single), len(single), None)
+            assert frame.type_name == "SEND_RECEIPT", (codec, frame.command)
+            expected.append(single)
+        raw.send("PING", ping=api.CommandPing())
+        await raw.expect("PONG")
+    # only what decoded was stored: a Pulsar consumer and a Magnetar one read exactly that
+    got = await run(lambda: receive_all(consumer, len(expected)))
+    assert [m.data() for m in got] == expected
+    assert await run(lambda: nothing_more(consumer))
+    await run(consumer.close)
+
+    def magnetar_side() -> list[bytes]:
+        with magnetar.Client(standalone.service_url) as ours:
+            reader = ours.subscribe(topic, "magnetar-side", initial_position="earliest")
+            return [reader.receive(timeout_millis=10_000).data() for _ in expected]
+
+    assert await run(magnetar_side) == expected
 
 
 async def test_producers_and_consumers_follow_a_partition_that_moves(
