@@ -67,7 +67,7 @@ from broker.service.streams import (
     TimeStart,
 )
 from broker.service.subscription import ConsumerSession
-from broker.service.topic import ProducerSession, Topic
+from broker.service.topic import AccessMode, ProducerSession, Topic
 from broker.service.validation import BatchLimits, check_name
 from magnetar.common.errors import (
     AuthenticationError,
@@ -111,6 +111,12 @@ _SUBSCRIPTION_TYPES = {
     api.CommandSubscribe.Shared: SubscriptionType.SHARED,
     api.CommandSubscribe.Failover: SubscriptionType.FAILOVER,
     api.CommandSubscribe.Key_Shared: SubscriptionType.KEY_SHARED,
+}
+_ACCESS_MODES = {
+    api.Shared: AccessMode.SHARED,
+    api.Exclusive: AccessMode.EXCLUSIVE,
+    api.WaitForExclusive: AccessMode.WAIT_FOR_EXCLUSIVE,
+    api.ExclusiveWithFencing: AccessMode.EXCLUSIVE_WITH_FENCING,
 }
 # errors after which a producer's client must look the partition up again and resend
 _MOVED = (TopicNotOwnedError, ServiceNotReadyError, ShuttingDownError)
@@ -226,6 +232,8 @@ class PulsarConnection:
         self.producers: dict[int, _Producer] = {}
         self.consumers: dict[int, _Consumer] = {}
         self._pending_producers: set[int] = set()
+        self._waiting_producers: dict[int, ProducerSession] = {}
+        """WaitForExclusive producers queued for their topic, until they get it."""
         self._abandoned_producers: set[int] = set()
         """Producers the client closed while they were being opened: dropped once open."""
         self._closed_producers: set[int] = set()
@@ -529,7 +537,7 @@ class PulsarConnection:
             existing = self.producers.get(producer_id)
             if existing is not None and existing.topic.name == _parse_or_none(request.topic):
                 # the client asks again for a producer it has: Pulsar answers success
-                self._producer_success(request, existing)
+                self._producer_success(request, existing.session)
                 return
             self._error(
                 request.request_id,
@@ -538,11 +546,41 @@ class PulsarConnection:
             return
         self._pending_producers.add(producer_id)
         try:
+            session = await self._open_producer(request)
+        finally:
+            self._pending_producers.discard(producer_id)
+        if session is None:
+            self._abandoned_producers.discard(producer_id)
+            return
+        topic = session.topic
+        if self._closing or producer_id in self._abandoned_producers:
+            self._abandoned_producers.discard(producer_id)
+            topic.remove_producer(session)
+            return
+        producer = _Producer(producer_id, session, topic)
+        producer.room.set()
+        self.producers[producer_id] = producer
+        session.closed.add_done_callback(lambda _: self._producer_closed_by_broker(producer))
+        log.info(
+            "pulsar_producer_opened",
+            topic=topic.name.full,
+            producer=session.name,
+            access_mode=session.access_mode.value,
+            peer=self.peer,
+        )
+        self._producer_success(request, session)
+
+    async def _open_producer(self, request: api.CommandProducer) -> ProducerSession | None:
+        """Attach the producer to its partition, by its access mode; None once refused (the
+        ERROR is sent). A WaitForExclusive producer that must wait is told so at once
+        (PRODUCER_SUCCESS with ``producer_ready`` false, which the client answers by waiting
+        without a timeout) and this returns when it gets the topic."""
+        try:
             name = parse_topic(request.topic)
-            if request.producer_access_mode != api.Shared:
-                mode = api.ProducerAccessMode.Name(request.producer_access_mode)
-                raise UnsupportedFeatureError(
-                    f"producer access mode {mode} is not supported yet: use Shared"
+            mode = _ACCESS_MODES.get(request.producer_access_mode)
+            if mode is None:
+                raise InvalidArgumentError(
+                    f"unknown producer access mode {request.producer_access_mode}"
                 )
             if request.encrypted:
                 raise UnsupportedFeatureError("encrypted producers are not supported yet")
@@ -556,34 +594,46 @@ class PulsarConnection:
             producer_name = request.producer_name or (
                 f"{self.broker.broker_id}-pulsar-{self.broker.start_time_ms}-{next(_ids)}"
             )
-            session = topic.add_producer(producer_name, self.peer)
+            session = topic.add_producer(
+                producer_name,
+                self.peer,
+                access_mode=mode,
+                topic_epoch=request.topic_epoch if request.HasField("topic_epoch") else None,
+            )
         except MagnetarError as e:
             self._error(request.request_id, e)
-            return
+            return None
+        if session.ready.done():
+            return session
+        log.info("pulsar_producer_waiting", topic=name.full, producer=producer_name)
+        self._producer_success(request, session, ready=False)
+        self._waiting_producers[request.producer_id] = session
+        try:
+            await asyncio.shield(session.ready)
+        except asyncio.CancelledError:
+            if session.ready.cancelled():
+                return None  # the client closed it while it waited (CLOSE_PRODUCER)
+            topic.remove_producer(session)  # the connection is closing
+            raise
+        except MagnetarError as e:
+            self._error(request.request_id, e)
+            return None
         finally:
-            self._pending_producers.discard(producer_id)
-        if self._closing or producer_id in self._abandoned_producers:
-            self._abandoned_producers.discard(producer_id)
-            topic.remove_producer(session)
-            return
-        producer = _Producer(producer_id, session, topic)
-        producer.room.set()
-        self.producers[producer_id] = producer
-        session.closed.add_done_callback(lambda _: self._producer_closed_by_broker(producer))
-        log.info("pulsar_producer_opened", topic=name.full, producer=producer_name, peer=self.peer)
-        self._producer_success(request, producer)
+            self._waiting_producers.pop(request.producer_id, None)
+        return session
 
-    def _producer_success(self, request: api.CommandProducer, producer: _Producer) -> None:
-        self._write(
-            _command(
-                Base.PRODUCER_SUCCESS,
-                producer_success=api.CommandProducerSuccess(
-                    request_id=request.request_id,
-                    producer_name=producer.session.name,
-                    last_sequence_id=producer.session.last_sequence_id,
-                ),
-            )
+    def _producer_success(
+        self, request: api.CommandProducer, session: ProducerSession, *, ready: bool = True
+    ) -> None:
+        success = api.CommandProducerSuccess(
+            request_id=request.request_id,
+            producer_name=session.name,
+            last_sequence_id=session.last_sequence_id,
+            producer_ready=ready,
         )
+        if ready and session.topic_epoch is not None:
+            success.topic_epoch = session.topic_epoch
+        self._write(_command(Base.PRODUCER_SUCCESS, producer_success=success))
 
     async def _send(self, frame: Frame) -> None:
         send = frame.command.send
@@ -707,6 +757,9 @@ class PulsarConnection:
         producer = self.producers.get(request.producer_id)
         if request.producer_id in self._pending_producers:
             self._abandoned_producers.add(request.producer_id)
+        waiting = self._waiting_producers.get(request.producer_id)
+        if waiting is not None:
+            waiting.topic.remove_producer(waiting)  # leaves the queue; its task ends
         if producer is not None:
             self._drop_producer(producer)
             log.info("pulsar_producer_closed", topic=str(producer.topic.name), peer=self.peer)

@@ -15,6 +15,8 @@ what is stored decodes for every consumer (a bad one gets SEND_ERROR), and again
 consumer reads it. Without the optional extra ``pulsar-compression`` (cramjam), LZ4, ZSTD and
 SNAPPY payloads cannot be opened: they are stored unchecked and stay Pulsar entries for
 Magnetar consumers, which cannot read them.
+A chunk of a chunked message (a part of one, which only a Pulsar consumer puts together)
+stays a Pulsar entry too: a Magnetar client gets it as it is and skips it, naming its format.
 
 Pure functions over bytes, no I/O.
 """
@@ -93,19 +95,17 @@ def incoming_batch(
             f" {limits.max_message_bytes:,} bytes",
             context={"size": size, "limit": limits.max_message_bytes},
         )
-    if metadata.num_chunks_from_msg > 1:
-        raise UnsupportedFeatureError(
-            "chunked messages are not supported yet: send messages under the broker's"
-            f" max_message_bytes ({limits.max_message_bytes:,}) with chunking off"
-        )
+    chunk_id, num_chunks = _chunk_of(metadata)
     if metadata.encryption_keys:
         raise UnsupportedFeatureError("encrypted messages are not supported yet")
     batched = metadata.HasField("num_messages_in_batch")
     count = metadata.num_messages_in_batch if batched else 1
     keys: list[str] = []
     # every compressed payload is opened (and thrown away: the entry is stored as sent), so that
-    # what is stored decodes for every consumer; see docs/pulsar-compatibility.md
-    raw = _opened(metadata, payload.payload, limits.max_message_bytes)
+    # what is stored decodes for every consumer; see docs/pulsar-compatibility.md. Not a chunk:
+    # the client compresses the whole message and then cuts it, so a chunk alone does not decode
+    # (and the uncompressed size it declares is the whole message's, which may be over the limit)
+    raw = None if num_chunks else _opened(metadata, payload.payload, limits.max_message_bytes)
     if batched:
         if raw is not None:
             try:
@@ -132,7 +132,33 @@ def incoming_batch(
         key_hashes=key_hashes,
         deliver_at_ms=max(0, metadata.deliver_at_time),
         format=entry_pb2.ENTRY_FORMAT_PULSAR,
+        chunk_id=chunk_id,
+        num_chunks=num_chunks,
     )
+
+
+def _chunk_of(metadata: api.MessageMetadata) -> tuple[int, int]:
+    """``(chunk_id, num_chunks)`` of a chunk of a larger message (``(0, 0)`` for a whole one),
+    after checking what a consumer relies on to put the message together again."""
+    num_chunks = metadata.num_chunks_from_msg
+    if num_chunks <= 1:
+        return 0, 0
+    chunk_id = metadata.chunk_id
+    if not 0 <= chunk_id < num_chunks:
+        raise ProtocolError(
+            f"a chunk declares chunk_id={chunk_id} of num_chunks_from_msg={num_chunks:,}; it"
+            f" must be 0 to {num_chunks - 1:,}"
+        )
+    if not metadata.uuid:
+        raise ProtocolError("a chunk (num_chunks_from_msg > 1) needs the uuid of its message")
+    if metadata.total_chunk_msg_size <= 0:
+        raise ProtocolError(
+            f"a chunk declares total_chunk_msg_size={metadata.total_chunk_msg_size}; the size"
+            " of the whole message must be positive"
+        )
+    if metadata.HasField("num_messages_in_batch"):
+        raise ProtocolError("a chunk cannot be a batch (num_messages_in_batch is set)")
+    return chunk_id, num_chunks
 
 
 def _pulsar_messages(
@@ -152,8 +178,8 @@ def magnetar_entry(entry: bytes, max_bytes: int) -> bytes:
     """A stored entry as a Magnetar client reads it: its own entries as they are, and a Pulsar
     producer's rewritten as a ``MessageBatch`` (value, key, properties, event time of each
     message). A Pulsar entry this broker cannot open (LZ4, ZSTD or SNAPPY without the optional
-    extra, or one that does not decode) stays as it is: the client names it and cannot read
-    it."""
+    extra, or one that does not decode), or a chunk of a chunked message, stays as it is: the
+    client names it and cannot read it."""
     try:
         envelope = parse_envelope(entry)
     except CorruptionError:
@@ -169,7 +195,8 @@ def magnetar_entry(entry: bytes, max_bytes: int) -> bytes:
         messages = _pulsar_messages(metadata, body[4 + size :], max_bytes)
     except (MagnetarError, PulsarFrameError, ValueError, DecodeError):
         return entry  # unreadable as it is: the client reports it
-    if messages is None:
+    if messages is None or metadata.num_chunks_from_msg > 1:
+        # a chunk is a part of a message, which only a Pulsar consumer puts together again
         return entry
     batch = entry_pb2.MessageBatch()
     for single, value in messages:

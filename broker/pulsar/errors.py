@@ -21,6 +21,7 @@ _FINAL: dict[ErrorCode, api.ServerError.ValueType] = {
     ErrorCode.TENANT_NOT_FOUND: api.TopicNotFound,
     ErrorCode.INVALID_TOPIC_NAME: api.InvalidTopicName,
     ErrorCode.PRODUCER_BUSY: api.ProducerBusy,
+    ErrorCode.PRODUCER_FENCED: api.ProducerFenced,
     ErrorCode.CONSUMER_BUSY: api.ConsumerBusy,
     ErrorCode.SUBSCRIPTION_BUSY: api.ConsumerBusy,
     ErrorCode.INCOMPATIBLE_SUBSCRIPTION: api.ConsumerBusy,

@@ -6,6 +6,13 @@ and *persisted* (confirmed). A batch whose last sequence id is at or below the p
 is a duplicate and gets a ``duplicate`` receipt; one at or below the pushed mark is waiting on
 the first copy and is answered when that completes.
 
+A Pulsar producer's chunked message is several entries (chunks) under one sequence id. As in
+Pulsar, only its last chunk completes the message: it alone is checked against and moves the
+marks, so the chunks before it are stored. Unlike Pulsar, a chunk that is already stored is not
+stored again when a producer resends it (after a reconnection, chunks whose receipts it missed):
+Pulsar's consumers drop a chunked message whose chunks come twice, so each producer's latest
+chunked message keeps the positions of its chunks, rebuilt from the entries on failover too.
+
 The persisted marks survive failover: every ``snapshot_interval`` entries the table is written
 to ``/magnetar/dedup/<partition>`` with the position it covers, and a new owner loads it and
 replays the entries after that position (each envelope names its producer and sequence ids).
@@ -51,6 +58,18 @@ class Stored:
     publish_time_ms: int
 
 
+UNKNOWN = Stored(Position(-1, -1), -1, -1)
+"""The answer to a duplicate whose original receipt is no longer remembered."""
+
+
+@dataclass(slots=True)
+class _ChunkedMessage:
+    """A producer's latest chunked message: its chunks stored or being stored."""
+
+    sequence_id: int
+    chunks: dict[int, Stored | asyncio.Future[AppendResult]]
+
+
 class Deduplication:
     """The deduplication table of one partition."""
 
@@ -72,6 +91,7 @@ class Deduplication:
         self.pushed: dict[str, int] = {}
         self._inflight: dict[tuple[str, int], asyncio.Future[AppendResult]] = {}
         self._recent: OrderedDict[tuple[str, int], Stored] = OrderedDict()
+        self._chunked: dict[str, _ChunkedMessage] = {}
         self._since_snapshot = 0
         self._last_position = Position(-1, -1)
         self._snapshotting: asyncio.Task[None] | None = None
@@ -104,14 +124,15 @@ class Deduplication:
             before_marks += sum(len(e.payload) for e in entries if e.position < marks_from)
             for entry in entries:
                 with contextlib.suppress(MagnetarError):
-                    producer, last_sequence_id = producer_of(entry.payload)
-                    if last_sequence_id > self.persisted.get(producer, -1):
-                        self.persisted[producer] = last_sequence_id
-                    self._remember(
-                        producer,
-                        last_sequence_id,
-                        Stored(entry.position, entry.first_offset, entry.publish_time_ms),
-                    )
+                    produced = producer_of(entry.payload)
+                    producer, last_sequence_id = produced.producer_name, produced.last_sequence_id
+                    stored = Stored(entry.position, entry.first_offset, entry.publish_time_ms)
+                    if produced.num_chunks > 1:
+                        self._chunk_stored(producer, last_sequence_id, produced.chunk_id, stored)
+                    if produced.completes_message:
+                        if last_sequence_id > self.persisted.get(producer, -1):
+                            self.persisted[producer] = last_sequence_id
+                        self._remember(producer, last_sequence_id, stored)
                 replayed += 1
             start = self._ml.next_position(entries[-1].position)
         self.pushed = dict(self.persisted)
@@ -140,44 +161,99 @@ class Deduplication:
         return self.persisted.get(producer, -1)
 
     def duplicate_of(
-        self, producer: str, last_sequence_id: int
+        self, producer: str, last_sequence_id: int, *, chunk_id: int = 0, num_chunks: int = 0
     ) -> Stored | asyncio.Future[AppendResult] | None:
-        """None if the batch is new; else what stored it (or the append still storing it)."""
-        if not self.enabled or last_sequence_id > self.pushed.get(producer, -1):
+        """None if the batch (or chunk) is new; else what stored it (or the append still
+        storing it)."""
+        if not self.enabled:
+            return None
+        if num_chunks > 1:
+            message = self._chunked.get(producer)
+            if message is not None and message.sequence_id == last_sequence_id:
+                known = message.chunks.get(chunk_id)
+                if known is not None:
+                    return known
+            if chunk_id < num_chunks - 1:
+                # a chunk before the last: new, unless its message was completed already
+                if last_sequence_id > self.pushed.get(producer, -1):
+                    return None
+                return UNKNOWN
+        if last_sequence_id > self.pushed.get(producer, -1):
             return None
         inflight = self._inflight.get((producer, last_sequence_id))
         if inflight is not None:
             return inflight
-        return self._recent.get((producer, last_sequence_id), Stored(Position(-1, -1), -1, -1))
+        return self._recent.get((producer, last_sequence_id), UNKNOWN)
 
     def pushing(
-        self, producer: str, last_sequence_id: int, future: asyncio.Future[AppendResult]
+        self,
+        producer: str,
+        last_sequence_id: int,
+        future: asyncio.Future[AppendResult],
+        *,
+        chunk_id: int = 0,
+        num_chunks: int = 0,
     ) -> None:
         if not self.enabled:
             return
+        if num_chunks > 1:
+            self._chunk_stored(producer, last_sequence_id, chunk_id, future)
+            if chunk_id < num_chunks - 1:
+                return
         self.pushed[producer] = max(self.pushed.get(producer, -1), last_sequence_id)
         self._inflight[(producer, last_sequence_id)] = future
 
-    def stored(self, producer: str, last_sequence_id: int, result: AppendResult) -> None:
+    def _chunk_stored(
+        self,
+        producer: str,
+        sequence_id: int,
+        chunk_id: int,
+        stored: Stored | asyncio.Future[AppendResult],
+    ) -> None:
+        message = self._chunked.get(producer)
+        if message is None or message.sequence_id != sequence_id:
+            # a new chunked message: the producer is done with the one before (or gave it up)
+            message = self._chunked[producer] = _ChunkedMessage(sequence_id, {})
+        message.chunks[chunk_id] = stored
+
+    def stored(
+        self,
+        producer: str,
+        last_sequence_id: int,
+        result: AppendResult,
+        *,
+        chunk_id: int = 0,
+        num_chunks: int = 0,
+    ) -> None:
         if not self.enabled:
             return
-        self._inflight.pop((producer, last_sequence_id), None)
-        if last_sequence_id > self.persisted.get(producer, -1):
-            self.persisted[producer] = last_sequence_id
-        self._remember(
-            producer,
-            last_sequence_id,
-            Stored(result.position, result.first_offset, result.publish_time_ms),
-        )
+        stored = Stored(result.position, result.first_offset, result.publish_time_ms)
+        if num_chunks > 1:
+            message = self._chunked.get(producer)
+            if message is not None and message.sequence_id == last_sequence_id:
+                message.chunks[chunk_id] = stored
+        if num_chunks <= 1 or chunk_id == num_chunks - 1:
+            self._inflight.pop((producer, last_sequence_id), None)
+            if last_sequence_id > self.persisted.get(producer, -1):
+                self.persisted[producer] = last_sequence_id
+            self._remember(producer, last_sequence_id, stored)
         self._last_position = max(self._last_position, result.position)
         self._since_snapshot += 1
         if self._since_snapshot >= self._interval and self._snapshotting is None:
             self._snapshotting = asyncio.create_task(self._snapshot_in_background())
 
-    def failed(self, producer: str, last_sequence_id: int) -> None:
+    def failed(
+        self, producer: str, last_sequence_id: int, *, chunk_id: int = 0, num_chunks: int = 0
+    ) -> None:
         """The append failed: a resend must be stored, not dropped."""
         if not self.enabled:
             return
+        if num_chunks > 1:
+            message = self._chunked.get(producer)
+            if message is not None and message.sequence_id == last_sequence_id:
+                message.chunks.pop(chunk_id, None)
+            if chunk_id < num_chunks - 1:
+                return
         self._inflight.pop((producer, last_sequence_id), None)
         self.pushed[producer] = self.persisted.get(producer, -1)
 

@@ -35,6 +35,19 @@ class IncomingBatch:
     format: int = entry_pb2.ENTRY_FORMAT_UNSPECIFIED
     """What ``batch`` holds: a Magnetar ``MessageBatch`` (unspecified), or
     ``ENTRY_FORMAT_PULSAR``: a Pulsar producer's ``[metadata_size][MessageMetadata][payload]``."""
+    chunk_id: int = 0
+    num_chunks: int = 0
+    """A chunk of a larger message (a Pulsar producer's chunking): its index and the message's
+    chunk count (0: not a chunk). Every chunk carries the message's sequence id."""
+
+    @property
+    def is_chunk(self) -> bool:
+        return self.num_chunks > 1
+
+    @property
+    def completes_message(self) -> bool:
+        """Whether storing this entry completes a message: not a chunk, or its last chunk."""
+        return self.num_chunks <= 1 or self.chunk_id == self.num_chunks - 1
 
 
 _BATCH_TAG = bytes(((15 << 3) | 2,))
@@ -58,6 +71,8 @@ def envelope_head(
         key_hashes=batch.key_hashes,
         deliver_at_ms=batch.deliver_at_ms,
         format=batch.format,  # type: ignore[arg-type]
+        chunk_id=batch.chunk_id,
+        num_chunks=batch.num_chunks,
     )
 
 
@@ -99,7 +114,26 @@ class EnvelopeCodec:
         )
 
 
-def producer_of(payload: bytes) -> tuple[str, int]:
-    """(producer name, last sequence id) of a stored entry: what deduplication replays."""
+@dataclass(frozen=True, slots=True)
+class ProducedBy:
+    """Who stored an entry, as deduplication replays it."""
+
+    producer_name: str
+    last_sequence_id: int
+    chunk_id: int = 0
+    num_chunks: int = 0
+
+    @property
+    def completes_message(self) -> bool:
+        return self.num_chunks <= 1 or self.chunk_id == self.num_chunks - 1
+
+
+def producer_of(payload: bytes) -> ProducedBy:
+    """Producer name, last sequence id and chunk of a stored entry: what deduplication replays."""
     envelope = parse_envelope(payload)
-    return envelope.producer_name, envelope.last_sequence_id
+    return ProducedBy(
+        envelope.producer_name,
+        envelope.last_sequence_id,
+        envelope.chunk_id,
+        envelope.num_chunks,
+    )

@@ -6,6 +6,12 @@ receipt once the entry is confirmed. Bytes in flight to the bookies are bounded 
 a producer stream past the bound stops being read, so gRPC flow control slows the client
 (back-pressure) instead of the broker's memory growing.
 
+Producers attach in one of Pulsar's access modes (:class:`AccessMode`): Shared (any number, the
+only mode of Magnetar's own clients), Exclusive (alone, or refused), WaitForExclusive (queued until
+the topic is free) and ExclusiveWithFencing (takes the topic, closing the others). Each grant of
+exclusive access raises the partition's topic epoch; a producer that comes back with an older
+epoch was replaced meanwhile and is fenced. Both live in this broker's memory only.
+
 Closing is how ownership ends. A graceful close (unload, handover, shutdown) stops taking new
 batches, lets the ones in flight finish, persists cursors and the deduplication table and closes
 the current ledger; a forced close (session lost, fenced by a new owner) drops everything at
@@ -46,6 +52,7 @@ from magnetar.common.errors import (
     MagnetarError,
     ManagedLedgerFencedError,
     ProducerBusyError,
+    ProducerFencedError,
     ServiceNotReadyError,
     SubscriptionBusyError,
     SubscriptionNotFoundError,
@@ -67,14 +74,41 @@ class TopicState(enum.Enum):
     CLOSED = "closed"
 
 
+class AccessMode(enum.Enum):
+    """How a producer shares its partition (Pulsar's ``ProducerAccessMode``)."""
+
+    SHARED = "shared"
+    """With any other shared producer; refused while an exclusive one holds the topic."""
+    EXCLUSIVE = "exclusive"
+    """Alone: refused (:class:`ProducerFencedError`) if any other producer is attached."""
+    WAIT_FOR_EXCLUSIVE = "wait_for_exclusive"
+    """Alone: queued until every other producer has left, then granted."""
+    EXCLUSIVE_WITH_FENCING = "exclusive_with_fencing"
+    """Alone: the other producers (and those waiting) are closed, fenced."""
+
+
 class ProducerSession(Closable):
     """One producer stream on a partition."""
 
-    def __init__(self, topic: Topic, name: str, address: str = "") -> None:
+    def __init__(
+        self,
+        topic: Topic,
+        name: str,
+        address: str = "",
+        access_mode: AccessMode = AccessMode.SHARED,
+        topic_epoch: int | None = None,
+    ) -> None:
         super().__init__()
         self.topic = topic
         self.name = name
         self.address = address
+        self.access_mode = access_mode
+        self.topic_epoch = topic_epoch
+        """The epoch the producer came with, then the one it was granted (None: none yet)."""
+        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        """Done once the producer may send: at once, or for a queued WaitForExclusive producer
+        when it gets the topic; failed with the reason if it never does (fenced, moved)."""
+        self.ready.add_done_callback(_retrieve)
         self.msgs_in = 0
         self.bytes_in = 0
         self.last_sequence_id = topic.dedup.last_sequence_id(name)
@@ -87,6 +121,12 @@ class ProducerSession(Closable):
         self.problems.append(problem)
         if self.on_problem is not None:
             self.on_problem()
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    """Mark a failed ``ready`` as seen: nobody may be waiting on it any more."""
+    if not future.cancelled():
+        future.exception()
 
 
 class Topic:
@@ -110,6 +150,12 @@ class Topic:
         self._clock = clock
         self.state = TopicState.ACTIVE
         self.producers: dict[str, ProducerSession] = {}
+        self.exclusive_producer: ProducerSession | None = None
+        self.waiting_producers: deque[ProducerSession] = deque()
+        """WaitForExclusive producers queued for the topic, first come first served."""
+        self.topic_epoch: int | None = None
+        """Raised at each grant of exclusive access (None until the first): in memory only, so
+        a new owner starts without one and takes the epoch of the first exclusive producer."""
         self.subscriptions: dict[str, Subscription] = {}
         self.pending_bytes = 0
         self._pending: set[asyncio.Future[AppendResult]] = set()
@@ -149,18 +195,124 @@ class Topic:
 
     # --- producers --------------------------------------------------------------------------------
 
-    def add_producer(self, name: str, address: str = "") -> ProducerSession:
+    def add_producer(
+        self,
+        name: str,
+        address: str = "",
+        *,
+        access_mode: AccessMode = AccessMode.SHARED,
+        topic_epoch: int | None = None,
+    ) -> ProducerSession:
+        """Attach a producer, by Pulsar's rules for its access mode.
+
+        Raises :class:`ProducerBusyError` (a producer of that name, or a shared producer while
+        an exclusive one holds the topic or waits for it) or :class:`ProducerFencedError` (an
+        exclusive producer while others are attached, or one whose ``topic_epoch`` is older
+        than the topic's: another took the topic meanwhile). A WaitForExclusive producer that
+        must wait is returned queued: its ``ready`` completes when it gets the topic.
+        """
         self._check_active()
-        if name in self.producers:
+        if name in self.producers or any(w.name == name for w in self.waiting_producers):
             raise ProducerBusyError(
                 f"a producer named {name!r} is already connected to {self.name}",
                 context={"producer": name, "topic": str(self.name)},
             )
-        producer = ProducerSession(self, name, address)
+        holder = self.exclusive_producer
+        if access_mode is AccessMode.SHARED:
+            if holder is not None or self.waiting_producers:
+                who = holder.name if holder is not None else self.waiting_producers[0].name
+                raise ProducerBusyError(
+                    f"topic {self.name} has an exclusive producer ({who!r}): no other producer"
+                    " may attach until it leaves",
+                    context={"producer": name, "topic": str(self.name), "exclusive": who},
+                )
+            producer = ProducerSession(self, name, address, access_mode, self.topic_epoch)
+            self._attach(producer)
+            return producer
+        producer = ProducerSession(self, name, address, access_mode, topic_epoch)
+        if access_mode is AccessMode.EXCLUSIVE_WITH_FENCING:
+            self._fence_others(name)
+        elif holder is not None or self.waiting_producers or self.producers:
+            if access_mode is AccessMode.WAIT_FOR_EXCLUSIVE:
+                self.waiting_producers.append(producer)
+                log.info("producer_waiting_for_exclusive", topic=str(self.name), producer=name)
+                return producer
+            raise ProducerFencedError(
+                f"topic {self.name} has "
+                + (
+                    f"an exclusive producer ({holder.name!r})"
+                    if holder is not None
+                    else f"{len(self.producers) + len(self.waiting_producers)} other producer(s)"
+                )
+                + ": an Exclusive producer must be alone (WaitForExclusive waits for it)",
+                context={"producer": name, "topic": str(self.name)},
+            )
+        self._grant(producer)
+        return producer
+
+    def _check_epoch(self, producer: ProducerSession) -> None:
+        epoch = producer.topic_epoch
+        if epoch is not None and self.topic_epoch is not None and epoch < self.topic_epoch:
+            raise ProducerFencedError(
+                f"producer {producer.name!r} was replaced on {self.name}: it comes with topic"
+                f" epoch {epoch}, and another exclusive producer took epoch {self.topic_epoch}",
+                context={"producer": producer.name, "topic": str(self.name)},
+            )
+
+    def _grant(self, producer: ProducerSession) -> None:
+        """Give ``producer`` exclusive access: its own epoch back (a reconnection), else the
+        next one."""
+        self._check_epoch(producer)
+        if producer.topic_epoch is None:
+            producer.topic_epoch = (self.topic_epoch if self.topic_epoch is not None else -1) + 1
+        self.topic_epoch = producer.topic_epoch
+        self.exclusive_producer = producer
+        self._attach(producer)
+        log.info(
+            "exclusive_producer_granted",
+            topic=str(self.name),
+            producer=producer.name,
+            topic_epoch=self.topic_epoch,
+            mode=producer.access_mode.value,
+        )
+
+    def _attach(self, producer: ProducerSession) -> None:
+        producer.last_sequence_id = self.dedup.last_sequence_id(producer.name)
         if self.ml.write_problem is not None:
             producer.tell_problem(self.ml.write_problem)
-        self.producers[name] = producer
-        return producer
+        self.producers[producer.name] = producer
+        if not producer.ready.done():
+            producer.ready.set_result(None)
+
+    def _fence_others(self, name: str) -> None:
+        """ExclusiveWithFencing: close every other producer, attached or waiting."""
+        while self.waiting_producers:
+            waiting = self.waiting_producers.popleft()
+            self._refuse(waiting, ProducerFencedError(f"producer {name!r} fenced it out"))
+        for other in list(self.producers.values()):
+            del self.producers[other.name]
+            error = ProducerFencedError(
+                f"producer {name!r} took {self.name} exclusively (ExclusiveWithFencing)",
+                context={"producer": other.name, "topic": str(self.name)},
+            )
+            log.info("producer_fenced", topic=str(self.name), producer=other.name, by=name)
+            other.close_with(error)
+        self.exclusive_producer = None
+
+    @staticmethod
+    def _refuse(producer: ProducerSession, error: MagnetarError) -> None:
+        if not producer.ready.done():
+            producer.ready.set_exception(error)
+        producer.close_with(error)
+
+    def _promote_waiting(self) -> None:
+        """The topic has no producer left: the first WaitForExclusive producer gets it."""
+        while self.waiting_producers and not self.producers and self.state is TopicState.ACTIVE:
+            waiting = self.waiting_producers.popleft()
+            try:
+                self._grant(waiting)
+            except ProducerFencedError as e:
+                self._refuse(waiting, e)
 
     def _write_problem_changed(self, problem: MagnetarError | None) -> None:
         """The managed ledger cannot store entries now (or can again): tell every producer, so
@@ -173,8 +325,16 @@ class Topic:
             producer.tell_problem(problem)
 
     def remove_producer(self, producer: ProducerSession) -> None:
+        if producer in self.waiting_producers:
+            self.waiting_producers.remove(producer)
+            if not producer.ready.done():
+                producer.ready.cancel()
+            return
         if self.producers.get(producer.name) is producer:
             del self.producers[producer.name]
+        if self.exclusive_producer is producer:
+            self.exclusive_producer = None
+        self._promote_waiting()
 
     async def wait_for_space(self) -> None:
         """Wait while the partition's bytes in flight are at their bound (back-pressure)."""
@@ -195,7 +355,8 @@ class Topic:
         size = len(batch.batch)
         loop = asyncio.get_running_loop()
         receipt: asyncio.Future[Receipt] = loop.create_future()
-        duplicate = self.dedup.duplicate_of(producer.name, batch.last_sequence_id)
+        chunk = {"chunk_id": batch.chunk_id, "num_chunks": batch.num_chunks}
+        duplicate = self.dedup.duplicate_of(producer.name, batch.last_sequence_id, **chunk)
         if isinstance(duplicate, Stored):
             receipt.set_result(self._receipt(batch, duplicate, duplicate=True))
             return receipt
@@ -218,7 +379,7 @@ class Topic:
                 f"partition {self.name} was taken over by another broker",
                 context={"topic": str(self.name)},
             ) from e
-        self.dedup.pushing(producer.name, batch.last_sequence_id, appended)
+        self.dedup.pushing(producer.name, batch.last_sequence_id, appended, **chunk)
         self.pending_bytes += size
         self._pending.add(appended)
 
@@ -227,23 +388,24 @@ class Topic:
             self.pending_bytes -= size
             self._space.set()
             if f.cancelled():
-                self.dedup.failed(producer.name, batch.last_sequence_id)
+                self.dedup.failed(producer.name, batch.last_sequence_id, **chunk)
                 receipt.cancel()
                 return
             error = f.exception()
             if error is not None:
-                self.dedup.failed(producer.name, batch.last_sequence_id)
+                self.dedup.failed(producer.name, batch.last_sequence_id, **chunk)
                 if isinstance(error, ManagedLedgerFencedError):
                     self.fenced(error)
                 receipt.set_exception(error)
                 return
             result = f.result()
-            self.dedup.stored(producer.name, batch.last_sequence_id, result)
+            self.dedup.stored(producer.name, batch.last_sequence_id, result, **chunk)
             self.msgs_in += batch.num_messages
             self.bytes_in += size
             producer.msgs_in += batch.num_messages
             producer.bytes_in += size
-            producer.last_sequence_id = max(producer.last_sequence_id, batch.last_sequence_id)
+            if batch.completes_message:
+                producer.last_sequence_id = max(producer.last_sequence_id, batch.last_sequence_id)
             if not receipt.done():
                 receipt.set_result(
                     self._receipt(
@@ -613,6 +775,8 @@ class Topic:
         log.info("topic_closed", topic=str(self.name), graceful=graceful, reason=reason.message)
 
     def _notify(self, reason: MagnetarError) -> None:
+        while self.waiting_producers:
+            self._refuse(self.waiting_producers.popleft(), reason)
         for producer in list(self.producers.values()):
             producer.close_with(reason)
         for subscription in self.subscriptions.values():

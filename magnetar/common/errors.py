@@ -83,7 +83,8 @@ with :func:`error_from_code`. Codes are grouped by layer in blocks of 100.
     │   ├── TenantAlreadyExistsError      (518)
     │   ├── NamespaceNotFoundError        (519)
     │   ├── NamespaceAlreadyExistsError   (520)
-    │   └── NotEmptyError                 a tenant or namespace still holds something (521)
+    │   ├── NotEmptyError                 a tenant or namespace still holds something (521)
+    │   └── ProducerFencedError           another producer holds the topic exclusively (522)
     └── ClientError                       the client library (600)
         ├── ClientConnectionError         a broker connection failed (601, retriable)
         ├── TopicLookupError              no broker could say who owns a topic (602, retriable)
@@ -200,6 +201,7 @@ class ErrorCode(enum.IntEnum):
     NAMESPACE_NOT_FOUND = 519
     NAMESPACE_ALREADY_EXISTS = 520
     NOT_EMPTY = 521
+    PRODUCER_FENCED = 522
 
     CLIENT_ERROR = 600
     CONNECTION_FAILED = 601
@@ -820,6 +822,14 @@ class NotEmptyError(BrokerError):
     """A tenant still has namespaces, or a namespace still has topics: delete those first."""
 
     code = ErrorCode.NOT_EMPTY
+    grpc_status = "FAILED_PRECONDITION"
+
+
+class ProducerFencedError(BrokerError):
+    """Another producer holds the topic exclusively, or took it from this one (Pulsar's
+    Exclusive and ExclusiveWithFencing access modes): this producer may not write to it."""
+
+    code = ErrorCode.PRODUCER_FENCED
     grpc_status = "FAILED_PRECONDITION"
 
 

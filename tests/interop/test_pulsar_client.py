@@ -530,13 +530,11 @@ async def test_failed_requests_are_answered_in_their_own_response(
 
         raw.send(
             "PRODUCER",
-            producer=api.CommandProducer(
-                topic=topic, producer_id=1, request_id=4, producer_access_mode=api.Exclusive
-            ),
+            producer=api.CommandProducer(topic=topic, producer_id=1, request_id=4, encrypted=True),
         )
         error = (await raw.expect("ERROR")).command.error
         assert (error.request_id, error.error) == (4, api.NotAllowedError)
-        assert "access mode Exclusive is not supported yet" in error.message
+        assert "encrypted producers are not supported yet" in error.message
 
         raw.send("GET_SCHEMA", getSchema=api.CommandGetSchema(request_id=5, topic=topic))
         schema = (await raw.expect("GET_SCHEMA_RESPONSE")).command.getSchemaResponse

@@ -179,6 +179,10 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     """A namespace of that name exists."""
     ERROR_CODE_NOT_EMPTY: _ErrorCode.ValueType  # 521
     """A tenant still has namespaces, or a namespace still has topics."""
+    ERROR_CODE_PRODUCER_FENCED: _ErrorCode.ValueType  # 522
+    """Another producer holds the topic exclusively, or took it from this one (Pulsar's
+    exclusive access modes).
+    """
     ERROR_CODE_CLIENT_ERROR: _ErrorCode.ValueType  # 600
     """An error of the client library."""
     ERROR_CODE_CONNECTION_FAILED: _ErrorCode.ValueType  # 601
@@ -348,6 +352,10 @@ ERROR_CODE_NAMESPACE_ALREADY_EXISTS: ErrorCode.ValueType  # 520
 """A namespace of that name exists."""
 ERROR_CODE_NOT_EMPTY: ErrorCode.ValueType  # 521
 """A tenant still has namespaces, or a namespace still has topics."""
+ERROR_CODE_PRODUCER_FENCED: ErrorCode.ValueType  # 522
+"""Another producer holds the topic exclusively, or took it from this one (Pulsar's
+exclusive access modes).
+"""
 ERROR_CODE_CLIENT_ERROR: ErrorCode.ValueType  # 600
 """An error of the client library."""
 ERROR_CODE_CONNECTION_FAILED: ErrorCode.ValueType  # 601

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from proto.common.v1 import types_pb2 as proto_dot_common_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1emagnetar/format/v1/entry.proto\x12\x12magnetar.format.v1\x1a\x1emagnetar/common/v1/types.proto\"\xdf\x01\n\x0e\x42\x61tchedMessage\x12\r\n\x05value\x18\x01 \x01(\x0c\x12\x1a\n\rpartition_key\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x46\n\nproperties\x18\x03 \x03(\x0b\x32\x32.magnetar.format.v1.BatchedMessage.PropertiesEntry\x12\x15\n\revent_time_ms\x18\x04 \x01(\x03\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x10\n\x0e_partition_key\"D\n\x0cMessageBatch\x12\x34\n\x08messages\x18\x01 \x03(\x0b\x32\".magnetar.format.v1.BatchedMessage\"\xf2\x02\n\rEntryEnvelope\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x15\n\rproducer_name\x18\x02 \x01(\t\x12\x13\n\x0bsequence_id\x18\x03 \x01(\x03\x12\x18\n\x10last_sequence_id\x18\x04 \x01(\x03\x12\x14\n\x0cnum_messages\x18\x05 \x01(\x05\x12\x17\n\x0fpublish_time_ms\x18\x06 \x01(\x03\x12\x14\n\x0c\x66irst_offset\x18\x07 \x01(\x03\x12\x38\n\x0b\x63ompression\x18\x08 \x01(\x0e\x32#.magnetar.common.v1.CompressionType\x12\x19\n\x11uncompressed_size\x18\t \x01(\x05\x12\x12\n\nkey_hashes\x18\n \x03(\r\x12\x15\n\rdeliver_at_ms\x18\x0b \x01(\x03\x12/\n\x06\x66ormat\x18\x0c \x01(\x0e\x32\x1f.magnetar.format.v1.EntryFormat\x12\r\n\x05\x62\x61tch\x18\x0f \x01(\x0c*D\n\x0b\x45ntryFormat\x12\x1c\n\x18\x45NTRY_FORMAT_UNSPECIFIED\x10\x00\x12\x17\n\x13\x45NTRY_FORMAT_PULSAR\x10\x01\x42\xa7\x01\n\x15io.magnetar.format.v1B\nEntryProtoP\x01Z?github.com/magnetar/magnetar/gen/go/magnetar/format/v1;formatv1\xaa\x02\x12Magnetar.Format.V1\xca\x02\x12Magnetar\\Format\\V1\xea\x02\x14Magnetar::Format::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1emagnetar/format/v1/entry.proto\x12\x12magnetar.format.v1\x1a\x1emagnetar/common/v1/types.proto\"\xdf\x01\n\x0e\x42\x61tchedMessage\x12\r\n\x05value\x18\x01 \x01(\x0c\x12\x1a\n\rpartition_key\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x46\n\nproperties\x18\x03 \x03(\x0b\x32\x32.magnetar.format.v1.BatchedMessage.PropertiesEntry\x12\x15\n\revent_time_ms\x18\x04 \x01(\x03\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x10\n\x0e_partition_key\"D\n\x0cMessageBatch\x12\x34\n\x08messages\x18\x01 \x03(\x0b\x32\".magnetar.format.v1.BatchedMessage\"\x98\x03\n\rEntryEnvelope\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x15\n\rproducer_name\x18\x02 \x01(\t\x12\x13\n\x0bsequence_id\x18\x03 \x01(\x03\x12\x18\n\x10last_sequence_id\x18\x04 \x01(\x03\x12\x14\n\x0cnum_messages\x18\x05 \x01(\x05\x12\x17\n\x0fpublish_time_ms\x18\x06 \x01(\x03\x12\x14\n\x0c\x66irst_offset\x18\x07 \x01(\x03\x12\x38\n\x0b\x63ompression\x18\x08 \x01(\x0e\x32#.magnetar.common.v1.CompressionType\x12\x19\n\x11uncompressed_size\x18\t \x01(\x05\x12\x12\n\nkey_hashes\x18\n \x03(\r\x12\x15\n\rdeliver_at_ms\x18\x0b \x01(\x03\x12/\n\x06\x66ormat\x18\x0c \x01(\x0e\x32\x1f.magnetar.format.v1.EntryFormat\x12\x10\n\x08\x63hunk_id\x18\r \x01(\x05\x12\x12\n\nnum_chunks\x18\x0e \x01(\x05\x12\r\n\x05\x62\x61tch\x18\x0f \x01(\x0c*D\n\x0b\x45ntryFormat\x12\x1c\n\x18\x45NTRY_FORMAT_UNSPECIFIED\x10\x00\x12\x17\n\x13\x45NTRY_FORMAT_PULSAR\x10\x01\x42\xa7\x01\n\x15io.magnetar.format.v1B\nEntryProtoP\x01Z?github.com/magnetar/magnetar/gen/go/magnetar/format/v1;formatv1\xaa\x02\x12Magnetar.Format.V1\xca\x02\x12Magnetar\\Format\\V1\xea\x02\x14Magnetar::Format::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,8 +35,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._serialized_options = b'\n\025io.magnetar.format.v1B\nEntryProtoP\001Z?github.com/magnetar/magnetar/gen/go/magnetar/format/v1;formatv1\252\002\022Magnetar.Format.V1\312\002\022Magnetar\\Format\\V1\352\002\024Magnetar::Format::V1'
   _globals['_BATCHEDMESSAGE_PROPERTIESENTRY']._loaded_options = None
   _globals['_BATCHEDMESSAGE_PROPERTIESENTRY']._serialized_options = b'8\001'
-  _globals['_ENTRYFORMAT']._serialized_start=755
-  _globals['_ENTRYFORMAT']._serialized_end=823
+  _globals['_ENTRYFORMAT']._serialized_start=793
+  _globals['_ENTRYFORMAT']._serialized_end=861
   _globals['_BATCHEDMESSAGE']._serialized_start=87
   _globals['_BATCHEDMESSAGE']._serialized_end=310
   _globals['_BATCHEDMESSAGE_PROPERTIESENTRY']._serialized_start=243
@@ -44,5 +44,5 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MESSAGEBATCH']._serialized_start=312
   _globals['_MESSAGEBATCH']._serialized_end=380
   _globals['_ENTRYENVELOPE']._serialized_start=383
-  _globals['_ENTRYENVELOPE']._serialized_end=753
+  _globals['_ENTRYENVELOPE']._serialized_end=791
 # @@protoc_insertion_point(module_scope)

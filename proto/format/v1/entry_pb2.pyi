@@ -137,6 +137,8 @@ class EntryEnvelope(_message.Message):
     KEY_HASHES_FIELD_NUMBER: _builtins.int
     DELIVER_AT_MS_FIELD_NUMBER: _builtins.int
     FORMAT_FIELD_NUMBER: _builtins.int
+    CHUNK_ID_FIELD_NUMBER: _builtins.int
+    NUM_CHUNKS_FIELD_NUMBER: _builtins.int
     BATCH_FIELD_NUMBER: _builtins.int
     format_version: _builtins.int
     """1 for this layout."""
@@ -154,6 +156,12 @@ class EntryEnvelope(_message.Message):
     deliver_at_ms: _builtins.int
     """Deliver no earlier than this (ms since the epoch; 0: at once)."""
     format: Global___EntryFormat.ValueType
+    chunk_id: _builtins.int
+    """A chunk of a larger message (a Pulsar producer's chunking): its index from 0 and the
+    message's chunk count (0: not a chunk). Only the last chunk completes the message, so
+    deduplication records the sequence ids of a message at its last chunk.
+    """
+    num_chunks: _builtins.int
     batch: _builtins.bytes
     """The producer's serialized MessageBatch, compressed as `compression` says; or, in
     ENTRY_FORMAT_PULSAR, the Pulsar producer's metadata and payload.
@@ -177,11 +185,13 @@ class EntryEnvelope(_message.Message):
         key_hashes: _abc.Iterable[_builtins.int] | None = ...,
         deliver_at_ms: _builtins.int = ...,
         format: Global___EntryFormat.ValueType = ...,
+        chunk_id: _builtins.int = ...,
+        num_chunks: _builtins.int = ...,
         batch: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "compression", b"compression", "deliver_at_ms", b"deliver_at_ms", "first_offset", b"first_offset", "format", b"format", "format_version", b"format_version", "key_hashes", b"key_hashes", "last_sequence_id", b"last_sequence_id", "num_messages", b"num_messages", "producer_name", b"producer_name", "publish_time_ms", b"publish_time_ms", "sequence_id", b"sequence_id", "uncompressed_size", b"uncompressed_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "chunk_id", b"chunk_id", "compression", b"compression", "deliver_at_ms", b"deliver_at_ms", "first_offset", b"first_offset", "format", b"format", "format_version", b"format_version", "key_hashes", b"key_hashes", "last_sequence_id", b"last_sequence_id", "num_chunks", b"num_chunks", "num_messages", b"num_messages", "producer_name", b"producer_name", "publish_time_ms", b"publish_time_ms", "sequence_id", b"sequence_id", "uncompressed_size", b"uncompressed_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

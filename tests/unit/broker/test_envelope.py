@@ -48,4 +48,6 @@ def test_the_envelope_is_protobufs_own_serialization(size: int, fields: dict[str
     envelope = parse_envelope(built)
     assert envelope.batch == batch.batch
     assert envelope.first_offset == 1 << 40
-    assert producer_of(built) == ("producer-é", 44)
+    produced = producer_of(built)
+    assert (produced.producer_name, produced.last_sequence_id) == ("producer-é", 44)
+    assert produced.completes_message

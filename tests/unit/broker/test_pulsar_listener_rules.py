@@ -15,6 +15,7 @@ from broker.pulsar.entries import (
     UnsupportedFeatureError,
     incoming_batch,
     last_batch_index,
+    magnetar_entry,
     pulsar_metadata_and_payload,
 )
 from broker.pulsar.errors import server_error
@@ -28,6 +29,8 @@ from magnetar.common.errors import (
     InvalidTopicNameError,
     MessageTooLargeError,
     MetadataUnavailableError,
+    ProducerBusyError,
+    ProducerFencedError,
     ProtocolError,
     StorageError,
     TopicNotFoundError,
@@ -96,6 +99,8 @@ def test_retriable_and_infrastructure_errors_tell_pulsar_clients_to_retry() -> N
     assert server_error(MetadataUnavailableError("etcd")) == api.ServiceNotReady
     assert server_error(StorageError("disk")) == api.ServiceNotReady
     assert server_error(TopicNotFoundError("gone")) == api.TopicNotFound
+    assert server_error(ProducerBusyError("shared behind an exclusive")) == api.ProducerBusy
+    assert server_error(ProducerFencedError("exclusive behind another")) == api.ProducerFenced
     assert server_error(InvalidTopicNameError("bad")) == api.InvalidTopicName
     assert server_error(UnsupportedFeatureError("later")) == api.NotAllowedError
 
@@ -164,11 +169,45 @@ def test_a_batch_is_checked_where_the_broker_can_open_it() -> None:
         )
 
 
+def test_a_chunk_is_stored_as_sent_and_checked_for_what_consumers_rely_on() -> None:
+    base = {"producer_name": "p", "sequence_id": 1, "publish_time": 1}
+    whole = {"uuid": "p-1", "num_chunks_from_msg": 3, "total_chunk_msg_size": 30}
+    chunk = api.MessageMetadata(**base, **whole, chunk_id=1)  # type: ignore[arg-type]
+    stored = incoming_batch(
+        _payload(chunk, b"c" * 10), sequence_id=1, highest_sequence_id=0, limits=LIMITS
+    )
+    assert (stored.chunk_id, stored.num_chunks, stored.num_messages) == (1, 3, 1)
+    assert not stored.completes_message
+    last = api.MessageMetadata(**base, **whole, chunk_id=2)  # type: ignore[arg-type]
+    assert incoming_batch(
+        _payload(last, b"c"), sequence_id=1, highest_sequence_id=0, limits=LIMITS
+    ).completes_message
+    # a Magnetar consumer cannot read a part of a message: it gets it unchanged, and skips it
+    entry = build_envelope("p", stored, 0, 1)
+    assert magnetar_entry(entry, 1 << 20) == entry
+    bad = [
+        ({**whole, "chunk_id": 3}, "chunk_id=3 of num_chunks_from_msg=3"),
+        ({**whole, "chunk_id": -1}, "chunk_id=-1"),
+        ({**whole, "uuid": ""}, "needs the uuid"),
+        ({**whole, "total_chunk_msg_size": 0}, "total_chunk_msg_size=0"),
+        ({**whole, "num_messages_in_batch": 1}, "cannot be a batch"),
+    ]
+    for fields, named in bad:
+        with pytest.raises(ProtocolError, match=named):
+            incoming_batch(
+                _payload(api.MessageMetadata(**base, **fields), b"c"),  # type: ignore[arg-type]
+                sequence_id=1,
+                highest_sequence_id=0,
+                limits=LIMITS,
+            )
+
+
 def test_what_the_broker_does_not_offer_yet_is_refused_naming_it() -> None:
     base = {"producer_name": "p", "sequence_id": 1, "publish_time": 1}
-    with pytest.raises(UnsupportedFeatureError, match="chunked messages"):
+    keys = [api.EncryptionKeys(key="k", value=b"v")]
+    with pytest.raises(UnsupportedFeatureError, match="encrypted messages"):
         incoming_batch(
-            _payload(api.MessageMetadata(**base, uuid="u", num_chunks_from_msg=2), b"c"),  # type: ignore[arg-type]
+            _payload(api.MessageMetadata(**base, encryption_keys=keys), b"c"),  # type: ignore[arg-type]
             sequence_id=1,
             highest_sequence_id=0,
             limits=LIMITS,
