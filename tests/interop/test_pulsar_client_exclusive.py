@@ -239,6 +239,43 @@ async def test_chunked_messages_reach_exclusive_and_shared_consumers_whole(
     await run(producer.close)
 
 
+@pytest.mark.parametrize("codec", ["LZ4", "ZSTD"])
+async def test_compressed_chunked_messages_are_stored_unopened_and_come_whole(
+    client: pulsar.Client, codec: str
+) -> None:
+    # random bytes do not compress: the compressed message is over the limit and is cut, each
+    # chunk declaring the codec and the whole message's size (neither of which a chunk alone
+    # can be checked against)
+    topic = topic_name(f"chunked-{codec.lower()}")
+    consumer = await run(
+        lambda: client.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+    )
+    producer = await run(
+        lambda: client.create_producer(
+            topic,
+            chunking_enabled=True,
+            batching_enabled=False,
+            compression_type=getattr(pulsar.CompressionType, codec),
+        )
+    )
+    sent = [os.urandom(MAX_MESSAGE_BYTES + 4321), b"small" * 1000]
+    for payload in sent:
+        await run(lambda payload=payload: producer.send(payload))  # type: ignore[misc]
+
+    def receive_all() -> list[bytes]:
+        got = []
+        for _ in sent:
+            message = consumer.receive(15_000)
+            consumer.acknowledge(message)
+            got.append(message.data())
+        assert nothing_more(consumer)
+        return got
+
+    assert await run(receive_all) == sent
+    await run(consumer.close)
+    await run(producer.close)
+
+
 async def test_chunked_messages_resent_across_an_unload_come_once(
     client: pulsar.Client, standalone: StandaloneNode
 ) -> None:
