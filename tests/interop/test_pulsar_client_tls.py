@@ -16,16 +16,20 @@ from pathlib import Path
 import pulsar  # the real pulsar-client from PyPI (its C++ core)
 
 from magnetar.testing import StandaloneNode
-from magnetar.testing.security import TestPki
+from magnetar.testing.security import CertFiles, TestPki
+from proto.pulsar import PulsarApi_pb2 as api
+from tests.interop.pulsar_raw import RawConnection
 
 TOPIC = "persistent://public/default/over-tls"
 
 
-def _client(url: str, trust: Path | None, **options: object) -> pulsar.Client:
+def _client(
+    url: str, trust: Path | None, *, timeout_s: int = 5, **options: object
+) -> pulsar.Client:
     return pulsar.Client(
         url,
         tls_trust_certs_file_path=None if trust is None else str(trust),
-        operation_timeout_seconds=5,
+        operation_timeout_seconds=timeout_s,
         logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error),
         **options,
     )
@@ -129,3 +133,79 @@ def _first_pem(path: Path) -> str:
     text = path.read_text()
     end = "-----END CERTIFICATE-----"
     return text[: text.index(end) + len(end)] + "\n"
+
+
+async def test_tls_client_certificates_authenticate_as_their_common_name(tmp_path: Path) -> None:
+    pki = TestPki(tmp_path / "pki")
+    server = pki.issue("broker")
+    admin, alice = pki.issue("admin"), pki.issue("alice")
+    mallory = TestPki(tmp_path / "other", name="Another CA").issue("admin", name="mallory")
+    args = [
+        *("--tls-cert-file", str(server.cert_file), "--tls-key-file", str(server.key_file)),
+        *("--tls-trust-certs-file", str(pki.ca_file)),
+        *("--authentication-enabled", "true", "--authentication-providers", "tls"),
+        *("--authorization-enabled", "true", "--superuser-roles", "admin"),
+    ]
+    async with StandaloneNode(tmp_path / "data", bookies=1, extra_args=args) as node:
+        url = node.pulsar_ssl_url
+
+        def as_certificate(cert: CertFiles, timeout_s: int = 5) -> pulsar.Client:
+            return _client(
+                url,
+                pki.ca_file,
+                timeout_s=timeout_s,
+                tls_validate_hostname=True,
+                authentication=pulsar.AuthenticationTLS(str(cert.cert_file), str(cert.key_file)),
+            )
+
+        # CN=admin is a superuser; CN=alice has no grant on public/default
+        assert await asyncio.to_thread(_round_trip, as_certificate(admin), b"mine") == b"mine"
+        refused = await asyncio.to_thread(_refused, as_certificate(alice))
+        assert isinstance(refused, pulsar.exceptions.AuthorizationError), repr(refused)
+        # no client certificate, or one of another CA (CN=admin too): no TLS session at all
+        # (the client retries until its operation timeout, as against Pulsar)
+        for client in (_client(url, pki.ca_file, timeout_s=2), as_certificate(mallory, 2)):
+            assert isinstance(await asyncio.to_thread(_refused, client), pulsar.PulsarException)
+
+        # spoken by hand: method tls over a verified certificate is CONNECTED as its CN, and a
+        # lookup answers both URLs of the owner (this standalone)
+        context = ssl.create_default_context(cafile=str(pki.ca_file))
+        context.load_cert_chain(str(alice.cert_file), str(alice.key_file))
+        connect = api.CommandConnect(
+            client_version="raw", protocol_version=19, auth_method_name="tls"
+        )
+        assert node.pulsar_tls_address is not None
+        async with RawConnection.open(node.pulsar_tls_address, connect=False, tls=context) as raw:
+            raw.send("CONNECT", connect=connect)
+            await raw.expect("CONNECTED")
+            raw.send(
+                "LOOKUP",
+                lookupTopic=api.CommandLookupTopic(topic="public/default/alices", request_id=1),
+            )
+            answer = (await raw.expect("LOOKUP_RESPONSE")).command.lookupTopicResponse
+            # alice may not look it up: authorization applies to the certificate's role
+            assert answer.response == answer.Failed
+            assert answer.error == api.AuthorizationError
+            assert "alice" in answer.message
+        context = ssl.create_default_context(cafile=str(pki.ca_file))
+        context.load_cert_chain(str(admin.cert_file), str(admin.key_file))
+        async with RawConnection.open(node.pulsar_tls_address, connect=False, tls=context) as raw:
+            raw.send("CONNECT", connect=connect)
+            await raw.expect("CONNECTED")
+            raw.send("LOOKUP", lookupTopic=api.CommandLookupTopic(topic=TOPIC, request_id=1))
+            answer = (await raw.expect("LOOKUP_RESPONSE")).command.lookupTopicResponse
+            assert answer.response == answer.Connect, answer
+            assert answer.brokerServiceUrlTls == url
+            assert answer.brokerServiceUrl == node.pulsar_url
+
+        # method tls on the plaintext listener: no certificate to take a role from, refused
+        # as a bad token is (ERROR, then the connection closes)
+        assert node.pulsar_address is not None
+        async with RawConnection.open(node.pulsar_address, connect=False) as raw:
+            raw.send("CONNECT", connect=connect)
+            error = (await raw.expect("ERROR")).command.error
+            assert error.error == api.AuthenticationError
+            assert "client certificate" in error.message
+            assert await raw.closed_by_broker()
+        log = node.log_path.read_text(errors="replace")
+    assert "pulsar_connection_failed" not in log
