@@ -187,10 +187,13 @@ async def test_tls_client_certificates_authenticate_as_their_common_name(tmp_pat
             assert answer.response == answer.Failed
             assert answer.error == api.AuthorizationError
             assert "alice" in answer.message
+        # naming no method: the verified certificate's common name too, as on the gRPC ports
         context = ssl.create_default_context(cafile=str(pki.ca_file))
         context.load_cert_chain(str(admin.cert_file), str(admin.key_file))
         async with RawConnection.open(node.pulsar_tls_address, connect=False, tls=context) as raw:
-            raw.send("CONNECT", connect=connect)
+            raw.send(
+                "CONNECT", connect=api.CommandConnect(client_version="raw", protocol_version=19)
+            )
             await raw.expect("CONNECTED")
             raw.send("LOOKUP", lookupTopic=api.CommandLookupTopic(topic=TOPIC, request_id=1))
             answer = (await raw.expect("LOOKUP_RESPONSE")).command.lookupTopicResponse
@@ -200,12 +203,24 @@ async def test_tls_client_certificates_authenticate_as_their_common_name(tmp_pat
 
         # method tls on the plaintext listener: no certificate to take a role from, refused
         # as a bad token is (ERROR, then the connection closes)
+        # and methods this broker does not take: named, with the ones it does
         assert node.pulsar_address is not None
-        async with RawConnection.open(node.pulsar_address, connect=False) as raw:
-            raw.send("CONNECT", connect=connect)
-            error = (await raw.expect("ERROR")).command.error
-            assert error.error == api.AuthenticationError
-            assert "client certificate" in error.message
-            assert await raw.closed_by_broker()
+        token = api.CommandConnect(
+            client_version="raw", protocol_version=19, auth_method_name="token", auth_data=b"x"
+        )
+        athenz = api.CommandConnect(
+            client_version="raw", protocol_version=19, auth_method_name="athenz"
+        )
+        for refused_connect, reason in (
+            (connect, "client certificate"),
+            (token, "'token' is not enabled"),
+            (athenz, "'athenz' is not accepted"),
+        ):
+            async with RawConnection.open(node.pulsar_address, connect=False) as raw:
+                raw.send("CONNECT", connect=refused_connect)
+                error = (await raw.expect("ERROR")).command.error
+                assert error.error == api.AuthenticationError
+                assert reason in error.message
+                assert await raw.closed_by_broker()
         log = node.log_path.read_text(errors="replace")
     assert "pulsar_connection_failed" not in log
