@@ -38,7 +38,7 @@ from magnetar import __version__
 from magnetar.common.grpc_decoding import RequestDecoding
 from magnetar.common.peer_limits import ConnectionsPerIp
 from magnetar.common.security.config import is_loopback
-from magnetar.common.security.tls import ReloadingServerCredentials
+from magnetar.common.security.tls import ReloadingServerCredentials, ReloadingSslContext
 from magnetar.common.server.health import READINESS_SERVICE as _READINESS
 from magnetar.common.server.health import ProcessHealth
 from magnetar.common.server.serving import (
@@ -83,7 +83,10 @@ class BrokerProcess:
         self.http_port = 0
         self.pulsar_port = 0
         """Port of the Pulsar-protocol listener (0: none)."""
+        self.pulsar_tls_port = 0
+        """Port of the TLS Pulsar-protocol listener (0: none)."""
         self._pulsar: PulsarListener | None = None
+        self._pulsar_tls: PulsarListener | None = None
         self.address = ""
         self.tls_address = ""
         self.tls: ReloadingServerCredentials | None = None
@@ -160,6 +163,23 @@ class BrokerProcess:
         if config.pulsar_port is not None and config.port is not None:
             self._pulsar = PulsarListener()
             self.pulsar_port = await self._pulsar.bind(config.bind_host, config.pulsar_port)
+        if (
+            config.pulsar_tls_port is not None
+            and config.tls_cert_file is not None
+            and config.tls_key_file is not None
+        ):
+            self._pulsar_tls = PulsarListener(
+                tls=ReloadingSslContext(
+                    config.tls_cert_file,
+                    config.tls_key_file,
+                    config.tls_trust_certs_file,
+                    component="broker-pulsar",
+                ),
+                handshake_timeout_s=config.connection_handshake_timeout_ms / 1000,
+            )
+            self.pulsar_tls_port = await self._pulsar_tls.bind(
+                config.bind_host, config.pulsar_tls_port
+            )
         self.broker = Broker(
             config,
             self.store,
@@ -169,6 +189,9 @@ class BrokerProcess:
             service_url_tls=f"magnetar+ssl://{self.tls_address}" if self.tls_port else "",
             http_address=f"{host}:{self.http_port}",
             pulsar_url=f"pulsar://{host}:{self.pulsar_port}" if self.pulsar_port else "",
+            pulsar_url_tls=(
+                f"pulsar+ssl://{host}:{self.pulsar_tls_port}" if self.pulsar_tls_port else ""
+            ),
             version=__version__,
         )
         self.metrics = BrokerMetrics(self.broker)
@@ -186,8 +209,9 @@ class BrokerProcess:
         serve_reflection(self._server, SERVICE_NAMES)
         await self._server.start()
         await self.broker.start()
-        if self._pulsar is not None:
-            await self._pulsar.serve(self.broker)
+        for listener in (self._pulsar, self._pulsar_tls):
+            if listener is not None:
+                await listener.serve(self.broker)
         self._started = True
         self.broker.on_serving_change(self._health.changed)
         await self._health.started(self._ready)
@@ -198,6 +222,7 @@ class BrokerProcess:
             tls_address=self.tls_address or None,
             http_port=self.http_port,
             pulsar_port=self.pulsar_port or None,
+            pulsar_tls_port=self.pulsar_tls_port or None,
             authentication=config.authentication_enabled,
             authorization=config.authorization_enabled,
         )
@@ -248,8 +273,9 @@ class BrokerProcess:
         else:
             await self.broker.close()
         await self._server.stop(grace_s)
-        if self._pulsar is not None:
-            await self._pulsar.stop()
+        for listener in (self._pulsar, self._pulsar_tls):
+            if listener is not None:
+                await listener.stop()
         await self._admin.close()
         await self._http.stop()
         await self.ledger_client.close()
@@ -279,6 +305,8 @@ def ready_line(process: BrokerProcess) -> str:
     host = process.address.rsplit(":", 1)[0]
     tls = f", TLS on {process.tls_address}" if process.tls_port else ""
     pulsar = f", Pulsar on {host}:{process.pulsar_port}" if process.pulsar_port else ""
+    if process.pulsar_tls_port:
+        pulsar += f", Pulsar TLS on {host}:{process.pulsar_tls_port}"
     return (
         f"broker {process.broker_id} serving on {process.address}{tls}{pulsar}"
         f" (metrics: {process._http.scheme}://{host}:{process.http_port}/metrics)"

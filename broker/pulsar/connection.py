@@ -25,9 +25,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import structlog
@@ -83,6 +85,7 @@ from magnetar.common.errors import (
 from magnetar.common.framing import FrameError, FrameReader
 from magnetar.common.names import TopicName, parse_namespace, parse_topic
 from magnetar.common.security.authentication import Credentials, Principal
+from magnetar.common.security.config import AUTHENTICATION_PROVIDERS
 from proto.pulsar import PulsarApi_pb2 as api
 
 log = structlog.get_logger("magnetar.broker.pulsar")
@@ -99,6 +102,12 @@ MIN_PROTOCOL_VERSION = 6
 """The oldest client this broker serves: v6 added the checksum that every MESSAGE carries (and
 v5 the CLOSE_PRODUCER and CLOSE_CONSUMER a broker sends)."""
 ACTIVE_CONSUMER_CHANGE_VERSION = 12
+AUTH_CHALLENGE_VERSION = 14
+"""v14 added AUTH_CHALLENGE and AUTH_RESPONSE: an older client is disconnected, not
+challenged, when its token expires."""
+REFRESH_AUTH_DATA = b"PulsarAuthRefresh"
+"""What Pulsar's broker puts in the AUTH_CHALLENGE that asks for fresh credentials
+(``AuthData.REFRESH_AUTH_DATA``); clients answer with their current token whatever it holds."""
 ACK_RESPONSE_VERSION = 17
 BROKER_ENTRY_METADATA_VERSION = 18
 LATEST_ID = 2**63 - 1
@@ -142,6 +151,10 @@ Handler = Callable[[Frame], Awaitable[None]]
 
 def _command(kind: int, **sub: Any) -> Base:
     return Base(type=kind, **sub)  # type: ignore[arg-type]
+
+
+def _when(ms: int | None) -> str:
+    return datetime.fromtimestamp((ms or 0) / 1000, UTC).isoformat(timespec="seconds")
 
 
 def _message_id(position: Position, partition: int) -> api.MessageIdData:
@@ -219,6 +232,7 @@ class PulsarConnection:
         writer: asyncio.StreamWriter,
         *,
         max_frame_size: int,
+        tls: bool = False,
     ) -> None:
         self.broker = broker
         self._reader = reader
@@ -226,9 +240,17 @@ class PulsarConnection:
         self._max_frame_size = max_frame_size
         host, port = (writer.get_extra_info("peername") or ("?", 0))[:2]
         self.peer = f"ipv4:{host}:{port}"
+        self.tls = tls
+        """Whether the client came over TLS: its lookups answer the owners' TLS listeners."""
         self.protocol_version = 0
         self._entry_metadata = False
         self.principal: Principal | None = None
+        self._auth_refresh = False
+        """The client said it answers AUTH_CHALLENGE (feature flag ``supports_auth_refresh``)."""
+        self._expiry: asyncio.TimerHandle | None = None
+        self._refresh_deadline: asyncio.TimerHandle | None = None
+        self.auth_challenges = 0
+        self.auth_refreshes = 0
         self.producers: dict[int, _Producer] = {}
         self.consumers: dict[int, _Consumer] = {}
         self._pending_producers: set[int] = set()
@@ -253,6 +275,7 @@ class PulsarConnection:
             Base.CONNECT: self._connect_again,
             Base.PING: self._ping,
             Base.PONG: self._pong,
+            Base.AUTH_RESPONSE: self._auth_response,
             Base.PARTITIONED_METADATA: self._spawned(self._partitioned_metadata),
             Base.LOOKUP: self._spawned(self._lookup),
             Base.GET_TOPICS_OF_NAMESPACE: self._spawned(self._topics_of_namespace),
@@ -320,6 +343,7 @@ class PulsarConnection:
         if self._closing:
             return
         self._closing = True
+        self._cancel_auth_timers()
         for producer in list(self.producers.values()):
             self._drop_producer(producer)
         for consumer in list(self.consumers.values()):
@@ -367,26 +391,10 @@ class PulsarConnection:
                 f"the first command on a connection is CONNECT, not {frame.type_name}"
             )
         connect = frame.command.connect
-        token: str | None = None
-        if connect.HasField("auth_method_name") and connect.auth_method_name not in ("", "none"):
-            if connect.auth_method_name != "token":
-                raise AuthenticationError(
-                    f"authentication method {connect.auth_method_name!r} is not accepted here;"
-                    " use token authentication"
-                )
-            token = connect.auth_data.decode("utf-8", "replace")
         try:
-            self.principal = self.broker.security.authenticate(Credentials(self.peer, token))
+            self.principal = self._authenticate(connect)
         except AuthenticationError as e:
-            self._write(
-                _command(
-                    Base.ERROR,
-                    error=api.CommandError(
-                        request_id=0, error=api.AuthenticationError, message=e.message
-                    ),
-                )
-            )
-            await self._writer.drain()
+            await self._refuse_authentication(e)
             raise
         if connect.protocol_version < MIN_PROTOCOL_VERSION:
             self._write(
@@ -408,6 +416,10 @@ class PulsarConnection:
             self.protocol_version >= BROKER_ENTRY_METADATA_VERSION
             and connect.feature_flags.supports_broker_entry_metadata
         )
+        self._auth_refresh = (
+            self.protocol_version >= AUTH_CHALLENGE_VERSION
+            and connect.feature_flags.supports_auth_refresh
+        )
         self._write(
             _command(
                 Base.CONNECTED,
@@ -418,12 +430,211 @@ class PulsarConnection:
                 ),
             )
         )
+        self._schedule_expiry()
         log.info(
             "pulsar_client_connected",
             peer=self.peer,
             client=connect.client_version,
             protocol_version=self.protocol_version,
+            tls=self.tls,
+            role=self.principal.role or None,
+            auth_method=self.principal.method,
         )
+
+    def _authenticate(self, connect: api.CommandConnect) -> Principal:
+        """The principal of a CONNECT: ``token`` takes the JWT in ``auth_data``, ``tls`` the
+        common name of the client certificate the TLS handshake verified; no method, the
+        certificate when there is one (as on the gRPC ports)."""
+        security = self.broker.security
+        if not security.authentication_enabled:
+            return security.authenticate(Credentials(self.peer))
+        method = connect.auth_method_name if connect.HasField("auth_method_name") else ""
+        authentication = security.authentication
+        if method not in ("", "none", *AUTHENTICATION_PROVIDERS):
+            raise authentication.refuse(
+                AuthenticationError,
+                "method_not_enabled",
+                self.peer,
+                f"authentication method {method[:64]!r} is not accepted here; use"
+                f" {' or '.join(sorted(authentication.providers))} authentication",
+            )
+        if method and method != "none" and method not in authentication.providers:
+            raise authentication.refuse(
+                AuthenticationError,
+                "method_not_enabled",
+                self.peer,
+                f"authentication method {method!r} is not enabled on this broker (authentication"
+                f" providers: {', '.join(sorted(authentication.providers))})",
+            )
+        common_name = self._certificate_common_name()
+        if method == "token":
+            return security.authenticate(
+                Credentials(self.peer, connect.auth_data.decode("utf-8", "replace"))
+            )
+        if method == "tls" and common_name is None:
+            raise authentication.refuse(
+                AuthenticationError,
+                "no_credentials",
+                self.peer,
+                "authentication method 'tls' needs a client certificate verified by the TLS"
+                " handshake: "
+                + (
+                    "this connection presented none"
+                    if self.tls
+                    else "this connection is plaintext (connect to the pulsar+ssl:// URL)"
+                ),
+            )
+        return security.authenticate(Credentials(self.peer, None, common_name))
+
+    def _certificate_common_name(self) -> str | None:
+        """The common name of the client certificate the TLS handshake verified ("" for one
+        without a common name), or None when none was presented or verified."""
+        if not self.tls:
+            return None
+        peercert = self._writer.get_extra_info("peercert")
+        if not peercert:
+            return None  # no trust file (no client certificate asked for), or none given
+        for rdn in peercert.get("subject", ()):
+            for key, value in rdn:
+                if key == "commonName":
+                    return str(value)
+        return ""
+
+    async def _refuse_authentication(self, error: AuthenticationError) -> None:
+        """ERROR (AuthenticationError) with what was wrong and never the secret; the caller
+        then closes the connection, as Pulsar's broker does."""
+        self._write(
+            _command(
+                Base.ERROR,
+                error=api.CommandError(
+                    request_id=0, error=api.AuthenticationError, message=error.message
+                ),
+            )
+        )
+        await self._writer.drain()
+
+    # --- refreshing expired credentials (AUTH_CHALLENGE) ------------------------------------------
+
+    def _schedule_expiry(self) -> None:
+        """Challenge the client when its token expires (Pulsar checks every
+        ``authenticationRefreshCheckSeconds``; this broker acts at the expiry itself)."""
+        self._cancel_auth_timers()
+        principal = self.principal
+        if principal is None or principal.expires_at_ms is None or self._closing:
+            return
+        delay_s = max(0.0, principal.expires_at_ms / 1000 - time.time())
+        self._expiry = asyncio.get_running_loop().call_later(delay_s, self._credentials_expired)
+
+    def _cancel_auth_timers(self) -> None:
+        for handle in (self._expiry, self._refresh_deadline):
+            if handle is not None:
+                handle.cancel()
+        self._expiry = self._refresh_deadline = None
+
+    def _credentials_expired(self) -> None:
+        self._expiry = None
+        assert self.principal is not None
+        if not self._auth_refresh:
+            # as Pulsar's broker: a client that cannot be challenged is disconnected, and
+            # reconnects with the credentials it has then
+            self._end_for_credentials(
+                self._refusal(
+                    "expired",
+                    f"the connection's token expired at {_when(self.principal.expires_at_ms)}"
+                    " and this client cannot refresh it (protocol version"
+                    f" {self.protocol_version}, supports_auth_refresh not set); reconnect",
+                )
+            )
+            return
+        self.auth_challenges += 1
+        log.info("pulsar_credentials_expired", peer=self.peer, role=self.principal.role)
+        self._write(
+            _command(
+                Base.AUTH_CHALLENGE,
+                authChallenge=api.CommandAuthChallenge(
+                    server_version=f"Magnetar {self.broker.version}".strip(),
+                    challenge=api.AuthData(
+                        auth_method_name=self.principal.method, auth_data=REFRESH_AUTH_DATA
+                    ),
+                    protocol_version=self.protocol_version,
+                ),
+            )
+        )
+        self._refresh_deadline = asyncio.get_running_loop().call_later(
+            self.broker.security.refresh_grace_s, self._refresh_lapsed
+        )
+
+    def _refresh_lapsed(self) -> None:
+        self._refresh_deadline = None
+        assert self.principal is not None
+        grace_ms = round(self.broker.security.refresh_grace_s * 1000)
+        self._end_for_credentials(
+            self._refusal(
+                "expired",
+                f"the connection's token expired at {_when(self.principal.expires_at_ms)} and no"
+                f" fresh one came within {grace_ms} ms of the AUTH_CHALLENGE; reconnect",
+            )
+        )
+
+    def _refusal(self, reason: str, message: str) -> AuthenticationError:
+        return self.broker.security.authentication.refuse(
+            AuthenticationError, reason, self.peer, message
+        )
+
+    def _end_for_credentials(self, error: AuthenticationError) -> None:
+        """ERROR (AuthenticationError), then close: the client reconnects with fresh
+        credentials, looks its partitions up again and resends what was not receipted."""
+        log.info("pulsar_connection_refused", peer=self.peer, error=error.message)
+        self._write(
+            _command(
+                Base.ERROR,
+                error=api.CommandError(
+                    request_id=0, error=api.AuthenticationError, message=error.message
+                ),
+            )
+        )
+        if not self._closing:
+            self._closer = asyncio.ensure_future(self.close())
+
+    async def _auth_response(self, frame: Frame) -> None:
+        """The client's answer to AUTH_CHALLENGE: fresh credentials of the same role, or the
+        end of the connection."""
+        response = frame.command.authResponse
+        if self._refresh_deadline is None:
+            log.info("pulsar_auth_response_unasked", peer=self.peer)
+            return
+        self._refresh_deadline.cancel()
+        self._refresh_deadline = None
+        assert self.principal is not None
+        method = response.response.auth_method_name
+        try:
+            if method != "token":
+                raise self._refusal(
+                    "method_not_enabled",
+                    f"the answer to AUTH_CHALLENGE uses method {method[:64]!r}; this connection"
+                    " authenticated with a token and refreshes only a token",
+                )
+            principal = self.broker.security.authentication.authenticate_token(
+                response.response.auth_data.decode("utf-8", "replace"), self.peer
+            )
+            if principal.role != self.principal.role:
+                raise self._refusal(
+                    "role_changed",
+                    f"the fresh token is for role {principal.role!r}; this connection was opened"
+                    f" by role {self.principal.role!r} (connect again to act as another role)",
+                )
+        except AuthenticationError as e:
+            self._end_for_credentials(e)
+            return
+        self.principal = principal
+        self.auth_refreshes += 1
+        log.info(
+            "pulsar_credentials_refreshed",
+            peer=self.peer,
+            role=principal.role,
+            expires_at=_when(principal.expires_at_ms) if principal.expires_at_ms else None,
+        )
+        self._schedule_expiry()
 
     async def _connect_again(self, _: Frame) -> None:
         raise ProtocolError("a second CONNECT on a connection")
@@ -480,7 +691,12 @@ class PulsarConnection:
                     context={"topic": name.full, "partitions": result.partitions},
                 )
             owner = result.owners[0]
-            response.brokerServiceUrl = await self.broker.pulsar_url_of(owner.broker_id)
+            # both, as Pulsar answers; a client over TLS follows brokerServiceUrlTls
+            plain, tls = await self.broker.pulsar_urls_of(owner.broker_id, tls=self.tls)
+            if plain:
+                response.brokerServiceUrl = plain
+            if tls:
+                response.brokerServiceUrlTls = tls
             response.response = api.CommandLookupTopicResponse.Connect
             response.authoritative = True
         except MagnetarError as e:
@@ -930,7 +1146,7 @@ class PulsarConnection:
             elif isinstance(event, ClientDone):
                 return
             elif isinstance(event, AuthChallenge):
-                pass  # no auth refresh on this listener yet
+                pass  # this listener refreshes a token per connection (AUTH_CHALLENGE), not here
 
     def _seek_done(self, consumer: _Consumer, request_id: int) -> None:
         """As Pulsar answers a seek: CLOSE_CONSUMER first, then SUCCESS. The client drops the

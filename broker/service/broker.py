@@ -115,6 +115,7 @@ class Broker:
         service_url_tls: str = "",
         http_address: str = "",
         pulsar_url: str = "",
+        pulsar_url_tls: str = "",
         version: str = "",
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
@@ -130,6 +131,8 @@ class Broker:
         self.http_address = http_address
         self.pulsar_url = pulsar_url
         """``pulsar://host:port`` of this broker's Pulsar-protocol listener ("" without one)."""
+        self.pulsar_url_tls = pulsar_url_tls
+        """``pulsar+ssl://host:port`` of its TLS Pulsar-protocol listener ("" without one)."""
         self.version = version
         self.clock = clock
         self.start_time_ms = clock.time_ms()
@@ -220,6 +223,7 @@ class Broker:
             service_url_tls=self.service_url_tls,
             http_address=self.http_address,
             pulsar_url=self.pulsar_url,
+            pulsar_url_tls=self.pulsar_url_tls,
             version=self.version,
             start_time_ms=self.start_time_ms,
         )
@@ -570,22 +574,35 @@ class Broker:
             service_url_tls=registration.service_url_tls,
         )
 
-    async def pulsar_url_of(self, broker_id: str) -> str:
-        """The ``pulsar://`` URL of a live broker's Pulsar listener; :class:`ServiceNotReadyError`
-        (retriable: it may be starting, or its partitions about to move) when it has none."""
-        if broker_id == self.broker_id and self.pulsar_url:
-            return self.pulsar_url
-        registration = self.live_brokers.get(broker_id)
-        if registration is None:
-            await self._refresh_live()
+    async def pulsar_urls_of(self, broker_id: str, *, tls: bool) -> tuple[str, str]:
+        """``(pulsar://..., pulsar+ssl://...)`` of a live broker's Pulsar listeners ("" for one
+        it does not have), what a lookup answers as ``brokerServiceUrl`` and
+        ``brokerServiceUrlTls``. :class:`ServiceNotReadyError` (retriable: the broker may be
+        starting, or its partitions about to move) when it has no listener of the kind the
+        client uses (``tls``: the client connected over TLS, and follows the TLS URL)."""
+        if broker_id == self.broker_id:
+            registration: BrokerRegistration | None = BrokerRegistration(
+                broker_id=broker_id, pulsar_url=self.pulsar_url, pulsar_url_tls=self.pulsar_url_tls
+            )
+        else:
             registration = self.live_brokers.get(broker_id)
-        if registration is None or not registration.pulsar_url:
+            if registration is None:
+                await self._refresh_live()
+                registration = self.live_brokers.get(broker_id)
+        if registration is None:
             raise ServiceNotReadyError(
-                f"broker {broker_id} has no Pulsar-protocol listener"
-                + (" registered now" if registration is None else " (its pulsar_port is empty)"),
+                f"broker {broker_id} has no Pulsar-protocol listener registered now",
                 context={"broker": broker_id},
             )
-        return registration.pulsar_url
+        wanted = registration.pulsar_url_tls if tls else registration.pulsar_url
+        if not wanted:
+            raise ServiceNotReadyError(
+                f"broker {broker_id} has no {'TLS ' if tls else 'plaintext '}Pulsar-protocol"
+                f" listener (its {'pulsar_tls_port' if tls else 'pulsar_port'} is empty"
+                + (", or TLS is off)" if tls else ")"),
+                context={"broker": broker_id},
+            )
+        return registration.pulsar_url, registration.pulsar_url_tls
 
     async def open_topic(self, name: TopicName) -> Topic:
         """The partition a producer or consumer opens: served here, taken here if nobody owns

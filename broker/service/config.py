@@ -22,6 +22,9 @@ BROKER_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 DEFAULT_PULSAR_PORT = 6660
 """Not Pulsar's 6650, which is Magnetar's gRPC port; a Pulsar tool that hard-codes 6650 is
 pointed at a broker started with ``--pulsar-port 6650 --port <another>``."""
+DEFAULT_PULSAR_TLS_PORT = 6661
+"""Not Pulsar's 6651, which is Magnetar's gRPC TLS port, for the same reason: the Pulsar
+listeners sit ten above the gRPC ones (6660 plaintext, 6661 TLS)."""
 ENVELOPE_ALLOWANCE_BYTES = 16 * 1024
 """Room kept in an entry for the envelope the broker wraps around a producer's batch."""
 
@@ -50,6 +53,12 @@ class BrokerConfig(
     """Port of the listener for Pulsar's binary protocol (pulsar://host:port), which Pulsar's
     own clients use unchanged (0: any free port; empty: no such listener). Plaintext: it stays
     closed while port is empty (TLS only)."""
+
+    pulsar_tls_port: int | None = DEFAULT_PULSAR_TLS_PORT
+    """Port of the TLS listener for Pulsar's binary protocol (pulsar+ssl://host:port), open
+    when tls_cert_file and tls_key_file are set, with the same certificate, key and trusted CAs
+    as the TLS gRPC port, reloaded when they change (0: any free port; empty: no such
+    listener)."""
 
     bind_host: str = "0.0.0.0"  # noqa: S104 - a server listens on every interface by default
     """Address the servers listen on."""
@@ -209,6 +218,7 @@ class BrokerConfig(
         ports = {"port": self.port, "http_port": self.http_port, "pulsar_port": self.pulsar_port}
         if self.tls_enabled:
             ports["tls_port"] = self.tls_port
+            ports["pulsar_tls_port"] = self.pulsar_tls_port
         taken: dict[int, str] = {}
         for name, value in ports.items():
             if not value:
@@ -224,7 +234,7 @@ class BrokerConfig(
         return self.store_config(self.metadata)
 
     def __post_init__(self) -> None:
-        for name in ("port", "http_port", "tls_port", "pulsar_port"):
+        for name in ("port", "http_port", "tls_port", "pulsar_port", "pulsar_tls_port"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= 65535:
                 raise config_error(name, value, "must be a port number from 0 to 65535")

@@ -189,6 +189,8 @@ class BrokerRegistration:
     start_time_ms: int = 0
     pulsar_url: str = ""
     """``pulsar://host:port`` of its Pulsar-protocol listener ("" without one)."""
+    pulsar_url_tls: str = ""
+    """``pulsar+ssl://host:port`` of its TLS Pulsar-protocol listener ("" without one)."""
 
 
 def encode_broker_registration(registration: BrokerRegistration) -> bytes:
@@ -201,6 +203,7 @@ def encode_broker_registration(registration: BrokerRegistration) -> bytes:
         version=registration.version,
         start_time_ms=registration.start_time_ms,
         pulsar_url=registration.pulsar_url,
+        pulsar_url_tls=registration.pulsar_url_tls,
     ).SerializeToString()
 
 
@@ -214,6 +217,7 @@ def decode_broker_registration(value: bytes) -> BrokerRegistration:
         version=message.version,
         start_time_ms=message.start_time_ms,
         pulsar_url=message.pulsar_url,
+        pulsar_url_tls=message.pulsar_url_tls,
     )
 
 

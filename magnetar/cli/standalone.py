@@ -19,7 +19,7 @@ import structlog
 
 from bookie.client.config import LedgerClientConfig
 from bookie.service.config import BookieConfig
-from broker.service.config import DEFAULT_PULSAR_PORT, BrokerConfig
+from broker.service.config import DEFAULT_PULSAR_PORT, DEFAULT_PULSAR_TLS_PORT, BrokerConfig
 from magnetar.common.config import config_error
 from magnetar.common.files import private_dir
 from magnetar.common.security.config import AuthenticationSettings, TlsSettings
@@ -60,6 +60,12 @@ class StandaloneConfig(AuthenticationSettings, TlsSettings):
     clients (0: any free port; empty: none). Given the gRPC port (--pulsar-port 6650, for tools
     that hard-code Pulsar's ports), it takes it, and gRPC moves to 6660."""
 
+    pulsar_tls_port: int | None = DEFAULT_PULSAR_TLS_PORT
+    """TLS port of the broker's listener for Pulsar's binary protocol (pulsar+ssl://), open when
+    tls_cert_file and tls_key_file are set (0: any free port; empty: none). Given the TLS gRPC
+    port (--pulsar-tls-port 6651, Pulsar's brokerServicePortTls), it takes it, and TLS gRPC
+    moves to 6661."""
+
     bookies: int = 3
     """Bookies to run (1 to 9); ledgers use E3/Qw2/Qa2 with 3 or more, else E=Qw=Qa=bookies."""
 
@@ -77,7 +83,7 @@ class StandaloneConfig(AuthenticationSettings, TlsSettings):
     def __post_init__(self) -> None:
         if not 1 <= self.bookies <= 9:
             raise config_error("bookies", self.bookies, "must be from 1 to 9")
-        for name in ("port", "http_port", "tls_port", "pulsar_port"):
+        for name in ("port", "http_port", "tls_port", "pulsar_port", "pulsar_tls_port"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= 65535:
                 raise config_error(name, value, "must be a port number from 0 to 65535")
@@ -86,6 +92,15 @@ class StandaloneConfig(AuthenticationSettings, TlsSettings):
                 "pulsar_port",
                 self.pulsar_port,
                 f"is also port's: give gRPC another port than {DEFAULT_PULSAR_PORT}",
+            )
+        if (
+            self.pulsar_tls_port
+            and self.pulsar_tls_port == self.tls_port == DEFAULT_PULSAR_TLS_PORT
+        ):
+            raise config_error(
+                "pulsar_tls_port",
+                self.pulsar_tls_port,
+                f"is also tls_port's: give TLS gRPC another port than {DEFAULT_PULSAR_TLS_PORT}",
             )
         # the broker's own rules (a listener at least, authorization with authentication...)
         self.broker_config(ledger=LedgerClientConfig())
@@ -107,12 +122,21 @@ class StandaloneConfig(AuthenticationSettings, TlsSettings):
             return DEFAULT_PULSAR_PORT
         return self.port
 
+    @property
+    def grpc_tls_port(self) -> int:
+        """The TLS gRPC port: ``tls_port``, unless the TLS Pulsar listener asked for it (Pulsar
+        tools hard-code 6651), when TLS gRPC takes the TLS Pulsar listener's default."""
+        if self.pulsar_tls_port and self.pulsar_tls_port == self.tls_port:
+            return DEFAULT_PULSAR_TLS_PORT
+        return self.tls_port
+
     def broker_config(self, *, ledger: LedgerClientConfig) -> BrokerConfig:
         return BrokerConfig(
             metadata="memory://",  # unused: the shared store is passed in
             port=self.grpc_port,
             pulsar_port=self.pulsar_port,
-            tls_port=self.tls_port,
+            pulsar_tls_port=self.pulsar_tls_port,
+            tls_port=self.grpc_tls_port,
             http_port=self.http_port,
             bind_host=self.bind_host,
             advertised_host=self.advertised_host,
@@ -196,13 +220,19 @@ class Standalone:
         assert self.broker is not None
         return self.broker.broker.pulsar_url
 
+    @property
+    def pulsar_tls_url(self) -> str:
+        """``pulsar+ssl://host:port`` of the TLS Pulsar-protocol listener ("" without one)."""
+        assert self.broker is not None
+        return self.broker.broker.pulsar_url_tls
+
     def ready_line(self) -> str:
         assert self.broker is not None
         host = self.broker.address.rsplit(":", 1)[0]
         urls = self.service_url
         if self.broker.port and self.broker.tls_port:
             urls += f", {self.tls_service_url}"
-        pulsar = f"{self.pulsar_url}; " if self.pulsar_url else ""
+        pulsar = "".join(f"{url}; " for url in (self.pulsar_url, self.pulsar_tls_url) if url)
         return (
             f"magnetar standalone ready in {self.ready_s:.2f} s: service URL {urls}"
             f" ({pulsar}{len(self.bookies)} bookies; metrics:"

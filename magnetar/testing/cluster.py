@@ -126,6 +126,7 @@ def _ready_line_pattern(kind: str) -> re.Pattern[str]:
         rf"^{kind} (?P<node_id>\S+) serving on (?P<address>\S+?)"
         r"(?:, TLS on (?P<tls_address>\S+?))?(?:, data on (?P<data_address>\S+?))?"
         r"(?:, Pulsar on (?P<pulsar_address>\S+?))?"
+        r"(?:, Pulsar TLS on (?P<pulsar_tls_address>\S+?))?"
         r" \(metrics: https?://(?P<http_host>\S+):(?P<http_port>\d+)/metrics\)$"
     )
 
@@ -237,6 +238,8 @@ class ServerNode(ManagedProcess):
         self._data_address: str | None = None
         self.pulsar_address: str | None = None
         """host:port of a broker's listener for Pulsar's binary protocol."""
+        self.pulsar_tls_address: str | None = None
+        """host:port of a broker's TLS listener for Pulsar's binary protocol (TLS on)."""
         self._http_host: str | None = None
         self._http_port: int | None = None
 
@@ -301,6 +304,7 @@ class ServerNode(ManagedProcess):
         self.tls_address = ready.groupdict().get("tls_address")
         self._data_address = ready.groupdict().get("data_address")
         self.pulsar_address = ready.groupdict().get("pulsar_address")
+        self.pulsar_tls_address = ready.groupdict().get("pulsar_tls_address")
         self._http_host = ready["http_host"]
         self._http_port = int(ready["http_port"])
 
@@ -698,6 +702,16 @@ class _ClientFacingNode(ServerNode):
             raise RuntimeError(f"{self!r} has no Pulsar listener")
         return f"pulsar://{self.pulsar_address}"
 
+    @property
+    def pulsar_ssl_url(self) -> str:
+        """``"pulsar+ssl://HOST:PORT"`` of its TLS listener for Pulsar's protocol (started with
+        ``--tls-cert-file``), for Pulsar clients over TLS."""
+        if self.pulsar_tls_address is None:
+            raise RuntimeError(
+                f"{self!r} has no TLS Pulsar listener (start it with --tls-cert-file)"
+            )
+        return f"pulsar+ssl://{self.pulsar_tls_address}"
+
 
 class BrokerNode(_ClientFacingNode):
     """One ``magnetar broker`` OS process (on 127.0.0.1 unless told otherwise).
@@ -759,7 +773,7 @@ class BrokerNode(_ClientFacingNode):
     def _kind_args(self) -> list[str]:
         # the TLS port is used only when TLS is on (--tls-cert-file in extra_args)
         named = [] if self._configured_id is None else ["--broker-id", self._configured_id]
-        return ["--tls-port", "0", "--pulsar-port", "0", *named]
+        return ["--tls-port", "0", "--pulsar-port", "0", "--pulsar-tls-port", "0", *named]
 
     def _unnamed(self) -> str:
         return f"broker logging to {self._log_path}"
@@ -779,7 +793,8 @@ class StandaloneNode(_ClientFacingNode):
     _ready_line = re.compile(
         r"^magnetar standalone ready in (?P<ready_s>[0-9.]+) s: service URL"
         r" (?:magnetar://(?P<address>[^\s,]+))?(?:, )?(?:magnetar\+ssl://(?P<tls_address>\S+))?"
-        r" \((?:pulsar://(?P<pulsar_address>[^\s;]+); )?(?P<bookies>\d+) bookies; metrics:"
+        r" \((?:pulsar://(?P<pulsar_address>[^\s;]+); )?"
+        r"(?:pulsar\+ssl://(?P<pulsar_tls_address>[^\s;]+); )?(?P<bookies>\d+) bookies; metrics:"
         r" http://(?P<http_host>[^:/]+):(?P<http_port>\d+)/metrics; data: (?P<data>.+)\)$"
     )
     _stop_timeout_s = 75.0
@@ -817,6 +832,7 @@ class StandaloneNode(_ClientFacingNode):
     def _on_ready(self, ready: re.Match[str]) -> None:
         self.tls_address = ready["tls_address"]
         self.pulsar_address = ready["pulsar_address"]
+        self.pulsar_tls_address = ready["pulsar_tls_address"]
         self._address = ready["address"] or self.tls_address
         self._http_host = ready["http_host"]
         self._http_port = int(ready["http_port"])
@@ -830,6 +846,7 @@ class StandaloneNode(_ClientFacingNode):
             "--tls-port", "0",  # used only when TLS is on (--tls-cert-file in extra_args)
             "--http-port", "0",
             "--pulsar-port", "0",
+            "--pulsar-tls-port", "0",  # used only when TLS is on, as --tls-port
             "--bookies", str(self._bookies),
             "--bind-host", HOST,
             "--advertised-host", HOST,

@@ -85,11 +85,12 @@ class Cluster:
 
 def broker_config(**overrides: Any) -> BrokerConfig:
     ml = overrides.pop("managed_ledger", ManagedLedgerConfig(cursor_persist_interval_ms=100))
+    overrides.setdefault("pulsar_port", 0)
+    overrides.setdefault("pulsar_tls_port", 0)  # opens only with TLS (tls_cert_file)
     return BrokerConfig(
         metadata="memory://",
         port=0,
         http_port=0,
-        pulsar_port=0,
         bind_host="127.0.0.1",
         advertised_host="127.0.0.1",
         session_ttl_s=4,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -39,9 +40,11 @@ class RawConnection:
         connect: bool = True,
         protocol_version: int = 20,
         entry_metadata: bool = False,
+        tls: ssl.SSLContext | None = None,
     ) -> AsyncIterator[RawConnection]:
+        """``tls``: over TLS (a TLS listener), handshaking with this context."""
         host, port = address.rsplit(":", 1)
-        reader, writer = await asyncio.open_connection(host, int(port))
+        reader, writer = await asyncio.open_connection(host, int(port), ssl=tls)
         raw = cls(reader, writer)
         try:
             if connect:

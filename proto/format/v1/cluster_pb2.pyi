@@ -151,6 +151,7 @@ class BrokerRegistration(_message.Message):
     START_TIME_MS_FIELD_NUMBER: _builtins.int
     SERVICE_URL_TLS_FIELD_NUMBER: _builtins.int
     PULSAR_URL_FIELD_NUMBER: _builtins.int
+    PULSAR_URL_TLS_FIELD_NUMBER: _builtins.int
     format_version: _builtins.int
     broker_id: _builtins.str
     service_url: _builtins.str
@@ -166,6 +167,10 @@ class BrokerRegistration(_message.Message):
     """"pulsar://host:port" of the broker's listener for Pulsar's binary protocol ("" without one):
     what a lookup from a Pulsar client answers for the partitions this broker owns.
     """
+    pulsar_url_tls: _builtins.str
+    """"pulsar+ssl://host:port" of the broker's TLS listener for Pulsar's binary protocol ("" without
+    one): what a lookup answers as brokerServiceUrlTls, which clients connected over TLS follow.
+    """
     def __init__(
         self,
         *,
@@ -177,10 +182,11 @@ class BrokerRegistration(_message.Message):
         start_time_ms: _builtins.int = ...,
         service_url_tls: _builtins.str = ...,
         pulsar_url: _builtins.str = ...,
+        pulsar_url_tls: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "format_version", b"format_version", "http_address", b"http_address", "pulsar_url", b"pulsar_url", "service_url", b"service_url", "service_url_tls", b"service_url_tls", "start_time_ms", b"start_time_ms", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "format_version", b"format_version", "http_address", b"http_address", "pulsar_url", b"pulsar_url", "pulsar_url_tls", b"pulsar_url_tls", "service_url", b"service_url", "service_url_tls", b"service_url_tls", "start_time_ms", b"start_time_ms", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
