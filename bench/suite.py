@@ -2,13 +2,17 @@
 (its own etcd, 3 bookie processes, 1 broker process, ledgers E3/Qw2/Qa2, every group commit
 ``fdatasync``ed), each driven by the real ``magnetar perf`` command, next to the raw limits of
 this machine (append+fdatasync rate, group-commit bandwidth, loopback gRPC round trip) measured
-in the same run, at its start and at its end.
+in the same run, at its start and at its end. The Pulsar port is measured beside three gRPC
+workloads: ``bench/pulsar_perf.py`` drives the real ``pulsar-client`` (``pulsar-produce``,
+``pulsar-e2e-2000``, ``pulsar-e2e-50000``), and its max-rate throughput is judged against 80% of
+the gRPC port's (issue 26).
 
 Run from the repository root::
 
     .venv/bin/python bench/suite.py                 # full run, about ten minutes
     .venv/bin/python bench/suite.py --quick         # smoke test, under two minutes
     .venv/bin/python bench/suite.py --grow-gb 20    # and the opt-in stored-data growth part
+    .venv/bin/python bench/suite.py --quick --only pulsar-port   # the Pulsar port and its pairs
 
 It writes ``bench/results/suite-<date>.json`` (every figure), ``suite-<date>.md`` (the summary,
 with the targets' verdicts), ``suite-<date>-throughput.png`` and ``suite-<date>-latency.png``
@@ -470,8 +474,12 @@ def _pair_figures(r: dict[str, Any]) -> dict[str, Any]:
     """What a side of a Pulsar / gRPC pair is read by."""
     cost = r.get("cost") or {}
     per_message = cost.get("ms_per_message") or {}
+    cpu = (r["phases"][-1].get("cpu") if r.get("phases") else None) or {}
     return {
         "msg_per_s": r["msg_per_s"],
+        # the load process (its client) and the broker, % of one core: which one was busy
+        "client_cpu_pct": cpu.get("perf_pct"),
+        "broker_cpu_pct": cpu.get("broker_pct"),
         "latency_ms": {p: r["latency_ms"].get(p) for p in ("p50", "p99")},
         "api": r.get("api"),
         "cpu_ms_per_message": per_message.get("broker_bookies"),
@@ -1861,6 +1869,8 @@ def _pulsar_lines(results: dict[str, Any]) -> list[str]:
             return f"{opt(latency['p50'])} / {opt(latency['p99'])} ms"
         if key == "msg_per_s":
             return f"{figures['msg_per_s']:,.0f}"
+        if key == "cpu":
+            return f"{_pct(figures['client_cpu_pct'])} / {_pct(figures['broker_cpu_pct'])}"
         return opt(figures[key], "#.3g" if key == "cpu_ms_per_message" else ",.1f")
 
     lines = [
@@ -1876,7 +1886,10 @@ def _pulsar_lines(results: dict[str, Any]) -> list[str]:
             " the same limits, 100 B, 1 partition. Latency is send call -> receipt at max rate"
             " (10,000 sends pending: mostly queueing) and send -> receive on one clock at a"
             " fixed rate. CPU per message is the broker's and the 3 bookies' together over the"
-            " same window. Pulsar / gRPC is the ratio of msg/s; issue 26's goal is at least"
+            " same window; CPU client / broker is the load process's (`magnetar perf` or"
+            " `pulsar_perf.py`, with the client's threads) and the broker's, % of one core, so"
+            " the busier one shows what limited the run. Pulsar / gRPC is the ratio of msg/s;"
+            " issue 26's goal is at least"
             f" {PULSAR_TARGET_RATIO:.0%} at max rate. The load average (1 min, before -> after"
             " each workload) says how busy the shared machine was."
         ),
@@ -1884,9 +1897,10 @@ def _pulsar_lines(results: dict[str, Any]) -> list[str]:
         (
             "| workload | gRPC msg/s | Pulsar msg/s | Pulsar / gRPC | latency p50 / p99, gRPC"
             " | latency p50 / p99, Pulsar | broker + bookies CPU ms per message, gRPC | ... Pulsar"
-            " | messages per entry, gRPC | ... Pulsar | load average, gRPC | ... Pulsar |"
+            " | messages per entry, gRPC | ... Pulsar | CPU client / broker, gRPC | ... Pulsar"
+            " | load average, gRPC | ... Pulsar |"
         ),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in pairs:
         grpc, pulsar = p["grpc_figures"], p["pulsar_figures"]
@@ -1897,6 +1911,7 @@ def _pulsar_lines(results: dict[str, Any]) -> list[str]:
             f" | {side(grpc, 'latency')} | {side(pulsar, 'latency')}"
             f" | {side(grpc, 'cpu_ms_per_message')} | {side(pulsar, 'cpu_ms_per_message')}"
             f" | {side(grpc, 'messages_per_entry')} | {side(pulsar, 'messages_per_entry')}"
+            f" | {side(grpc, 'cpu')} | {side(pulsar, 'cpu')}"
             f" | {_load_cell(by_key.get(p['grpc'] or ''))} | {_load_cell(by_key[p['pulsar']])} |"
         )
     return lines
@@ -1914,7 +1929,8 @@ def render_markdown(results: dict[str, Any]) -> str:
             f" (default storage settings: every group commit `fdatasync`ed), 1 `magnetar broker`"
             f" (`{' '.join(p['broker_args'])}`), ledgers {p['quorum']}. Each workload is one run"
             " of the real `magnetar perf` command (a process of its own, default client"
-            " settings) on a fresh topic; before each, the page cache is written back (`sync`)."
+            " settings; the `pulsar-*` workloads run `bench/pulsar_perf.py` instead, see"
+            " below) on a fresh topic; before each, the page cache is written back (`sync`)."
             " perf makes one client call per message (`send_async`; `receive` then"
             " `acknowledge`) except in the `-batch` workloads (`--batch-api`: `send_many_async`"
             " runs; `batch_receive` with one acknowledgement per batch); every figure is named"
@@ -1983,7 +1999,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             " 100 B and 1 KiB messages, max rate (produce), fixed 2,000 and 50,000 msg/s"
             " (end-to-end latency), and a backlog drained by one consumer; produce and backlog"
             " each with perf's per-message calls (send_async; receive + acknowledge) and with"
-            " --batch-api (send_many_async; batch_receive), labelled. The raw limits of"
+            " --batch-api (send_many_async; batch_receive), labelled; and the Pulsar port with"
+            " the real pulsar-client (bench/pulsar_perf.py: pulsar-produce, pulsar-e2e-2000,"
+            " pulsar-e2e-50000), each right after its gRPC counterpart, their throughput ratio"
+            " judged against 80%. The raw limits of"
             " this machine (4 KiB append+fdatasync ops/s, 1 MiB and 4 MiB append+fdatasync MB/s,"
             " loopback gRPC round trip) are measured at the start and the end. Writes"
             " suite-<date>.json, .md, -throughput.png and -latency.png to --out, with PASS/MISS"

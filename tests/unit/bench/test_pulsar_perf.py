@@ -24,7 +24,8 @@ URL = "pulsar://127.0.0.1:6660"
 
 
 def _args(*extra: str, mode: str = "produce") -> argparse.Namespace:
-    return pulsar_perf.parse_args([mode, "t", "--service-url", URL, *extra])
+    args: argparse.Namespace = pulsar_perf.parse_args([mode, "t", "--service-url", URL, *extra])
+    return args
 
 
 def test_defaults_are_perfs_batching_limits_and_window():

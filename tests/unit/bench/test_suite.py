@@ -569,6 +569,8 @@ def test_pairs_give_both_sides_and_their_ratio():
     assert pair["throughput_ratio"] == pytest.approx(0.25)
     assert pair["pulsar_figures"] == {
         "msg_per_s": 25_000,
+        "client_cpu_pct": None,  # no phase measured
+        "broker_cpu_pct": None,
         "latency_ms": {"p50": 2.0, "p99": 3.0},
         "api": None,
         "cpu_ms_per_message": 0.5,
@@ -755,8 +757,20 @@ def test_the_report_sets_the_pulsar_port_beside_the_grpc_port_with_the_load_aver
             "latency_ms": latency,
         }
         cost = suite.cpu_cost(_cpu(), {"msg_per_s": 2000.0}, "produce")
+        cpu = {
+            "perf_pct": 91.4,
+            "perf_event_loop_pct": 26.0,
+            "broker_pct": 15.0,
+            "broker_busiest_thread": {"broker-0": ["main", 14.0]},
+            "bookies_pct": 5.0,
+            "etcd_pct": 1.0,
+            "machine_busy_pct": 150.0,
+            "other_pct": 37.6,
+            "machine_steal_pct": 0.0,
+        }
+        measured = {"cpu": cpu, "limits": ["none"]} if "pulsar" in api else {}
         return {"phase": "produce", "command": api, "ok": True, "summary": summary,
-                "broker_rss": rss, "progress": [], "cost": cost}  # fmt: skip
+                "broker_rss": rss, "progress": [], "cost": cost, **measured}  # fmt: skip
 
     workloads = []
     pair = ((wl("max-rate", 1, 100), 100_000), (wl("max-rate", 1, 100, protocol="pulsar"), 25_000))
@@ -808,6 +822,8 @@ def test_the_report_sets_the_pulsar_port_beside_the_grpc_port_with_the_load_aver
         "0.650",
         "4.0",
         "4.0",
+        "- / -",
+        "91% / 15%",
         "3.0 -> 4.5",
         "3.0 -> 4.5",
     ]
