@@ -169,6 +169,12 @@ def machine_cpu_seconds() -> tuple[float, float, float]:
     return (total - idle - steal) / ticks, steal / ticks, total / ticks
 
 
+def load_average() -> list[float]:
+    """The machine's 1, 5 and 15 minute load averages (``/proc/loadavg``): on a shared machine,
+    how many others wanted the CPU around a measurement."""
+    return [float(v) for v in Path("/proc/loadavg").read_text().split()[:3]]
+
+
 def thread_cpu_seconds(pid: int) -> dict[str, float]:
     """CPU seconds of each thread of a process, by ``name:tid`` (threads that ended are gone).
 

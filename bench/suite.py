@@ -2,13 +2,17 @@
 (its own etcd, 3 bookie processes, 1 broker process, ledgers E3/Qw2/Qa2, every group commit
 ``fdatasync``ed), each driven by the real ``magnetar perf`` command, next to the raw limits of
 this machine (append+fdatasync rate, group-commit bandwidth, loopback gRPC round trip) measured
-in the same run, at its start and at its end.
+in the same run, at its start and at its end. The Pulsar port is measured beside three gRPC
+workloads: ``bench/pulsar_perf.py`` drives the real ``pulsar-client`` (``pulsar-produce``,
+``pulsar-e2e-2000``, ``pulsar-e2e-50000``), and its max-rate throughput is judged against 80% of
+the gRPC port's (issue 26).
 
 Run from the repository root::
 
     .venv/bin/python bench/suite.py                 # full run, about ten minutes
     .venv/bin/python bench/suite.py --quick         # smoke test, under two minutes
     .venv/bin/python bench/suite.py --grow-gb 20    # and the opt-in stored-data growth part
+    .venv/bin/python bench/suite.py --quick --only pulsar-port   # the Pulsar port and its pairs
 
 It writes ``bench/results/suite-<date>.json`` (every figure), ``suite-<date>.md`` (the summary,
 with the targets' verdicts), ``suite-<date>-throughput.png`` and ``suite-<date>-latency.png``
@@ -57,6 +61,7 @@ from harness import (
     bench_main,
     bench_parser,
     busiest_cell,
+    load_average,
     log_tail,
     machine_info,
     opt,
@@ -143,6 +148,13 @@ CONSUMER_QUEUE = 10_000
 # --- workloads ------------------------------------------------------------------------------------
 
 MAX_RATE, FIXED_RATE, BACKLOG = "max-rate", "fixed-rate", "backlog"
+MAGNETAR, PULSAR = "magnetar", "pulsar"
+"""The protocols a workload's client speaks: Magnetar's gRPC port (``magnetar perf``), or the
+Pulsar port (``bench/pulsar_perf.py``, the real ``pulsar-client``)."""
+PULSAR_PERF = "bench/pulsar_perf.py"
+"""The Pulsar port's load generator, relative to the repository (perf processes run there)."""
+PULSAR_TARGET_RATIO = 0.80
+"""Issue 26: the Pulsar port's max-rate throughput at least this share of the gRPC port's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +170,11 @@ class Workload:
     perf makes one client call per message by default (``send_async``; ``receive`` then
     ``acknowledge``); a ``batch_api`` workload runs it with ``--batch-api`` (``send_many_async``
     runs; ``batch_receive``, one acknowledgement per batch), its key ending in ``-batch``.
+
+    A ``pulsar`` workload runs ``bench/pulsar_perf.py produce|end-to-end`` instead: the real
+    ``pulsar-client`` against the broker's Pulsar port (``send_async`` per message; a message
+    listener acknowledging each one), keyed ``pulsar-produce`` and ``pulsar-e2e-RATE``; its
+    ``counterpart`` is the gRPC workload it is compared with.
     """
 
     kind: str
@@ -165,16 +182,30 @@ class Workload:
     message_bytes: int
     rate: int = 0
     batch_api: bool = False
+    protocol: str = MAGNETAR
 
     @property
     def key(self) -> str:
+        if self.protocol == PULSAR:
+            return "pulsar-produce" if self.kind == MAX_RATE else f"pulsar-e2e-{self.rate}"
         head = {MAX_RATE: "max", BACKLOG: "backlog"}.get(self.kind, f"rate{self.rate}")
         size = size_name(self.message_bytes).replace(" ", "")
         return f"{head}-{self.partitions}p-{size}{'-batch' if self.batch_api else ''}"
 
     @property
+    def counterpart(self) -> str | None:
+        """The key of the gRPC workload a Pulsar-port workload is compared with (None for a
+        gRPC workload): the same kind, rate, partitions and size, per-message calls."""
+        if self.protocol != PULSAR:
+            return None
+        return Workload(self.kind, self.partitions, self.message_bytes, self.rate).key
+
+    @property
     def api(self) -> str:
         """The client calls perf makes, as its summaries name them (phases joined by ``, then``)."""
+        if self.protocol == PULSAR:
+            send = "pulsar-client send_async"
+            return send if self.kind == MAX_RATE else f"{send}; message_listener + acknowledge"
         send = "send_many_async" if self.batch_api else "send_async"
         receive = (
             "batch_receive + acknowledge_cumulative" if self.batch_api else "receive + acknowledge"
@@ -196,28 +227,62 @@ class Workload:
         )
         partitions = f"{self.partitions} partition{'s' * (self.partitions > 1)}"
         calls = ", batch API" if self.batch_api else ""
-        return f"{what}, {partitions}, {size_name(self.message_bytes)}{calls}"
+        port = ", Pulsar port (pulsar-client)" if self.protocol == PULSAR else ""
+        return f"{what}, {partitions}, {size_name(self.message_bytes)}{calls}{port}"
 
 
 PARTITIONS = (1, 16)
 MESSAGE_SIZES = (100, 1 * KIB)
 FIXED_RATES = (2_000, 50_000)
-WORKLOADS: tuple[Workload, ...] = (
-    # the per-message calls (perf's default) and the batch calls side by side
-    *(
-        Workload(MAX_RATE, p, s, batch_api=batch)
-        for s in MESSAGE_SIZES
-        for p in PARTITIONS
-        for batch in (False, True)
-    ),
-    *(
-        Workload(FIXED_RATE, p, s, r)
-        for r in FIXED_RATES
-        for s in MESSAGE_SIZES
-        for p in PARTITIONS
-    ),
-    *(Workload(BACKLOG, p, 100, batch_api=batch) for p in PARTITIONS for batch in (False, True)),
+PULSAR_WORKLOADS: tuple[Workload, ...] = (
+    Workload(MAX_RATE, 1, 100, protocol=PULSAR),
+    *(Workload(FIXED_RATE, 1, 100, r, protocol=PULSAR) for r in FIXED_RATES),
 )
+"""Issue 26: the Pulsar port at max rate and at 2,000 and 50,000 msg/s, 100 B, 1 partition."""
+
+
+def beside_counterparts(
+    workloads: Sequence[Workload], extra: Sequence[Workload]
+) -> tuple[Workload, ...]:
+    """``workloads`` with each of ``extra`` right after its counterpart (at the end if it has
+    none there), so that the two run one after the other and read side by side."""
+    out: list[Workload] = []
+    placed: set[str] = set()
+    for w in workloads:
+        out.append(w)
+        for e in extra:
+            if e.counterpart == w.key:
+                out.append(e)
+                placed.add(e.key)
+    out += [e for e in extra if e.key not in placed]
+    return tuple(out)
+
+
+WORKLOADS: tuple[Workload, ...] = beside_counterparts(
+    (
+        # the per-message calls (perf's default) and the batch calls side by side
+        *(
+            Workload(MAX_RATE, p, s, batch_api=batch)
+            for s in MESSAGE_SIZES
+            for p in PARTITIONS
+            for batch in (False, True)
+        ),
+        *(
+            Workload(FIXED_RATE, p, s, r)
+            for r in FIXED_RATES
+            for s in MESSAGE_SIZES
+            for p in PARTITIONS
+        ),
+        *(
+            Workload(BACKLOG, p, 100, batch_api=batch)
+            for p in PARTITIONS
+            for batch in (False, True)
+        ),
+    ),
+    PULSAR_WORKLOADS,
+)
+PULSAR_GROUP_KEY = "pulsar-port"
+"""``--only pulsar-port``: the Pulsar-port workloads and their gRPC counterparts."""
 GROW_KEY = "grow"
 
 
@@ -243,9 +308,11 @@ def perf_phases(
     duration_s: float,
     backlog_messages: int,
     warmup_s: float = 0.0,
+    pulsar_url: str | None = None,
 ) -> list[tuple[str, list[str], float]]:
     """(phase, perf arguments, timeout in seconds) of a workload, in order. A timed phase runs
-    ``warmup_s`` first, left out of its figures (``perf --warmup-s``)."""
+    ``warmup_s`` first, left out of its figures (``perf --warmup-s``). A Pulsar-port workload
+    runs ``bench/pulsar_perf.py`` against ``pulsar_url``, with perf's output options."""
     size = ["--size", str(workload.message_bytes)]
     if workload.batch_api:
         size.append("--batch-api")
@@ -254,6 +321,13 @@ def perf_phases(
     if warmup_s > 0:
         timed += ["--warmup-s", f"{warmup_s:g}"]
     timeout_s = warmup_s + duration_s + PERF_TIMEOUT_MARGIN_S
+    if workload.protocol == PULSAR:
+        if pulsar_url is None:
+            raise ValueError(f"{workload.key} needs the broker's Pulsar URL")
+        mode = "produce" if workload.kind == MAX_RATE else "end-to-end"
+        args = [PULSAR_PERF, mode, workload.topic, "--service-url", pulsar_url, "--json"]
+        rate = ["--rate", str(workload.rate)]
+        return [(mode, [*args, "--json-progress", *size, *rate, *timed], timeout_s)]
     if workload.kind == MAX_RATE:
         args = perf_base("produce", workload.topic, service_url)
         return [("produce", [*args, *topic, *size, "--rate", "0", *timed], timeout_s)]
@@ -352,18 +426,109 @@ def checks(
     Throughput targets take the better of the 1- and 16-partition workloads (one producer or
     one consumer either way); latency targets must hold in every workload of that rate (both
     sizes, both partition counts), and only count where the rate was delivered; the RSS bound
-    must hold in every max-rate and backlog workload.
+    must hold in every max-rate and backlog workload. Those targets are Magnetar's own client's
+    (the gRPC port's), except the RSS bound, which holds for the Pulsar port's max rate too; the
+    last check is the Pulsar port's throughput against the gRPC port's, within this run.
     """
+    own = [w for w in workloads if w.get("protocol", MAGNETAR) == MAGNETAR]
     return [
-        _produce_check(workloads),
-        _backlog_check(workloads),
-        *(
-            _latency_check(workloads, rate, limits_ms)
-            for rate, limits_ms in LATENCY_TARGETS_MS.items()
-        ),
+        _produce_check(own),
+        _backlog_check(own),
+        *(_latency_check(own, rate, limits_ms) for rate, limits_ms in LATENCY_TARGETS_MS.items()),
         _rss_check(workloads, rss_bound_mib),
         _grow_check(grow),
+        pulsar_port_check(workloads),
     ]
+
+
+def pulsar_pairs(workloads: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each Pulsar-port workload of the run beside its gRPC counterpart of the same run: both
+    rates and their ratio (Pulsar over gRPC), end-to-end (or publish, at max rate) p50 and p99,
+    and the broker's and bookies' CPU per message. A side that did not run or failed is None."""
+    by_key = {w["key"]: w for w in workloads}
+    pairs = []
+    for w in workloads:
+        if w.get("protocol") != PULSAR:
+            continue
+        grpc = by_key.get(w.get("counterpart") or "")
+        sides = {"pulsar": w if w["ok"] else None, "grpc": grpc if grpc and grpc["ok"] else None}
+        pair: dict[str, Any] = {
+            "pulsar": w["key"],
+            "grpc": w.get("counterpart"),
+            "grpc_ran": grpc is not None,
+            "kind": w["kind"],
+            "rate": w["rate"],
+        }
+        for side, r in sides.items():
+            pair[side + "_figures"] = None if r is None else _pair_figures(r)
+        pulsar, grpc_figures = pair["pulsar_figures"], pair["grpc_figures"]
+        ratio = None
+        if pulsar is not None and grpc_figures is not None and grpc_figures["msg_per_s"] > 0:
+            ratio = pulsar["msg_per_s"] / grpc_figures["msg_per_s"]
+        pair["throughput_ratio"] = ratio
+        pairs.append(pair)
+    return pairs
+
+
+def _pair_figures(r: dict[str, Any]) -> dict[str, Any]:
+    """What a side of a Pulsar / gRPC pair is read by."""
+    cost = r.get("cost") or {}
+    per_message = cost.get("ms_per_message") or {}
+    cpu = (r["phases"][-1].get("cpu") if r.get("phases") else None) or {}
+    return {
+        "msg_per_s": r["msg_per_s"],
+        # the load process (its client) and the broker, % of one core: which one was busy
+        "client_cpu_pct": cpu.get("perf_pct"),
+        "broker_cpu_pct": cpu.get("broker_pct"),
+        "latency_ms": {p: r["latency_ms"].get(p) for p in ("p50", "p99")},
+        "api": r.get("api"),
+        "cpu_ms_per_message": per_message.get("broker_bookies"),
+        "broker_cpu_ms_per_message": per_message.get("broker"),
+        "messages_per_entry": cost.get("messages_per_entry"),
+    }
+
+
+def pulsar_port_check(workloads: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Issue 26: the Pulsar port's max-rate throughput (``pulsar-produce``: pulsar-client,
+    ``send_async`` per message) at least 80% of the gRPC port's (``max-1p-100B``: Magnetar's
+    client, ``send_async`` per message), both 100 B to 1 partition, in the same run."""
+    check: dict[str, Any] = {
+        "name": (
+            "Pulsar port at max rate (pulsar-client) >= "
+            f"{PULSAR_TARGET_RATIO:.0%} of the gRPC port's (Magnetar's client), send_async per"
+            " message, 100 B, 1 partition, same run"
+        ),
+        "target_ratio": PULSAR_TARGET_RATIO,
+    }
+    pair = next((p for p in pulsar_pairs(workloads) if p["kind"] == MAX_RATE), None)
+    if pair is None:
+        check.update({"verdict": "NOT RUN", "why": "no pulsar-produce workload was selected"})
+        return check
+    # the workloads it speaks of, for the summary table's target column
+    check["pair"] = [pair["pulsar"], pair["grpc"]]
+    if not pair["grpc_ran"]:
+        check.update(
+            {
+                "verdict": "NOT RUN",
+                "why": f"{pair['grpc']} did not run in this run (the ratio is taken within one"
+                " run only)",
+            }
+        )
+    elif pair["throughput_ratio"] is None:
+        failed = [pair[side] for side in ("pulsar", "grpc") if pair[side + "_figures"] is None]
+        why = f"{' and '.join(failed)} failed" if failed else f"{pair['grpc']} delivered nothing"
+        check.update({"verdict": "MISS", "why": why})
+    else:
+        ratio = pair["throughput_ratio"]
+        check.update(
+            {
+                "pulsar_msg_per_s": pair["pulsar_figures"]["msg_per_s"],
+                "grpc_msg_per_s": pair["grpc_figures"]["msg_per_s"],
+                "measured_ratio": ratio,
+                "verdict": _verdict(ratio >= PULSAR_TARGET_RATIO),
+            }
+        )
+    return check
 
 
 def _best(
@@ -854,6 +1019,15 @@ async def prepare_backlog(service_url: str, workload: Workload) -> None:
         await admin.create_subscription(workload.topic, BACKLOG_SUBSCRIPTION, "earliest")
 
 
+async def prepare_topic(service_url: str, workload: Workload) -> None:
+    """Create a Pulsar-port workload's topic with its partitions, as perf does for its own
+    (``--partitions``): with 1 partition, Pulsar's client sees a non-partitioned topic."""
+    from magnetar.aio import AdminClient  # noqa: PLC0415 - the benchmark's own client
+
+    async with AdminClient(service_url) as admin:
+        await admin.create_topic(workload.topic, workload.partitions)
+
+
 async def run_workload(
     cluster: LocalCluster,
     workload: Workload,
@@ -871,8 +1045,11 @@ async def run_workload(
         "message_bytes": workload.message_bytes,
         "rate": workload.rate,
         "batch_api": workload.batch_api,
+        "protocol": workload.protocol,
+        "counterpart": workload.counterpart,
         "topic": workload.topic,
         "phases": [],
+        "loadavg_before": load_average(),
     }
     if workload.kind == BACKLOG:
         result["backlog_messages"] = backlog_messages
@@ -882,12 +1059,15 @@ async def run_workload(
     try:
         if workload.kind == BACKLOG:
             await prepare_backlog(cluster.service_url, workload)
+        if workload.protocol == PULSAR:
+            await prepare_topic(cluster.service_url, workload)
         phases = perf_phases(
             workload,
             cluster.service_url,
             duration_s=duration_s,
             backlog_messages=backlog_messages,
             warmup_s=warmup_s,
+            pulsar_url=cluster.brokers[0].pulsar_url if workload.protocol == PULSAR else None,
         )
         for phase, perf_args, timeout_s in phases:
             result.setdefault("sync_before_s", []).append(await settle_disk())
@@ -934,6 +1114,7 @@ async def run_workload(
     rss = [p["broker_rss"] for p in result["phases"]]
     values = [v for r in rss for v in (r["max_mib"], r["peak_mib"]) if v is not None]
     result["broker_rss_max_mib"] = max(values) if values else None
+    result["loadavg_after"] = load_average()
     return result
 
 
@@ -1033,10 +1214,25 @@ async def run_grow(args: argparse.Namespace, root: Path, loop_tid: int) -> dict[
     return result
 
 
+def _pulsar_client_version() -> str | None:
+    """The installed pulsar-client's version (None without it: the Pulsar workloads fail)."""
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+
+    try:
+        return version("pulsar-client")
+    except PackageNotFoundError:
+        return None
+
+
 def chosen_workloads(args: argparse.Namespace) -> list[Workload]:
     if not args.only:
         return list(WORKLOADS)
-    return [w for w in WORKLOADS if w.key in args.only]
+    wanted = set(args.only)
+    if PULSAR_GROUP_KEY in wanted:
+        wanted |= {w.key for w in PULSAR_WORKLOADS} | {
+            w.counterpart or "" for w in PULSAR_WORKLOADS
+        }
+    return [w for w in WORKLOADS if w.key in wanted]
 
 
 async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[str, Any]:
@@ -1063,6 +1259,11 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
             "grow_gb": args.grow_gb,
             "grow_message_bytes": args.grow_message_bytes,
             "grow_partitions": args.grow_partitions,
+            "pulsar_client": _pulsar_client_version(),
+            "pulsar_perf": "bench/pulsar_perf.py against the broker's Pulsar port: 1 producer,"
+            " batching on with perf's limits (1,000 messages / 128 KiB / 1 ms, no"
+            " self-clocking), 10,000 pending; send_async per message; 1 exclusive consumer,"
+            " receiver queue 1,000, a message listener acknowledging each message",
         },
         "targets": {
             "produce_msg_per_s": TARGET_PRODUCE_MSG_PER_S,
@@ -1075,6 +1276,7 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
         },
         "machine": machine_info(root),
         "raw_limits": {},
+        "loadavg": {"start": load_average()},
         "workloads": [],
         "grow": None,
     }
@@ -1090,6 +1292,7 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
             results["cluster"] = {
                 "metadata_url": cluster.metadata_url,
                 "service_url": cluster.service_url,
+                "pulsar_url": cluster.brokers[0].pulsar_url,
                 "bookies": [n.bookie_id for n in cluster.bookies],
                 "brokers": [n.broker_id for n in cluster.brokers],
                 "start_s": time.perf_counter() - cluster_started,
@@ -1116,6 +1319,7 @@ async def bench(args: argparse.Namespace, argv: list[str], root: Path) -> dict[s
     # the cluster's writes still in the page cache would be flushed into the raw measurement
     results["sync_before_raw_end_s"] = await settle_disk()
     await raw_limits_at(results, "end", root / "raw", args.raw_s)
+    results["loadavg"]["end"] = load_average()
     results["elapsed_s"] = time.time() - started
     results["checks"] = checks(
         results["workloads"], rss_bound_mib=args.rss_bound_mib, grow=results["grow"]
@@ -1350,6 +1554,12 @@ def _check_lines(results: dict[str, Any]) -> list[str]:
                 f"{head}: max **{c['measured_max_mib']:,.0f} MiB** ({c['workload']}); per"
                 f" workload, MiB: {each}."
             )
+        elif "pulsar_msg_per_s" in c:
+            pulsar, grpc = c["pair"]
+            lines.append(
+                f"{head}: **{c['measured_ratio']:.1%}** ({c['pulsar_msg_per_s']:,.0f} msg/s"
+                f" ({pulsar}) against {c['grpc_msg_per_s']:,.0f} msg/s ({grpc}))."
+            )
         elif "measured_ratio" in c:
             lines.append(
                 f"{head}: **{c['measured_ratio']:.2f}** ({c['first_mb_per_s']:,.1f} MB/s while"
@@ -1367,6 +1577,8 @@ def _verdict_cell(results: dict[str, Any], w: dict[str, Any]) -> str:
     for c in results["checks"]:
         if c.get("workload") == w["key"] and "measured_max_mib" not in c:
             found.append(c["verdict"])
+        if w["key"] in c.get("pair", ()):
+            found.append(f"{c['verdict']} (Pulsar / gRPC)")
         found.extend(e["verdict"] for e in c.get("workloads", []) if e["workload"] == w["key"])
     return " ".join(found) or "-"
 
@@ -1622,6 +1834,89 @@ def _grow_lines(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _loadavg_text(results: dict[str, Any]) -> str:
+    """The machine's load averages at the start and the end of the run, as a sentence."""
+    loadavg = results.get("loadavg") or {}
+    if not loadavg:
+        return ""
+    said = "; ".join(
+        f"{when} {' / '.join(f'{v:.1f}' for v in loadavg[when])}"
+        for when in ("start", "end")
+        if when in loadavg
+    )
+    return f" Load average (1 / 5 / 15 min): {said}."
+
+
+def _load_cell(w: dict[str, Any] | None) -> str:
+    """A workload's 1-minute load average before -> after it."""
+    if w is None or "loadavg_before" not in w or "loadavg_after" not in w:
+        return "-"
+    return f"{w['loadavg_before'][0]:.1f} -> {w['loadavg_after'][0]:.1f}"
+
+
+def _pulsar_lines(results: dict[str, Any]) -> list[str]:
+    """The Pulsar-port workloads beside their gRPC counterparts (issue 26), if any ran."""
+    pairs = pulsar_pairs(results["workloads"])
+    if not pairs:
+        return []
+    by_key = {w["key"]: w for w in results["workloads"]}
+
+    def side(figures: dict[str, Any] | None, key: str) -> str:
+        if figures is None:
+            return "-"
+        if key == "latency":
+            latency = figures["latency_ms"]
+            return f"{opt(latency['p50'])} / {opt(latency['p99'])} ms"
+        if key == "msg_per_s":
+            return f"{figures['msg_per_s']:,.0f}"
+        if key == "cpu":
+            return f"{_pct(figures['client_cpu_pct'])} / {_pct(figures['broker_cpu_pct'])}"
+        return opt(figures[key], "#.3g" if key == "cpu_ms_per_message" else ",.1f")
+
+    lines = [
+        "",
+        "## Pulsar port beside the gRPC port",
+        "",
+        (
+            "Each Pulsar-port workload runs right after its gRPC counterpart on the same"
+            " cluster: `bench/pulsar_perf.py`, the real `pulsar-client`"
+            f" {results['parameters'].get('pulsar_client') or '(not installed)'} (C++ core)"
+            " against the broker's Pulsar port, beside `magnetar perf` (Magnetar's own client)"
+            " against its gRPC port; one producer, `send_async` per message, batching on with"
+            " the same limits, 100 B, 1 partition. Latency is send call -> receipt at max rate"
+            " (10,000 sends pending: mostly queueing) and send -> receive on one clock at a"
+            " fixed rate. CPU per message is the broker's and the 3 bookies' together over the"
+            " same window; CPU client / broker is the load process's (`magnetar perf` or"
+            " `pulsar_perf.py`, with the client's threads) and the broker's, % of one core, so"
+            " the busier one shows what limited the run. Pulsar / gRPC is the ratio of msg/s;"
+            " issue 26's goal is at least"
+            f" {PULSAR_TARGET_RATIO:.0%} at max rate. The load average (1 min, before -> after"
+            " each workload) says how busy the shared machine was."
+        ),
+        "",
+        (
+            "| workload | gRPC msg/s | Pulsar msg/s | Pulsar / gRPC | latency p50 / p99, gRPC"
+            " | latency p50 / p99, Pulsar | broker + bookies CPU ms per message, gRPC | ... Pulsar"
+            " | messages per entry, gRPC | ... Pulsar | CPU client / broker, gRPC | ... Pulsar"
+            " | load average, gRPC | ... Pulsar |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for p in pairs:
+        grpc, pulsar = p["grpc_figures"], p["pulsar_figures"]
+        ratio = p["throughput_ratio"]
+        lines.append(
+            f"| {p['pulsar']} / {p['grpc']} | {side(grpc, 'msg_per_s')}"
+            f" | {side(pulsar, 'msg_per_s')} | {'-' if ratio is None else f'**{ratio:.1%}**'}"
+            f" | {side(grpc, 'latency')} | {side(pulsar, 'latency')}"
+            f" | {side(grpc, 'cpu_ms_per_message')} | {side(pulsar, 'cpu_ms_per_message')}"
+            f" | {side(grpc, 'messages_per_entry')} | {side(pulsar, 'messages_per_entry')}"
+            f" | {side(grpc, 'cpu')} | {side(pulsar, 'cpu')}"
+            f" | {_load_cell(by_key.get(p['grpc'] or ''))} | {_load_cell(by_key[p['pulsar']])} |"
+        )
+    return lines
+
+
 def render_markdown(results: dict[str, Any]) -> str:
     p = results["parameters"]
     cores = results["machine"]["cpu_count"]
@@ -1634,7 +1929,8 @@ def render_markdown(results: dict[str, Any]) -> str:
             f" (default storage settings: every group commit `fdatasync`ed), 1 `magnetar broker`"
             f" (`{' '.join(p['broker_args'])}`), ledgers {p['quorum']}. Each workload is one run"
             " of the real `magnetar perf` command (a process of its own, default client"
-            " settings) on a fresh topic; before each, the page cache is written back (`sync`)."
+            " settings; the `pulsar-*` workloads run `bench/pulsar_perf.py` instead, see"
+            " below) on a fresh topic; before each, the page cache is written back (`sync`)."
             " perf makes one client call per message (`send_async`; `receive` then"
             " `acknowledge`) except in the `-batch` workloads (`--batch-api`: `send_many_async`"
             " runs; `batch_receive` with one acknowledgement per batch); every figure is named"
@@ -1652,6 +1948,7 @@ def render_markdown(results: dict[str, Any]) -> str:
             "MB = 10^6 bytes. CPU % is of one core: the machine has"
             f" {cores} cores, so {100 * cores}% is all of it. Raw limits read `start / end` of"
             " the run. The machine is shared and noisy: compare within this run only."
+            + _loadavg_text(results)
         ),
         "",
         "## Targets",
@@ -1669,6 +1966,8 @@ def render_markdown(results: dict[str, Any]) -> str:
             " are the bookies' adds over Qw; journal MB/s and fdatasyncs/s are summed over the"
             " bookies (each entry is written and synced on Qw of them)."
         ),
+        "",
+        *_pulsar_lines(results),
         "",
         f"![throughput]({stem}-throughput.png)",
         "",
@@ -1700,7 +1999,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             " 100 B and 1 KiB messages, max rate (produce), fixed 2,000 and 50,000 msg/s"
             " (end-to-end latency), and a backlog drained by one consumer; produce and backlog"
             " each with perf's per-message calls (send_async; receive + acknowledge) and with"
-            " --batch-api (send_many_async; batch_receive), labelled. The raw limits of"
+            " --batch-api (send_many_async; batch_receive), labelled; and the Pulsar port with"
+            " the real pulsar-client (bench/pulsar_perf.py: pulsar-produce, pulsar-e2e-2000,"
+            " pulsar-e2e-50000), each right after its gRPC counterpart, their throughput ratio"
+            " judged against 80%. The raw limits of"
             " this machine (4 KiB append+fdatasync ops/s, 1 MiB and 4 MiB append+fdatasync MB/s,"
             " loopback gRPC round trip) are measured at the start and the end. Writes"
             " suite-<date>.json, .md, -throughput.png and -latency.png to --out, with PASS/MISS"
@@ -1749,7 +2051,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="KEY",
         help="run only this workload (repeatable); keys: "
         + ", ".join(w.key for w in WORKLOADS)
-        + f"; '{GROW_KEY}' alone runs only the --grow-gb part",
+        + f"; '{PULSAR_GROUP_KEY}': the Pulsar-port workloads and their gRPC counterparts;"
+        f" '{GROW_KEY}' alone runs only the --grow-gb part",
     )
     add_output_options(
         add,
@@ -1770,7 +2073,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.raw_s = 0.5
         args.tag = args.tag or "quick"
     if args.only:
-        unknown = set(args.only) - {w.key for w in WORKLOADS} - {GROW_KEY}
+        unknown = set(args.only) - {w.key for w in WORKLOADS} - {GROW_KEY, PULSAR_GROUP_KEY}
         if unknown:
             parser.error(f"unknown workload(s) {sorted(unknown)}")
         if GROW_KEY in args.only and not args.grow_gb:

@@ -33,7 +33,8 @@ def test_the_table_covers_partitions_sizes_and_rates_once_each():
     assert len(keys) == len(set(keys))
     by_kind: dict[str, list[Any]] = {}
     for w in suite.WORKLOADS:
-        by_kind.setdefault(w.kind, []).append(w)
+        if w.protocol == "magnetar":
+            by_kind.setdefault(w.kind, []).append(w)
     combos = {(p, s) for p in (1, 16) for s in (100, 1024)}
     # max rate and backlog: the per-message calls and the batch calls side by side
     both = (False, True)
@@ -47,7 +48,95 @@ def test_the_table_covers_partitions_sizes_and_rates_once_each():
     assert {(w.partitions, w.message_bytes, w.batch_api) for w in by_kind["backlog"]} == {
         (p, 100, b) for p in (1, 16) for b in both
     }
-    assert len(suite.WORKLOADS) == 20
+    assert len(suite.WORKLOADS) == 23  # 20 of Magnetar's client, 3 of the Pulsar port
+
+
+def test_each_pulsar_port_workload_runs_right_after_its_grpc_counterpart():
+    keys = [w.key for w in suite.WORKLOADS]
+    pulsar = [w for w in suite.WORKLOADS if w.protocol == "pulsar"]
+    assert [(w.key, w.counterpart) for w in pulsar] == [
+        ("pulsar-produce", "max-1p-100B"),
+        ("pulsar-e2e-2000", "rate2000-1p-100B"),
+        ("pulsar-e2e-50000", "rate50000-1p-100B"),
+    ]
+    for w in pulsar:
+        assert keys.index(w.key) == keys.index(w.counterpart) + 1
+        assert (w.partitions, w.message_bytes, w.batch_api) == (1, 100, False)
+    assert pulsar[0].name == "max rate, 1 partition, 100 B, Pulsar port (pulsar-client)"
+    assert pulsar[0].api == "pulsar-client send_async"
+    assert pulsar[1].api == "pulsar-client send_async; message_listener + acknowledge"
+    assert pulsar[1].topic == "suite-pulsar-e2e-2000"
+    assert suite.Workload("max-rate", 1, 100).counterpart is None
+
+
+def test_a_workload_whose_counterpart_is_not_there_goes_last():
+    wl = suite.Workload
+    lone = wl("fixed-rate", 1, 100, 7, protocol="pulsar")
+    grpc = (wl("max-rate", 1, 100), wl("max-rate", 16, 100))
+    pulsar = wl("max-rate", 1, 100, protocol="pulsar")
+    placed = suite.beside_counterparts(grpc, (lone, pulsar))
+    assert [w.key for w in placed] == [
+        "max-1p-100B",
+        "pulsar-produce",
+        "max-16p-100B",
+        "pulsar-e2e-7",
+    ]
+
+
+def test_only_pulsar_port_runs_the_pulsar_workloads_and_their_counterparts():
+    args = suite.parse_args(["--quick", "--only", "pulsar-port"])
+    assert [w.key for w in suite.chosen_workloads(args)] == [
+        "max-1p-100B",
+        "pulsar-produce",
+        "rate2000-1p-100B",
+        "pulsar-e2e-2000",
+        "rate50000-1p-100B",
+        "pulsar-e2e-50000",
+    ]
+    args = suite.parse_args(["--only", "pulsar-e2e-2000", "--only", "max-16p-100B"])
+    assert [w.key for w in suite.chosen_workloads(args)] == ["max-16p-100B", "pulsar-e2e-2000"]
+    with pytest.raises(SystemExit):
+        suite.parse_args(["--only", "pulsar-e2e-9"])
+
+
+def test_a_pulsar_port_workload_runs_the_pulsar_load_generator_against_the_pulsar_url():
+    e2e = suite.Workload("fixed-rate", 1, 100, 2_000, protocol="pulsar")
+    (phase,) = suite.perf_phases(
+        e2e, URL, duration_s=2, backlog_messages=10, warmup_s=0.5, pulsar_url="pulsar://h:1"
+    )
+    name, args, timeout_s = phase
+    assert name == "end-to-end"
+    assert args[:6] == [
+        "bench/pulsar_perf.py",
+        "end-to-end",
+        "suite-pulsar-e2e-2000",
+        "--service-url",
+        "pulsar://h:1",
+        "--json",
+    ]
+    assert "--json-progress" in args
+    assert args[args.index("--rate") + 1] == "2000"
+    assert args[args.index("--size") + 1] == "100"
+    assert args[args.index("--duration") + 1] == "2"
+    assert args[args.index("--warmup-s") + 1] == "0.5"
+    assert timeout_s == pytest.approx(2.5 + suite.PERF_TIMEOUT_MARGIN_S)
+    # what it prints is perf's --json and --json-progress: the generator takes these options
+    pulsar_perf = importlib.import_module("pulsar_perf")
+    parsed = pulsar_perf.parse_args(args[1:])
+    assert (parsed.mode, parsed.rate, parsed.json, parsed.json_progress) == (
+        "end-to-end",
+        2000.0,
+        True,
+        True,
+    )
+    produce = suite.Workload("max-rate", 1, 100, protocol="pulsar")
+    ((name, args, _),) = suite.perf_phases(
+        produce, URL, duration_s=2, backlog_messages=10, pulsar_url="pulsar://h:1"
+    )
+    assert name == "produce"
+    assert args[args.index("--rate") + 1] == "0"
+    with pytest.raises(ValueError, match="Pulsar URL"):
+        suite.perf_phases(produce, URL, duration_s=2, backlog_messages=10)
 
 
 def test_keys_and_names_read_as_the_workload():
@@ -283,6 +372,8 @@ def _result(
         "partitions": workload.partitions,
         "message_bytes": workload.message_bytes,
         "rate": workload.rate,
+        "protocol": workload.protocol,
+        "counterpart": workload.counterpart,
         "ok": ok,
         "phases": [],
         "broker_rss_max_mib": 100.0,
@@ -389,7 +480,7 @@ def test_rss_bound_holds_for_every_max_rate_and_backlog_workload_only():
 
 def test_unselected_parts_are_not_run():
     checks = suite.checks([], rss_bound_mib=512, grow=None)
-    assert [c["verdict"] for c in checks] == ["NOT RUN"] * 6
+    assert [c["verdict"] for c in checks] == ["NOT RUN"] * 7
 
 
 def test_the_grow_verdict_reads_the_ratio():
@@ -405,6 +496,89 @@ def test_the_grow_verdict_reads_the_ratio():
     check = _by_name(suite.checks([], rss_bound_mib=512, grow=grow), "throughput does not fall")
     assert check["verdict"] == "MISS"
     assert check["why"] == "not enough disk space"
+
+
+def _pulsar_pair(pulsar_msg_per_s: float, grpc_msg_per_s: float) -> list[dict[str, Any]]:
+    wl = suite.Workload
+    cost = {"ms_per_message": {"broker_bookies": 0.5, "broker": 0.2}, "messages_per_entry": 40.0}
+    return [
+        _result(wl("max-rate", 1, 100), msg_per_s=grpc_msg_per_s, latency_ms={"p50": 1.0}),
+        _result(
+            wl("max-rate", 1, 100, protocol="pulsar"),
+            msg_per_s=pulsar_msg_per_s,
+            latency_ms={"p50": 2.0, "p99": 3.0},
+            cost=cost,
+        ),
+    ]
+
+
+def test_the_pulsar_port_passes_at_80_percent_of_the_grpc_port_at_max_rate():
+    check = _by_name(
+        suite.checks(_pulsar_pair(80_000, 100_000), rss_bound_mib=512, grow=None), "Pulsar port"
+    )
+    assert check["verdict"] == "PASS"
+    assert check["measured_ratio"] == pytest.approx(0.8)
+    assert check["pair"] == ["pulsar-produce", "max-1p-100B"]
+    assert (check["pulsar_msg_per_s"], check["grpc_msg_per_s"]) == (80_000, 100_000)
+    check = _by_name(
+        suite.checks(_pulsar_pair(79_999, 100_000), rss_bound_mib=512, grow=None), "Pulsar port"
+    )
+    assert check["verdict"] == "MISS"
+
+
+def test_the_pulsar_ratio_is_taken_within_one_run_or_not_at_all():
+    grpc, pulsar = _pulsar_pair(50_000, 100_000)
+    check = _by_name(suite.checks([pulsar], rss_bound_mib=512, grow=None), "Pulsar port")
+    assert check["verdict"] == "NOT RUN"
+    assert "max-1p-100B did not run in this run" in check["why"]
+    failed = {**pulsar, "ok": False}
+    check = _by_name(suite.checks([grpc, failed], rss_bound_mib=512, grow=None), "Pulsar port")
+    assert check["verdict"] == "MISS"
+    assert check["why"] == "pulsar-produce failed"
+    check = _by_name(suite.checks([grpc], rss_bound_mib=512, grow=None), "Pulsar port")
+    assert check["verdict"] == "NOT RUN"
+
+
+def test_pulsar_port_workloads_are_not_judged_by_the_grpc_targets():
+    wl = suite.Workload
+    workloads = [
+        # far over the producer target, and far over the latency limits: neither counts
+        _result(wl("max-rate", 1, 100, protocol="pulsar"), msg_per_s=900_000),
+        _result(
+            wl("fixed-rate", 1, 100, 2_000, protocol="pulsar"),
+            msg_per_s=2_000,
+            latency_ms={"p50": 50.0, "p99": 90.0},
+        ),
+        _result(
+            wl("fixed-rate", 1, 100, 2_000), msg_per_s=2_000, latency_ms={"p50": 1.0, "p99": 2.0}
+        ),
+    ]
+    checks = suite.checks(workloads, rss_bound_mib=512, grow=None)
+    assert _by_name(checks, "one producer")["verdict"] == "NOT RUN"
+    at_2k = _by_name(checks, "end-to-end latency at 2,000")
+    assert at_2k["verdict"] == "PASS"
+    assert [e["workload"] for e in at_2k["workloads"]] == ["rate2000-1p-100B"]
+    # the broker's RSS bound holds under the Pulsar port's max rate too
+    assert _by_name(checks, "broker RSS")["per_workload_mib"] == {"pulsar-produce": 100.0}
+
+
+def test_pairs_give_both_sides_and_their_ratio():
+    (pair,) = suite.pulsar_pairs(_pulsar_pair(25_000, 100_000))
+    assert pair["pulsar"] == "pulsar-produce"
+    assert pair["grpc"] == "max-1p-100B"
+    assert pair["throughput_ratio"] == pytest.approx(0.25)
+    assert pair["pulsar_figures"] == {
+        "msg_per_s": 25_000,
+        "client_cpu_pct": None,  # no phase measured
+        "broker_cpu_pct": None,
+        "latency_ms": {"p50": 2.0, "p99": 3.0},
+        "api": None,
+        "cpu_ms_per_message": 0.5,
+        "broker_cpu_ms_per_message": 0.2,
+        "messages_per_entry": 40.0,
+    }
+    assert pair["grpc_figures"]["latency_ms"] == {"p50": 1.0, "p99": None}
+    assert pair["grpc_figures"]["cpu_ms_per_message"] is None
 
 
 # --- CPU per message and per entry -------------------------------------------------------------
@@ -565,3 +739,97 @@ def test_a_run_with_a_failed_workload_renders_with_its_error(tmp_path):
         "suite-2026-01-01-test-latency.png",
     ]
     assert all(p.stat().st_size > 0 for p in paths)
+
+
+def test_the_report_sets_the_pulsar_port_beside_the_grpc_port_with_the_load_average():
+    wl = suite.Workload
+    latency = {"p50": 1.0, "p95": 2.0, "p99": 3.0, "p99_9": 4.0, "max": 5.0}
+    rss = {"samples": 3, "max_mib": 100.0, "peak_mib": 101.0, "interval_s": 0.2, "last_mib": 99.0}
+
+    def phase(api: str, msg_per_s: float) -> dict[str, Any]:
+        summary = {
+            "mode": "produce",
+            "api": api,
+            "messages": 1000,
+            "duration_s": 2.0,
+            "msg_per_s": msg_per_s,
+            "mb_per_s": 0.1,
+            "latency_ms": latency,
+        }
+        cost = suite.cpu_cost(_cpu(), {"msg_per_s": 2000.0}, "produce")
+        cpu = {
+            "perf_pct": 91.4,
+            "perf_event_loop_pct": 26.0,
+            "broker_pct": 15.0,
+            "broker_busiest_thread": {"broker-0": ["main", 14.0]},
+            "bookies_pct": 5.0,
+            "etcd_pct": 1.0,
+            "machine_busy_pct": 150.0,
+            "other_pct": 37.6,
+            "machine_steal_pct": 0.0,
+        }
+        measured = {"cpu": cpu, "limits": ["none"]} if "pulsar" in api else {}
+        return {"phase": "produce", "command": api, "ok": True, "summary": summary,
+                "broker_rss": rss, "progress": [], "cost": cost, **measured}  # fmt: skip
+
+    workloads = []
+    pair = ((wl("max-rate", 1, 100), 100_000), (wl("max-rate", 1, 100, protocol="pulsar"), 25_000))
+    for w, msg_per_s in pair:
+        p = phase(w.api, msg_per_s)
+        workloads.append(
+            _result(w, msg_per_s=msg_per_s, latency_ms=latency, phases=[p], api=w.api,
+                    cost=p["cost"], loadavg_before=[3.0, 2.0, 1.0], loadavg_after=[4.5, 2.0, 1.0])
+        )  # fmt: skip
+    results = {
+        **run_head("suite.py"),
+        "quick": True,
+        "parameters": {
+            "bookies": 3,
+            "broker_args": ["--x"],
+            "quorum": "E3/Qw2/Qa2",
+            "duration_s": 2.0,
+            "backlog_messages": 100,
+            "rss_bound_mib": 512,
+            "pulsar_client": "3.13.0",
+        },
+        "raw_limits": {"start": _raw(), "end": _raw()},
+        "loadavg": {"start": [1.0, 2.0, 3.0], "end": [6.25, 5.0, 4.0]},
+        "workloads": workloads,
+        "grow": None,
+    }
+    results["checks"] = suite.checks(workloads, rss_bound_mib=512, grow=None)
+    text = suite.render_markdown(results)
+    assert "Load average (1 / 5 / 15 min): start 1.0 / 2.0 / 3.0; end 6.2 / 5.0 / 4.0." in text
+    assert (
+        "- **MISS** Pulsar port at max rate (pulsar-client) >= 80% of the gRPC port's"
+        " (Magnetar's client), send_async per message, 100 B, 1 partition, same run: **25.0%**"
+        " (25,000 msg/s (pulsar-produce) against 100,000 msg/s (max-1p-100B))."
+    ) in text
+    assert "## Pulsar port beside the gRPC port" in text
+    assert "`pulsar-client` 3.13.0" in text
+    lines = text.splitlines()
+    header = next(line for line in lines if line.startswith("| workload | gRPC msg/s"))
+    row = next(line for line in lines if line.startswith("| pulsar-produce / max-1p-100B"))
+    assert row.count("|") == header.count("|")
+    cells = [cell.strip() for cell in row.split("|")[2:-1]]
+    assert cells == [
+        "100,000",
+        "25,000",
+        "**25.0%**",
+        "1.00 / 3.00 ms",
+        "1.00 / 3.00 ms",
+        "0.650",
+        "0.650",
+        "4.0",
+        "4.0",
+        "- / -",
+        "91% / 15%",
+        "3.0 -> 4.5",
+        "3.0 -> 4.5",
+    ]
+    # both rows of the summary table carry the Pulsar / gRPC verdict
+    summary_rows = [line for line in lines if line.startswith("| max rate, 1 partition, 100 B")]
+    assert len(summary_rows) == 2
+    assert "Pulsar port (pulsar-client), `pulsar-client send_async` |" in summary_rows[1]
+    assert summary_rows[0].endswith("| MISS MISS (Pulsar / gRPC) |")  # and the producer target
+    assert summary_rows[1].endswith("| MISS (Pulsar / gRPC) |")
