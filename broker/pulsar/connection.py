@@ -1035,6 +1035,9 @@ class PulsarConnection:
                     durable=request.durable,
                     priority_level=request.priority_level,
                     properties={kv.key: kv.value for kv in request.metadata},
+                    # a Pulsar client acknowledges part of a batch only with batch-index acks on,
+                    # which it does not tell the broker: never hand it part of an entry
+                    whole_entries=True,
                 ),
                 self.peer,
             )

@@ -87,6 +87,8 @@ class Pending:
     """``None``: every message of the entry."""
     hashes: frozenset[int] = frozenset()
     """key_shared: the key hashes of those messages."""
+    first: int | None = None
+    """key_shared: the key hash of the first of them (whole entries go by it)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -108,6 +110,8 @@ class Slot:
     closed: bool = False
     seq: int = 0
     """Join order (a tie-break between consumers of the same name)."""
+    whole_entries: bool = False
+    """Key_shared: takes entries whole (see :meth:`Dispatcher._assign_whole_by_key`)."""
 
     @property
     def available(self) -> bool:
@@ -229,9 +233,11 @@ class Dispatcher:
 
     # --- consumers ------------------------------------------------------------------------------
 
-    def add(self, name: str, priority: int = 0) -> tuple[Slot, list[tuple[Slot, bool]], bool]:
+    def add(
+        self, name: str, priority: int = 0, *, whole_entries: bool = False
+    ) -> tuple[Slot, list[tuple[Slot, bool]], bool]:
         """A consumer joins: its slot, who to tell of an active change, and whether to rewind."""
-        slot = Slot(name, priority, seq=next(self._seq))
+        slot = Slot(name, priority, seq=next(self._seq), whole_entries=whole_entries)
         self.slots.append(slot)
         if self.type is SubscriptionType.KEY_SHARED:
             self._ring.add(slot)
@@ -334,15 +340,33 @@ class Dispatcher:
             return ordered[:limit]
         chosen: list[Position] = []
         skipped: set[int] = set()  # hashes of earlier entries left waiting
+        whole_entries = any(slot.whole_entries for slot in self.slots)
         for position in ordered:
             pending = self.replay[position]
-            if any(self._open_for(h) and h not in skipped for h in pending.hashes):
+            if whole_entries:
+                # as _assign_whole_by_key decides: all of it to its first key's consumer, or
+                # none (were it offered and kept, the dispatch loop would offer it for ever)
+                open_ = self._open_whole(pending, skipped)
+            else:
+                open_ = any(self._open_for(h) and h not in skipped for h in pending.hashes)
+            if open_:
                 chosen.append(position)
                 if len(chosen) >= limit:
                     break
             else:
                 skipped |= pending.hashes
         return chosen
+
+    def _open_whole(self, pending: Pending, skipped: set[int]) -> bool:
+        if pending.first is None or not pending.hashes.isdisjoint(skipped):
+            return False
+        target = self._ring.pick(pending.first)
+        if target is None or not target.available:
+            return False
+        return all(
+            (holder := self.holders.get(h)) is None or holder[0] is target or holder[1] <= 0
+            for h in pending.hashes
+        )
 
     def _open_for(self, key_hash: int) -> bool:
         target = self._ring.pick(key_hash)
@@ -424,12 +448,18 @@ class Dispatcher:
         next_waiting = 0
         blocked: set[int] = set()
         permits = {slot.seq: slot.permits for slot in self.slots}
+        whole_entries = any(slot.whole_entries for slot in self.slots)
         for item in items:
             while next_waiting < len(waiting) and waiting[next_waiting] < item.position:
                 blocked |= self.replay[waiting[next_waiting]].hashes
                 next_waiting += 1
             hashes = expand_key_hashes(item.key_hashes, item.num_messages)
             indexes = range(item.num_messages) if item.indexes is None else sorted(item.indexes)
+            if whole_entries:
+                self._assign_whole_by_key(
+                    item, hashes, indexes, blocked=blocked, permits=permits, plan=plan
+                )
+                continue
             taken: dict[int, list[int]] = {}
             left: list[int] = []
             for i in indexes:
@@ -458,6 +488,44 @@ class Dispatcher:
                 self._hand(slot, item, None if whole else frozenset(chosen), plan, hashes)
             if left:
                 self._pend(item.position, frozenset(left), item.num_messages, item.key_hashes)
+
+    def _assign_whole_by_key(
+        self,
+        item: Item,
+        hashes: Sequence[int],
+        indexes: Sequence[int],
+        *,
+        blocked: set[int],
+        permits: dict[int, int],
+        plan: Plan,
+    ) -> None:
+        """Key_shared with a consumer that takes entries whole (a Pulsar client): as Pulsar's
+        broker does, every entry goes whole to the consumer its first message's key maps to,
+        whatever keys its other messages have (Pulsar asks key_shared producers to batch by key,
+        so that an entry has one). Per-key order still holds: an entry waits while any of its
+        keys is blocked or held unacknowledged by another consumer."""
+        keys = {hashes[i] for i in indexes}
+        first = hashes[indexes[0]]
+        target = None if first in blocked else self._ring.pick(first)
+        if (
+            target is None
+            or target.blocked
+            or target.backlogged
+            or target.closed
+            or permits[target.seq] <= 0
+            or not keys.isdisjoint(blocked)
+            or any(
+                (holder := self.holders.get(h)) is not None
+                and holder[0] is not target
+                and holder[1] > 0
+                for h in keys
+            )
+        ):
+            blocked |= keys
+            self._pend(item.position, item.indexes, item.num_messages, item.key_hashes)
+            return
+        permits[target.seq] -= len(indexes)
+        self._hand(target, item, item.indexes, plan, hashes)
 
     def _hand(
         self,
@@ -507,19 +575,19 @@ class Dispatcher:
         num_messages: int,
         key_hashes: Sequence[int],
     ) -> None:
-        hashes: frozenset[int] = frozenset()
-        if self.type is SubscriptionType.KEY_SHARED:
-            per_message = expand_key_hashes(key_hashes, num_messages)
-            wanted = range(num_messages) if indexes is None else indexes
-            hashes = frozenset(per_message[i] for i in wanted)
         current = self.replay.get(position)
         if current is not None:
-            if current.indexes is None or indexes is None:
-                indexes = None
-            else:
-                indexes = current.indexes | indexes
-            hashes = hashes | current.hashes
-        self.replay[position] = Pending(indexes, hashes)
+            indexes = (
+                None if current.indexes is None or indexes is None else current.indexes | indexes
+            )
+        hashes: frozenset[int] = frozenset()
+        first: int | None = None
+        if self.type is SubscriptionType.KEY_SHARED:
+            per_message = expand_key_hashes(key_hashes, num_messages)
+            wanted = range(num_messages) if indexes is None else sorted(indexes)
+            hashes = frozenset(per_message[i] for i in wanted)
+            first = per_message[wanted[0]] if wanted else None
+        self.replay[position] = Pending(indexes, hashes, first)
 
     def _delay(self, item: Item, now_ms: int) -> None:
         if item.position in self.delayed:

@@ -65,6 +65,10 @@ class SubscribeRequest:
     durable: bool
     priority_level: int = 0
     properties: dict[str, str] = field(default_factory=dict)
+    whole_entries: bool = False
+    """The consumer takes an entry whole or not at all: key_shared never splits an entry between
+    consumers for it (Pulsar's clients, which do not acknowledge a part of a batch unless their
+    batch-index acks are on, and whose key_shared brokers route an entry by its first key)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,13 +63,20 @@ class ConsumerSession(Closable):
     """One consumer stream attached to a subscription."""
 
     def __init__(
-        self, subscription: Subscription, name: str, address: str = "", priority_level: int = 0
+        self,
+        subscription: Subscription,
+        name: str,
+        address: str = "",
+        priority_level: int = 0,
+        *,
+        whole_entries: bool = False,
     ) -> None:
         super().__init__()
         self.subscription = subscription
         self.name = name
         self.address = address
         self.priority_level = priority_level
+        self.whole_entries = whole_entries
         self.slot = Slot(name, priority_level)
         """Replaced by the dispatcher's slot when the consumer is added."""
         self.events: asyncio.Queue[ConsumerEvent] = asyncio.Queue()
@@ -340,7 +347,9 @@ class Subscription:
                 f" {self.consumers[0].name!r} is attached",
                 context={"subscription": self.name, "topic": str(self.topic.name)},
             )
-        slot, changes, rewind = self.dispatcher.add(consumer.name, consumer.priority_level)
+        slot, changes, rewind = self.dispatcher.add(
+            consumer.name, consumer.priority_level, whole_entries=consumer.whole_entries
+        )
         consumer.slot = slot
         self.consumers.append(consumer)
         self._sessions[slot.seq] = consumer

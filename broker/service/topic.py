@@ -507,7 +507,11 @@ class Topic:
             )
             subscription.set_start_filter(position, first_index)
         consumer = ConsumerSession(
-            subscription, request.consumer_name, address, request.priority_level
+            subscription,
+            request.consumer_name,
+            address,
+            request.priority_level,
+            whole_entries=request.whole_entries,
         )
         try:
             subscription.add_consumer(consumer)
