@@ -571,7 +571,12 @@ def test_whole_entries_go_by_their_first_key_and_wait_for_a_key_held_elsewhere()
     c1, _, _ = d.add("c1", whole_entries=True)
     d.flow(c0, 10)
     d.flow(c1, 10)
-    keys = {d._ring.pick(h).name: k for k in ("k0", "k1", "k3") for h in batch_key_hashes([k])}
+    keys = {}
+    for k in ("k0", "k1", "k3"):
+        (h,) = batch_key_hashes([k])
+        owner = d._ring.pick(h)
+        assert owner is not None
+        keys[owner.name] = k
     mine, theirs = keys["c0"], keys["c1"]
     mixed = tuple(batch_key_hashes([mine, theirs, theirs]))
     plan = d.assign([Item(position(0), 3, mixed)], NOW_MS)
