@@ -56,7 +56,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from magnetar.cli.perf import REPORTED_PERCENTILES, LatencyHistogram  # noqa: E402
+from magnetar.cli.perf import LatencyHistogram, latency_ms  # noqa: E402
 
 MODES = ("produce", "end-to-end")
 STAMP = struct.Struct(">q")
@@ -220,19 +220,6 @@ class Meter:
             self.interval = LatencyHistogram()
             self.total = LatencyHistogram()
             return self.messages, self.bytes
-
-
-def latency_ms(histogram: LatencyHistogram) -> dict[str, float | None]:
-    """p50 / p95 / p99 / p99.9 / max in ms, as perf's summary gives them (None when empty)."""
-    keys = ("p50", "p95", "p99", "p99_9")
-    if not histogram.count:
-        return {**dict.fromkeys(keys), "max": None}
-    values = histogram.percentiles(*REPORTED_PERCENTILES)
-    out: dict[str, float | None] = {
-        k: round(v / 1000, 3) for k, v in zip(keys, values, strict=True)
-    }
-    out["max"] = round(histogram.max / 1000, 3)
-    return out
 
 
 def progress_line(

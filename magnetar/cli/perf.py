@@ -466,7 +466,9 @@ class _Meter:
         return self.total
 
 
-def _latency_ms(histogram: LatencyHistogram) -> dict[str, float | None]:
+def latency_ms(histogram: LatencyHistogram) -> dict[str, float | None]:
+    """p50 / p95 / p99 / p99.9 / max in ms, as the summary gives them (None when empty); also
+    bench/pulsar_perf.py's, so that both load generators report alike."""
     keys = ("p50", "p95", "p99", "p99_9")
     if not histogram.count:
         return {**dict.fromkeys(keys), "max": None}
@@ -616,7 +618,7 @@ class _Run:
             "duration_s": round(duration, 3),
             "msg_per_s": round(messages / duration, 1),
             "mb_per_s": round(measured_bytes / duration / _MB, 3),
-            "latency_ms": _latency_ms(histogram),
+            "latency_ms": latency_ms(histogram),
             "errors": meter.errors,
         }
         warmup_s = getattr(self.args, "warmup_s", 0.0)
@@ -1256,7 +1258,7 @@ async def _end_to_end(run: _Run, client: Client) -> int:
         rate_target=args.rate,
         size=args.size,
         partitions=partitions,
-        publish_latency_ms=_latency_ms(publish),
+        publish_latency_ms=latency_ms(publish),
         latency_clock="send -> receive, this process's perf_counter",
     )
     _print_summary(run, summary, "send -> receive, one clock")

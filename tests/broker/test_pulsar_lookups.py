@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from pathlib import Path
+from typing import Any
 
 import pulsar  # the real pulsar-client from PyPI (its C++ core)
 
@@ -52,34 +53,7 @@ async def test_lookups_answer_the_owners_pulsar_url_and_clients_follow_them(
                 assert answer.response == answer.Connect, answer
                 assert answer.brokerServiceUrl == urls[owner]
 
-    def produce_and_consume() -> list[int]:
-        client = pulsar.Client(
-            urls[first.broker_id],
-            operation_timeout_seconds=15,
-            logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error),
-        )
-        try:
-            consumer = client.subscribe(
-                f"persistent://{topic}", "sub", initial_position=pulsar.InitialPosition.Earliest
-            )
-            producer = client.create_producer(f"persistent://{topic}")
-            for i in range(20):
-                producer.send(str(i).encode())
-            got = []
-            for _ in range(20):
-                message = consumer.receive(10_000)
-                consumer.acknowledge(message)
-                got.append(message.message_id().partition())
-            return got
-        finally:
-            client.close()
-
-    partitions = await asyncio.to_thread(produce_and_consume)
-    assert sorted(set(partitions)) == [0, 1, 2, 3]
-    # each broker served its own partitions' producers
-    for broker in cluster.brokers:
-        served = {str(t.name) for t in broker.broker.topics.topics.values() if t.msgs_in}
-        assert served == {p for p, owner in owners.items() if owner == broker.broker_id}
+    await produce_and_consume_across(cluster, owners, urls[first.broker_id], topic)
 
 
 async def test_clients_over_tls_are_sent_to_the_owners_tls_listener(
@@ -126,13 +100,29 @@ async def test_clients_over_tls_are_sent_to_the_owners_tls_listener(
                 assert answer.brokerServiceUrlTls == urls[owner]
                 assert not answer.HasField("brokerServiceUrl")
 
+    await produce_and_consume_across(
+        cluster,
+        owners,
+        urls[second.broker_id],
+        topic,
+        tls_trust_certs_file_path=str(pki.ca_file),
+        tls_validate_hostname=True,
+    )
+
+
+async def produce_and_consume_across(
+    cluster: Any, owners: dict[str, str], url: str, topic: str, **tls: Any
+) -> None:
+    """The real client, given one broker's URL, produces 20 messages to the partitioned
+    ``topic`` and consumes them: they come from every partition, and each broker served the
+    producers of its own partitions (the client followed the lookups)."""
+
     def produce_and_consume() -> list[int]:
         client = pulsar.Client(
-            urls[second.broker_id],
-            tls_trust_certs_file_path=str(pki.ca_file),
-            tls_validate_hostname=True,
+            url,
             operation_timeout_seconds=15,
             logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error),
+            **tls,
         )
         try:
             consumer = client.subscribe(
