@@ -15,12 +15,17 @@ from pathlib import Path
 import pytest
 
 from magnetar.testing import LocalCluster
+from magnetar.testing.eventually import eventually
 from magnetar.verify.checker import check
 from magnetar.verify.history import History
 from magnetar.verify.report import summary_markdown
 from magnetar.verify.workload import Clock, Workload, WorkloadConfig
 
 pytestmark = [pytest.mark.etcd]
+
+
+def acked(history: History) -> int:
+    return sum(1 for send in history.sends if send.outcome == "acked")
 
 
 def names_of(subscription: str) -> set[str]:
@@ -49,6 +54,10 @@ async def test_a_drain_that_runs_out_of_time_reports_both_sides_of_each_stream(
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            # messages acknowledged from now on are taken by nobody (on a loaded machine the
+            # producer may not have sent any yet: wait for some)
+            acked_before = acked(history)
+            await eventually(lambda: acked(history) >= acked_before + 20, what="more sends acked")
             await workload.drain(timeout_s=1.0)
         finally:
             assert workload.client is not None
