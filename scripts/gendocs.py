@@ -160,6 +160,9 @@ CHART_MANAGED: dict[str, frozenset[str]] = {
             "port",
             "tls_port",
             "http_port",
+            # broker.ports.pulsar and pulsarTls, open with the gRPC ports of their kind
+            "pulsar_port",
+            "pulsar_tls_port",
             "bind_host",
             "advertised_host",
             "broker_id",

@@ -276,6 +276,14 @@ def listening_ports(config: dict[str, Any], component: str) -> dict[str, int]:
         ports["grpc"] = config["port"]
     if component == "broker" and "tls_cert_file" in config:
         ports["grpc-tls"] = config["tls_port"]
+    if component == "broker" and config["pulsar_port"] != "":
+        # Pulsar's protocol: plaintext only beside a plaintext gRPC port (the process opens it
+        # only then), TLS only with the certificate
+        assert config["port"] != ""
+        ports["pulsar"] = config["pulsar_port"]
+    if component == "broker" and config.get("pulsar_tls_port", "") != "":
+        assert "tls_cert_file" in config
+        ports["pulsar-tls"] = config["pulsar_tls_port"]
     if component == "bookie":
         ports["data"] = config["data_port"]
     return ports
@@ -365,23 +373,43 @@ def test_autorecovery_is_probed_on_its_http_port(values_file: Path) -> None:
 
 
 def test_changed_ports_move_probes_services_and_config_together() -> None:
-    rendered = render({"broker": {"ports": {"grpc": 7650, "grpcTls": 7651, "http": 9080}}})
+    ports = {"grpc": 7650, "grpcTls": 7651, "http": 9080, "pulsar": 7660, "pulsarTls": 7661}
+    rendered = render({"broker": {"ports": ports}})
     container = rendered.container("Deployment", BROKER)
-    assert rendered.config_toml("broker")["tls_port"] == 7651
+    config = rendered.config_toml("broker")
+    assert (config["tls_port"], config["pulsar_tls_port"]) == (7651, 7661)
+    assert config["pulsar_port"] == ""  # no plaintext Pulsar listener beside TLS-only gRPC
     assert container["readinessProbe"]["httpGet"]["port"] == "http"
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
         "grpc-tls": 7651,
+        "pulsar-tls": 7661,
         "http": 9080,
     }
     service = {p["name"]: p["port"] for p in rendered.get("Service", BROKER)["spec"]["ports"]}
-    assert service == {"grpc-tls": 7651, "http": 9080}
+    assert service == {"grpc-tls": 7651, "pulsar-tls": 7661, "http": 9080}
     assert ":7651" in rendered.notes
-    plain = render({**PLAIN, "broker": {"ports": {"grpc": 7650, "http": 9080}}})
-    assert plain.config_toml("broker")["port"] == 7650
+    plain = render({**PLAIN, "broker": {"ports": {**ports, "pulsarTls": None}}})
+    config = plain.config_toml("broker")
+    assert (config["port"], config["pulsar_port"]) == (7650, 7660)
+    assert "pulsar_tls_port" not in config
     assert plain.container("Deployment", BROKER)["readinessProbe"]["grpc"]["port"] == 7650
     service = {p["name"]: p["port"] for p in plain.get("Service", BROKER)["spec"]["ports"]}
-    assert service == {"grpc": 7650, "http": 9080}
+    assert service == {"grpc": 7650, "pulsar": 7660, "http": 9080}
     assert ":7650" in plain.notes
+    # a null port closes that listener: configured empty, neither exposed nor let in
+    closed = render({"broker": {"ports": {"pulsarTls": None}}})
+    assert closed.config_toml("broker")["pulsar_tls_port"] == ""
+    service = {p["name"] for p in closed.get("Service", BROKER)["spec"]["ports"]}
+    assert service == {"grpc-tls", "http"}
+    assert 6661 not in policies(closed)["broker"]
+
+
+def test_two_broker_listeners_on_one_port_fail_saying_which() -> None:
+    with pytest.raises(
+        helm_python.HelmRenderError,
+        match=re.escape("broker.ports.grpcTls and broker.ports.pulsarTls are both 6651"),
+    ):
+        render({"broker": {"ports": {"pulsarTls": 6651}}})
 
 
 # --- replicas ---------------------------------------------------------------------------------
@@ -628,9 +656,13 @@ def test_every_connection_is_tls_by_default() -> None:
     assert etcd["trusted-ca-file"] == etcd["peer-trusted-ca-file"] == "/etc/etcd/tls/ca.crt"
     assert etcd["client-cert-auth"] == etcd["peer-client-cert-auth"] == ""
     assert etcd["peer-cert-allowed-cn"] == "etcd"
-    # the broker Service offers only the TLS port
+    # the broker Service offers only the TLS ports (gRPC, Pulsar's protocol)
     service = rendered.get("Service", BROKER)["spec"]["ports"]
-    assert {p["name"]: p["port"] for p in service} == {"grpc-tls": 6651, "http": 8080}
+    assert {p["name"]: p["port"] for p in service} == {
+        "grpc-tls": 6651,
+        "pulsar-tls": 6661,
+        "http": 8080,
+    }
     assert "magnetar+ssl://" in rendered.notes
 
 
@@ -823,7 +855,7 @@ def policies(rendered: Any) -> dict[str, dict[int, list[str]]]:
 
 def test_network_policies_let_in_only_who_needs_each_port() -> None:
     assert policies(render()) == {
-        "broker": {6651: ["anyone"], 8080: ["anyone"]},
+        "broker": {6651: ["anyone"], 6661: ["anyone"], 8080: ["anyone"]},
         "bookie": {
             3181: ["broker", "autorecovery"],
             3182: ["broker", "autorecovery"],
@@ -850,7 +882,13 @@ def test_network_policies_let_in_only_who_needs_each_port() -> None:
     )
     client_peers = [str(clients[0]), "broker", "test"]
     scraper_peers = [str(scrapers[0])]
-    assert found["broker"] == {6650: client_peers, 6651: client_peers, 8080: scraper_peers}
+    assert found["broker"] == {
+        6650: client_peers,
+        6651: client_peers,
+        6660: client_peers,
+        6661: client_peers,
+        8080: scraper_peers,
+    }
     assert found["bookie"][3181] == found["bookie"][3182] == ["broker", "autorecovery", "bookie"]
     assert found["etcd"][2381] == found["bookie"][8000] == scraper_peers
     assert not render({"networkPolicy": {"enabled": False}}).of_kind("NetworkPolicy")
@@ -1330,6 +1368,8 @@ def test_the_schema_lists_every_setting_the_chart_does_not_set_itself() -> None:
         "port",
         "tls_port",
         "http_port",
+        "pulsar_port",
+        "pulsar_tls_port",
         "bind_host",
         "advertised_host",
         "broker_id",

@@ -32,6 +32,17 @@ Mounted, read-only, in the pods that need them:
 {{- if and .Values.etcd.enabled (include "magnetar.tls.etcd" .) -}}true{{- end -}}
 {{- end -}}
 
+{{/* The brokers' Pulsar-protocol ports that are open: the plaintext one with the plaintext gRPC
+port, the TLS one with TLS; either closed by a null value. A dict: "pulsar" and "pulsarTls",
+each a port or "". */}}
+{{- define "magnetar.broker.pulsarPorts" -}}
+{{- $plain := "" -}}
+{{- $tls := "" -}}
+{{- if and (include "magnetar.broker.plaintext" .) .Values.broker.ports.pulsar -}}{{- $plain = .Values.broker.ports.pulsar -}}{{- end -}}
+{{- if and (include "magnetar.tls.broker" .) .Values.broker.ports.pulsarTls -}}{{- $tls = .Values.broker.ports.pulsarTls -}}{{- end -}}
+{{- dict "pulsar" $plain "pulsarTls" $tls | toJson -}}
+{{- end -}}
+
 {{/* Whether the broker's plaintext port is open. */}}
 {{- define "magnetar.broker.plaintext" -}}
 {{- if or (not (include "magnetar.tls.broker" .)) .Values.tls.broker.plaintextPort -}}true{{- end -}}
