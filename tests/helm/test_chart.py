@@ -399,8 +399,8 @@ def test_changed_ports_move_probes_services_and_config_together() -> None:
     # a null port closes that listener: configured empty, neither exposed nor let in
     closed = render({"broker": {"ports": {"pulsarTls": None}}})
     assert closed.config_toml("broker")["pulsar_tls_port"] == ""
-    service = {p["name"] for p in closed.get("Service", BROKER)["spec"]["ports"]}
-    assert service == {"grpc-tls", "http"}
+    names = {p["name"] for p in closed.get("Service", BROKER)["spec"]["ports"]}
+    assert names == {"grpc-tls", "http"}
     assert 6661 not in policies(closed)["broker"]
 
 
