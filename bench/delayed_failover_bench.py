@@ -81,12 +81,12 @@ async def sub_stats(admin: AdminClient, topic: str) -> dict[str, Any]:
 
 async def wait_held(
     admin: AdminClient, topic: str, delayed: int, since: float, timeout_s: float
-) -> tuple[float | None, int]:
+) -> tuple[float | None, int | None]:
     """Seconds from ``since`` until the subscription holds ``delayed`` entries aside, and how
-    many it held last; ``None`` seconds when it did not within ``timeout_s`` (without the index a
-    new owner may never hold them all again: reading them back is bounded by the ack-hole
-    budget)."""
-    held = 0
+    many it held at the last answer of its stats (``None``: no answer came); ``None`` seconds
+    when it did not within ``timeout_s`` (without the index a new owner may never hold them all
+    again: reading them back is bounded by the ack-hole budget)."""
+    held: int | None = None
     while True:
         try:
             held = int((await sub_stats(admin, topic))["delayed_entries"])
@@ -188,7 +188,10 @@ def held_cell(run: dict[str, Any], prefix: str) -> str:
     """The *held again* figure, or how many were held when the wait ran out."""
     seconds = run[f"{prefix}_held_s"]
     if seconds is None:
-        return f"not all (held {run[f'{prefix}_held']:,} at the timeout)"
+        held = run[f"{prefix}_held"]
+        if held is None:
+            return "not known (its stats did not answer before the timeout)"
+        return f"not all (held {held:,} at the timeout)"
     return f"{seconds:.2f}"
 
 

@@ -43,6 +43,10 @@ def test_a_wait_that_ran_out_reports_how_many_were_held():
     assert "| on | 10,000 | 42 | SIGKILL | 3.00 | 3.50 | 10,000 |" in report
     ran_out = "not all (held 4,321 at the timeout)"
     assert f"| off | 10,000 | 42 | SIGKILL | 3.00 | {ran_out} | 0 |" in report
+    runs[1]["kill_held"] = None  # the stats never answered in the wait
+    report = dfb.render_markdown(results)
+    silent = "not known (its stats did not answer before the timeout)"
+    assert f"| off | 10,000 | 42 | SIGKILL | 3.00 | {silent} | 0 |" in report
 
 
 def test_quick_caps_the_delayed_messages_and_a_bad_count_is_refused(capsys):
