@@ -363,10 +363,7 @@ class Dispatcher:
         target = self._ring.pick(pending.first)
         if target is None or not target.available:
             return False
-        return all(
-            (holder := self.holders.get(h)) is None or holder[0] is target or holder[1] <= 0
-            for h in pending.hashes
-        )
+        return not any(self._held_elsewhere(h, target) for h in pending.hashes)
 
     def _open_for(self, key_hash: int) -> bool:
         target = self._ring.pick(key_hash)
@@ -467,15 +464,8 @@ class Dispatcher:
                 target = None if h in blocked else self._ring.pick(h)
                 if (
                     target is None
-                    or target.blocked
-                    or target.backlogged
-                    or target.closed
-                    or permits[target.seq] <= 0
-                    or (
-                        (holder := self.holders.get(h)) is not None
-                        and holder[0] is not target
-                        and holder[1] > 0
-                    )
+                    or not self._takes(target, permits)
+                    or self._held_elsewhere(h, target)
                 ):
                     blocked.add(h)
                     left.append(i)
@@ -509,23 +499,28 @@ class Dispatcher:
         target = None if first in blocked else self._ring.pick(first)
         if (
             target is None
-            or target.blocked
-            or target.backlogged
-            or target.closed
-            or permits[target.seq] <= 0
+            or not self._takes(target, permits)
             or not keys.isdisjoint(blocked)
-            or any(
-                (holder := self.holders.get(h)) is not None
-                and holder[0] is not target
-                and holder[1] > 0
-                for h in keys
-            )
+            or any(self._held_elsewhere(h, target) for h in keys)
         ):
             blocked |= keys
             self._pend(item.position, item.indexes, item.num_messages, item.key_hashes)
             return
         permits[target.seq] -= len(indexes)
         self._hand(target, item, item.indexes, plan, hashes)
+
+    @staticmethod
+    def _takes(target: Slot, permits: dict[int, int]) -> bool:
+        """Key_shared: whether ``target`` takes messages now (``permits``: what this
+        assignment has left of each consumer's permits)."""
+        return not (
+            target.blocked or target.backlogged or target.closed or permits[target.seq] <= 0
+        )
+
+    def _held_elsewhere(self, key_hash: int, target: Slot) -> bool:
+        """Whether a consumer other than ``target`` holds unacknowledged messages of the key."""
+        holder = self.holders.get(key_hash)
+        return holder is not None and holder[0] is not target and holder[1] > 0
 
     def _hand(
         self,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -42,15 +43,7 @@ async def test_lookups_answer_the_owners_pulsar_url_and_clients_follow_them(
     # a Pulsar lookup on either broker names the owner's Pulsar listener
     for asked in (first, second):
         async with RawConnection.open(f"127.0.0.1:{asked.pulsar_port}") as raw:
-            for request_id, (partition, owner) in enumerate(sorted(owners.items())):
-                raw.send(
-                    "LOOKUP",
-                    lookupTopic=api.CommandLookupTopic(
-                        topic=f"persistent://{partition}", request_id=request_id
-                    ),
-                )
-                answer = (await raw.expect("LOOKUP_RESPONSE")).command.lookupTopicResponse
-                assert answer.response == answer.Connect, answer
+            async for answer, owner in lookups(raw, owners):
                 assert answer.brokerServiceUrl == urls[owner]
 
     await produce_and_consume_across(cluster, owners, urls[first.broker_id], topic)
@@ -88,15 +81,7 @@ async def test_clients_over_tls_are_sent_to_the_owners_tls_listener(
     for asked in (first, second):
         address = f"127.0.0.1:{asked.pulsar_tls_port}"
         async with RawConnection.open(address, tls=context) as raw:
-            for request_id, (partition, owner) in enumerate(sorted(owners.items())):
-                raw.send(
-                    "LOOKUP",
-                    lookupTopic=api.CommandLookupTopic(
-                        topic=f"persistent://{partition}", request_id=request_id
-                    ),
-                )
-                answer = (await raw.expect("LOOKUP_RESPONSE")).command.lookupTopicResponse
-                assert answer.response == answer.Connect, answer
+            async for answer, owner in lookups(raw, owners):
                 assert answer.brokerServiceUrlTls == urls[owner]
                 assert not answer.HasField("brokerServiceUrl")
 
@@ -145,3 +130,20 @@ async def produce_and_consume_across(
     for broker in cluster.brokers:
         served = {str(t.name) for t in broker.broker.topics.topics.values() if t.msgs_in}
         assert served == {p for p, owner in owners.items() if owner == broker.broker_id}
+
+
+async def lookups(
+    raw: RawConnection, owners: dict[str, str]
+) -> AsyncIterator[tuple[api.CommandLookupTopicResponse, str]]:
+    """A Pulsar LOOKUP of each partition on ``raw``: each answer (a ``Connect``) and the
+    partition's owner."""
+    for request_id, (partition, owner) in enumerate(sorted(owners.items())):
+        raw.send(
+            "LOOKUP",
+            lookupTopic=api.CommandLookupTopic(
+                topic=f"persistent://{partition}", request_id=request_id
+            ),
+        )
+        answer = (await raw.expect("LOOKUP_RESPONSE")).command.lookupTopicResponse
+        assert answer.response == answer.Connect, answer
+        yield answer, owner
